@@ -3,37 +3,42 @@
 Why it is built this way:
 
 * **Hooks only where needed.** A :class:`HookSet` puts one forward hook on
-  each module that has at least one selected call, and none elsewhere, so
-  unrecorded layers run at full speed (and fused kernels such as the
-  ``TransformerEncoderLayer`` fast path, which torch disables for any module
-  carrying hooks, stay fused).
+  each module that has at least one selected call (and a forward pre-hook on
+  those whose inputs are captured), and none elsewhere, so unrecorded layers
+  run at full speed (and fused kernels such as the ``TransformerEncoderLayer``
+  fast path, which torch disables for any module carrying hooks, stay fused).
 * **No reference to the recorder.** A hook closes over an opaque token only.
   The state of the pass in progress is found through a :class:`ContextVar`
-  mapping tokens to :class:`PassState` objects, so the recorder can be
-  collected while hooks exist; a :func:`weakref.finalize` then removes them.
-* **State local to the pass.** A :class:`PassState` lives for one call of
-  ``Recorder.forward``. Each thread (and each asyncio task) sees its own
-  context, so concurrent passes never mix, and a call of the net that did not
-  go through the recorder finds no state and is ignored.
+  mapping tokens to states, so the recorder can be collected while hooks
+  exist; a :func:`weakref.finalize` then removes them.
+* **State local to the pass.** A :class:`PassState` lives for one pass. Each
+  thread (and each asyncio task) sees its own context, so concurrent passes
+  never mix, and a call of the net that did not go through the recorder (or
+  an open :meth:`Recorder.scope`) finds no state and is ignored.
+* **Labels are call ranks.** The k-th call of a module to end in a pass is the
+  k-th entry of its plan; the pass checks that every hooked module ran exactly
+  as often as in the reference pass, so a label never names the wrong call.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ACTIVE_PASSES",
+    "CallInputs",
     "CallPlan",
     "CallPlanError",
+    "EndSpec",
     "HookSet",
     "PassState",
-    "RecordOptions",
     "Postprocessor",
+    "RecordOptions",
 ]
 
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -46,42 +51,17 @@ if TYPE_CHECKING:
 Postprocessor: TypeAlias = Callable[[Any], Any]
 """``postproc(output) -> replacement output or None``."""
 
-ACTIVE_PASSES: ContextVar[dict[object, PassState] | None] = ContextVar(
+
+class _Handler(Protocol):
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None: ...
+
+    def on_output(self, module: nn.Module, output: Any) -> Any: ...
+
+
+ACTIVE_PASSES: ContextVar[dict[object, _Handler] | None] = ContextVar(
     "scio_recorder_active_passes", default=None
 )
-"""Token of each recorder with a pass in progress in this context -> its state."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordOptions:
-    """How recorded outputs are stored (see :meth:`Recorder.record`)."""
-
-    clone: bool = False
-    detach: bool = False
-    device: torch.device | None = None
-    dtype: torch.dtype | None = None
-
-    @property
-    def transforms(self) -> bool:
-        """Whether the record differs from the very output tensor."""
-        return (
-            self.clone
-            or self.detach
-            or self.device is not None
-            or self.dtype is not None
-        )
-
-    def apply(self, value: Any) -> Any:
-        """Return the record of ``value``: tensors anywhere inside are converted."""
-        return _map_tensors(value, self._tensor)
-
-    def _tensor(self, tensor: Tensor) -> Tensor:
-        out = tensor.detach() if self.detach else tensor
-        if self.device is not None or self.dtype is not None:
-            moved = out.to(device=self.device, dtype=self.dtype)
-            if moved is not out:
-                return moved
-        return out.clone() if self.clone else out
+"""Token of each recorder with a pass or scope open in this context -> state."""
 
 
 class CallPlanError(RuntimeError):
@@ -92,20 +72,78 @@ class CallPlanError(RuntimeError):
     """
 
 
+class CallInputs(NamedTuple):
+    """The inputs of one call: positional ``args`` and keyword ``kwargs``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordOptions:
+    """How records are stored (see :meth:`Recorder.record`)."""
+
+    clone: bool = False
+    detach: bool = False
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+
+    @property
+    def transforms(self) -> bool:
+        """Whether the record differs from the very tensor."""
+        return (
+            self.clone
+            or self.detach
+            or self.device is not None
+            or self.dtype is not None
+        )
+
+    def apply(self, value: Any) -> Any:
+        """Return the record of ``value``: tensors anywhere inside are converted."""
+        return map_tensors(value, self._tensor) if self.transforms else value
+
+    def _tensor(self, tensor: Tensor) -> Tensor:
+        out = tensor.detach() if self.detach else tensor
+        if self.device is not None or (
+            self.dtype is not None and out.is_floating_point()
+        ):
+            dtype = self.dtype if out.is_floating_point() else None
+            moved = out.to(device=self.device, dtype=dtype)
+            if moved is not out:
+                return moved
+        return out.clone() if self.clone else out
+
+
+class EndSpec(NamedTuple):
+    """What to capture when a call ends: its label, output and/or gradient."""
+
+    label: DepthIdx
+    output: bool
+    grad: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class CallPlan:
     """What to do at each call of each hooked module, fixed for one pass.
 
-    ``labels[module][k]`` is the label recorded at the k-th call of ``module``
-    to *end* in a pass (``None`` when that call is not recorded);
-    ``describe[module]`` names the module and its labels for messages;
-    ``reference`` says how the reference pass ran.
+    ``ends[module][k]`` says what to capture when the k-th call of ``module``
+    to *end* in a pass ends (``None``: nothing, but the call is counted);
+    ``starts[module][k]`` is the label whose inputs are captured when the
+    k-th call *starts*; ``describe[module]`` names the module and its labels
+    for messages; ``reference`` says how the reference pass ran.
     """
 
-    labels: dict[nn.Module, tuple[DepthIdx | None, ...]]
+    ends: dict[nn.Module, tuple[EndSpec | None, ...]]
+    starts: dict[nn.Module, tuple[DepthIdx | None, ...]]
     describe: dict[nn.Module, str]
     options: RecordOptions
     reference: str
+    outputs_per_pass: int
+
+    @classmethod
+    def empty(cls, reference: str) -> CallPlan:
+        """Return the plan that records nothing."""
+        return cls({}, {}, {}, RecordOptions(), reference, 0)
 
     def mismatch(
         self,
@@ -133,17 +171,85 @@ class CallPlan:
         )
 
 
+class GradSlot:
+    """The gradient of one recorded output, filled in during backward.
+
+    Tensor hooks on the output (registered before any later in-place change,
+    so they see the gradient of the value the layer produced) store each
+    tensor's gradient; ``sink`` gets the whole structure once every tensor
+    that requires grad has received its gradient.
+    """
+
+    __slots__ = ("fired", "grads", "hooked", "options", "sink", "template")
+
+    def __init__(
+        self,
+        output: Any,
+        options: RecordOptions,
+        sink: Callable[[Any], None] | None,
+    ) -> None:
+        self.options = options
+        self.sink = sink
+        leaves: list[Tensor] = []
+
+        def index(tensor: Tensor) -> Any:
+            leaves.append(tensor)
+            return _Leaf(len(leaves) - 1)
+
+        self.template = map_tensors(output, index)
+        self.grads: list[Tensor | None] = [None] * len(leaves)
+        self.hooked = {i for i, leaf in enumerate(leaves) if leaf.requires_grad}
+        self.fired: set[int] = set()
+        for i in self.hooked:
+            leaves[i].register_hook(self._hook(i))
+
+    def _hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            self.grads[i] = self.options.apply(grad)
+            self.fired.add(i)
+            if self.sink is not None and self.fired == self.hooked:
+                self.fired = set()
+                self.sink(self.value())
+
+        return hook
+
+    def value(self) -> Any:
+        """Return the gradients in the output's structure (``None`` if missing)."""
+        return _fill(self.template, self.grads)
+
+
+class _Leaf(int):
+    """Position of a tensor leaf inside a record template."""
+
+
+def _fill(template: Any, values: list[Any]) -> Any:
+    if isinstance(template, _Leaf):
+        return values[template]
+    if isinstance(template, tuple):
+        items = [_fill(item, values) for item in template]
+        return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
+    if isinstance(template, list):
+        return [_fill(item, values) for item in template]
+    if isinstance(template, dict):
+        return type(template)({k: _fill(v, values) for k, v in template.items()})
+    return template
+
+
 class PassState:
-    """Everything that lives for one ``Recorder.forward`` call."""
+    """Everything that lives for one pass of the net."""
 
     __slots__ = (
         "counts",
         "dont_record",
         "grad",
+        "grad_sink",
+        "grads",
+        "inputs",
         "plan",
         "post_index",
         "postproc",
         "records",
+        "starts",
         "training",
         "versions",
     )
@@ -155,22 +261,51 @@ class PassState:
         *,
         dont_record: bool,
         training: bool,
+        grad_sink: Callable[[DepthIdx], Callable[[Any], None] | None] | None = None,
     ) -> None:
         self.plan = plan
-        self.training = training
-        self.grad = torch.is_grad_enabled()
         self.postproc = postproc
         self.post_index = 0
         self.dont_record = dont_record
+        self.training = training
+        self.grad = torch.is_grad_enabled()
+        self.grad_sink = grad_sink
         self.counts: dict[nn.Module, int] = {}
+        self.starts: dict[nn.Module, int] = {}
         self.records: dict[DepthIdx, Any] = {}
-        # label -> (tensors of the record, their version counters); checked
-        # at the end of the pass to detect in-place modifications.
-        self.versions: list[tuple[DepthIdx, list[tuple[Tensor, int]]]] = []
+        self.inputs: dict[DepthIdx, CallInputs] = {}
+        self.grads: dict[DepthIdx, GradSlot] = {}
+        # (label, kind, [(tensor, version)]) checked at the end of the pass to
+        # detect in-place modifications of records.
+        self.versions: list[tuple[DepthIdx, str, list[tuple[Tensor, int]]]] = []
+
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Handle the start of a call of a module whose inputs are captured."""
+        plan = self.plan.starts.get(module)
+        if plan is None:
+            return
+        k = self.starts.get(module, 0)
+        self.starts[module] = k + 1
+        if k >= len(plan):
+            raise self.plan.mismatch(
+                module,
+                f"at least {k + 1} times",
+                len(plan),
+                training=self.training,
+                grad=self.grad,
+            )
+        label = plan[k]
+        if label is None or self.dont_record:
+            return
+        options = self.plan.options
+        record = CallInputs(tuple(options.apply(args)), dict(options.apply(kwargs)))
+        self.inputs[label] = record
+        if not options.clone:
+            self.versions.append((label, "inputs", _versions(record)))
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module``; see ``_make_hook``."""
-        plan = self.plan.labels.get(module)
+        plan = self.plan.ends.get(module)
         if plan is None:  # hooked after this pass started
             return None
         k = self.counts.get(module, 0)
@@ -183,17 +318,17 @@ class PassState:
                 training=self.training,
                 grad=self.grad,
             )
-        label = plan[k]
-        if label is None:
+        spec = plan[k]
+        if spec is None:
             return None
         options = self.plan.options
         record = None
-        if not self.dont_record:
-            record = options.apply(output) if options.transforms else output
-            self.records[label] = record
-        postproc = self.postproc
+        if spec.output and not self.dont_record:
+            record = options.apply(output)
+            self.records[spec.label] = record
         result = None
-        if postproc is not None:
+        postproc = self.postproc
+        if spec.output and postproc is not None:
             if callable(postproc):
                 result = postproc(output)
             else:
@@ -203,21 +338,34 @@ class PassState:
                 self.post_index += 1
                 result = func(output)
         if record is not None and not options.clone:
-            self.versions.append((label, _versions(record)))
+            self.versions.append((spec.label, "activations", _versions(record)))
+        if spec.grad and not self.dont_record:
+            self.watch_grad(module, spec.label, output if result is None else result)
         return result
 
+    def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
+        """Capture the gradient that will flow back into ``output``."""
+        if not any(t.requires_grad for t in _tensors(output)):
+            msg = (
+                f"Cannot capture the gradient of {self.plan.describe[module]} at "
+                f"label {label[0]}-{label[1]}: its output does not require grad "
+                "(the pass ran under `torch.no_grad()` or `torch.inference_mode()`"
+                ", or nothing before it requires grad). Run the pass with "
+                "gradients enabled, or record without `grads=`."
+            )
+            raise RuntimeError(msg)
+        sink = self.grad_sink(label) if self.grad_sink is not None else None
+        self.grads[label] = GradSlot(output, self.plan.options, sink)
+
     def too_few_message(self, given: int) -> str:
-        recorded = sum(
-            label is not None
-            for labels in self.plan.labels.values()
-            for label in labels
-        )
+        """Return the error message for a postprocessor list that is too short."""
         return (
-            f"There were not enough postprocessing functions for every recorded "
-            f"layer: {given} given, {recorded} recorded calls per pass. If you "
-            "wish to use the same function for every recorded layer, use the "
-            "signature `rnet(*args, activation_postproc: Postprocessor, "
-            "**kwargs)`. See `help(rnet.forward)` for more information"
+            "There were not enough postprocessing functions for every recorded "
+            f"layer: {given} given, {self.plan.outputs_per_pass} recorded calls "
+            "per pass. If you wish to use the same function for every recorded "
+            "layer, use the signature `rnet(*args, activation_postproc: "
+            "Postprocessor, **kwargs)`. See `help(rnet.forward)` for more "
+            "information"
         )
 
     def check_counts(self) -> None:
@@ -227,58 +375,81 @@ class PassState:
         the reference Recorder accepted them); extra calls raise in the hook.
         """
         counts = self.counts
-        for module, labels in self.plan.labels.items():
+        for module, plan in self.plan.ends.items():
             observed = counts.get(module, 0)
-            expected = len(labels)
-            if observed != expected and not (self.dont_record and observed < expected):
-                error = self.plan.mismatch(
-                    module,
-                    f"{observed} time{'s' if observed != 1 else ''}",
-                    expected,
-                    training=self.training,
-                    grad=self.grad,
-                )
-                missing = sorted(x for x in labels[observed:] if x is not None)
-                if missing:
-                    error.args = (f"Missing {missing} activations. {error.args[0]}",)
-                raise error
+            expected = len(plan)
+            if observed == expected or (self.dont_record and observed < expected):
+                continue
+            error = self.plan.mismatch(
+                module,
+                f"{observed} time{'s' if observed != 1 else ''}",
+                expected,
+                training=self.training,
+                grad=self.grad,
+            )
+            missing = sorted(
+                spec.label for spec in plan[observed:] if spec is not None
+            )
+            if missing:
+                error.args = (f"Missing {missing} activations. {error.args[0]}",)
+            raise error
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    found: list[Tensor] = []
+
+    def visit(tensor: Tensor) -> Tensor:
+        found.append(tensor)
+        return tensor
+
+    map_tensors(value, visit)
+    return found
 
 
 def _versions(record: Any) -> list[tuple[Tensor, int]]:
     found: list[tuple[Tensor, int]] = []
-
-    def visit(tensor: Tensor) -> Tensor:
+    for tensor in _tensors(record):
         try:
             found.append((tensor, tensor._version))  # noqa: SLF001 (version counter)
         except RuntimeError:  # inference tensors have no version counter
-            pass
-        return tensor
-
-    _map_tensors(record, visit)
+            continue
     return found
 
 
-def _map_tensors(value: Any, func: Callable[[Tensor], Tensor]) -> Any:
+def changed(versions: list[tuple[Tensor, int]]) -> bool:
+    """Return whether any tensor's version counter moved since it was read."""
+    return any(tensor._version != version for tensor, version in versions)  # noqa: SLF001 (version counter)
+
+
+def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
     """Apply ``func`` to every tensor in nested tuples, lists and dicts."""
     if isinstance(value, Tensor):
         return func(value)
     if isinstance(value, tuple):
-        mapped = [_map_tensors(item, func) for item in value]
+        mapped = [map_tensors(item, func) for item in value]
         if hasattr(value, "_fields"):  # namedtuple
             return type(value)(*mapped)
         return tuple(mapped)
     if isinstance(value, list):
-        return [_map_tensors(item, func) for item in value]
+        return [map_tensors(item, func) for item in value]
     if isinstance(value, dict):
-        return type(value)(
-            {key: _map_tensors(item, func) for key, item in value.items()}
-        )
+        return type(value)({key: map_tensors(item, func) for key, item in value.items()})
     return value
 
 
-def _make_hook(token: object) -> Callable[[nn.Module, Any, Any], Any]:
-    """Return a forward hook that serves the passes of one recorder."""
+def _make_hooks(
+    token: object,
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Return the forward pre-hook and hook that serve one recorder's passes."""
     get = ACTIVE_PASSES.get
+
+    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        states = get()
+        if states is None:
+            return
+        state = states.get(token)
+        if state is not None:
+            state.on_input(module, args, kwargs)
 
     def hook(module: nn.Module, _args: Any, output: Any) -> Any:
         states = get()
@@ -289,7 +460,7 @@ def _make_hook(token: object) -> Callable[[nn.Module, Any, Any], Any]:
             return None
         return state.on_output(module, output)
 
-    return hook
+    return pre_hook, hook
 
 
 def _remove_all(handles: list[RemovableHandle]) -> None:
@@ -302,18 +473,28 @@ class HookSet:
     """The forward hooks of one recorder, removed when it is collected."""
 
     def __init__(self, owner: object, token: object) -> None:
-        self._hook = _make_hook(token)
+        self._pre_hook, self._hook = _make_hooks(token)
         self._handles: list[RemovableHandle] = []
         self._finalizer = weakref.finalize(owner, _remove_all, self._handles)
         self.modules: tuple[nn.Module, ...] = ()
 
-    def place(self, modules: Sequence[nn.Module]) -> None:
-        """Hook exactly ``modules`` (in this order), unhooking every other."""
+    def place(
+        self, modules: Sequence[nn.Module], inputs: Sequence[nn.Module] = ()
+    ) -> None:
+        """Hook exactly ``modules`` (pre-hook ``inputs`` too), unhooking others."""
         _remove_all(self._handles)
+        self._handles.extend(
+            module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            for module in inputs
+        )
         self._handles.extend(
             module.register_forward_hook(self._hook) for module in modules
         )
         self.modules = tuple(modules)
+
+    def add(self, handle: RemovableHandle) -> None:
+        """Keep ``handle`` to remove it with the others."""
+        self._handles.append(handle)
 
     def remove(self) -> None:
         """Remove every hook; safe to call twice."""

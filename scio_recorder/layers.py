@@ -185,6 +185,47 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         """Return the number of rows."""
         return len(self.rows)
 
+    def __str__(self) -> str:
+        """Return one line per row: label, qualified name, type, call, shape.
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> relu = nn.ReLU()
+        >>> net = nn.Sequential(nn.Linear(5, 4), relu, nn.Sequential(relu))
+        >>> print(Recorder(net, input_size=(1, 5)).table)
+        label  name  type        call  output shape
+        0-1    -     Sequential  0     [1, 4]
+        1-1    0     Linear      0     [1, 4]
+        1-2    1     ReLU        0     [1, 4]
+        1-3    2     Sequential  0     [1, 4]
+        2-1    2.0   ReLU        1     [1, 4]
+
+        """
+        header = ("label", "name", "type", "call", "output shape")
+        lines = [
+            (
+                row.label_str,
+                row.name or "-",
+                type(row.module).__name__,
+                "-" if row.call_index is None else str(row.call_index),
+                str(row.output_size) if row.recordable else f"({row.reason})",
+            )
+            for row in self.rows
+        ]
+        widths = [max(len(line[i]) for line in (header, *lines)) for i in range(4)]
+        return "\n".join(
+            "  ".join(
+                [*(cell.ljust(width) for cell, width in zip(line, widths, strict=False)), line[4]]
+            ).rstrip()
+            for line in (header, *lines)
+        )
+
+    def __repr__(self) -> str:
+        """Return ``LayerTable(<n> rows, mode=...)``."""
+        return f"LayerTable({len(self.rows)} rows, mode={self.mode!r})"
+
     def calls_of(self, module: nn.Module) -> tuple[Layer, ...]:
         """Return the call rows of ``module``, in the order the calls start.
 
@@ -219,42 +260,37 @@ class LayerTable(Mapping[DepthIdx, Layer]):
 
 
 class _Row(LayerInfo):  # type: ignore[misc]  # torchinfo is untyped
-    """A torchinfo row that can be a container row.
+    """A torchinfo row with call-aware parameter accounting.
 
-    A container row is not a call: it prints a note after its label, and it
-    counts only the module's own parameters (not its submodules', which their
-    call rows count), once, so totals and percentages stay right even when a
-    container appears several times.
+    torchinfo counts a non-leaf row's parameters as "its parameters minus
+    those of the rows listed under it", which double counts when the calls of
+    a module's children are not listed under it (a module passed as an
+    argument and called elsewhere, a module calling itself). Here each
+    parameter is *assigned* once, to the first row of the nearest module
+    (itself or an ancestor) that has a row; a row shows and totals count its
+    assigned parameters. Where the table is a plain tree of calls this is
+    exactly torchinfo's count. A container row (not a call) also prints a
+    note after its label.
     """
 
     note = ""
-    own_params = 0
-    own_trainable = 0
-
-    def make_container(self, *, first: bool) -> None:
-        self.note = "(not called)"
-        if first:
-            own = list(self.module.parameters(recurse=False))
-            self.own_params = sum(p.numel() for p in own)
-            self.own_trainable = sum(p.numel() for p in own if p.requires_grad)
+    is_container = False
+    assigned = 0
+    assigned_trainable = 0
 
     def get_layer_name(self, show_var_name: bool, show_depth: bool) -> str:  # noqa: FBT001 (torchinfo's signature)
         name: str = super().get_layer_name(show_var_name, show_depth)
         return f"{name} {self.note}" if self.note else name
 
     def leftover_params(self) -> int:
-        if self.note == "(not called)":
-            return self.own_params
-        return int(super().leftover_params())
+        return self.assigned
 
     def leftover_trainable_params(self) -> int:
-        if self.note == "(not called)":
-            return self.own_trainable
-        return int(super().leftover_trainable_params())
+        return self.assigned_trainable
 
     def num_params_to_str(self, reached_max_depth: bool) -> str:  # noqa: FBT001 (torchinfo's signature)
-        if self.note == "(not called)":
-            return f"{self.own_params:,}" if self.own_params else "--"
+        if self.is_container:
+            return f"{self.assigned:,}" if self.assigned else "--"
         return str(super().num_params_to_str(reached_max_depth))
 
     def params_percent(
@@ -263,11 +299,44 @@ class _Row(LayerInfo):  # type: ignore[misc]  # torchinfo is untyped
         reached_max_depth: bool,  # noqa: FBT001 (torchinfo's signature)
         precision: int = 2,
     ) -> str:
-        if self.note == "(not called)":
-            if not self.own_params or not total_params:
+        if self.is_container:
+            if not self.assigned or not total_params:
                 return f"{' ' * 5}--"
-            return f"{self.own_params / total_params:>{precision + 5}.{precision}%}"
+            return f"{self.assigned / total_params:>{precision + 5}.{precision}%}"
         return str(super().params_percent(total_params, reached_max_depth, precision))
+
+
+_NOT_CALLED_NOTE = "(not called)"
+_NOT_A_CALL_NOTE = "(not a call)"
+_NOT_A_CALL = (
+    "this row is not a call: it only groups calls of submodules made outside "
+    "the module's own call"
+)
+
+
+def _assign_params(net: nn.Module, rows: list[_Row]) -> None:
+    """Assign each parameter of ``net`` to one row (see :class:`_Row`)."""
+    first: dict[nn.Module, _Row] = {}
+    for row in rows:
+        first.setdefault(row.module, row)
+    owners: dict[int, tuple[nn.Parameter, nn.Module]] = {}
+    for module in net.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), (param, module))
+    parents: dict[nn.Module, nn.Module] = {}
+    for module in net.modules():
+        for child in module.children():
+            parents.setdefault(child, module)
+    for param, owner in owners.values():
+        module: nn.Module | None = owner
+        while module is not None and module not in first:
+            module = parents.get(module)
+        if module is None:
+            continue
+        row = first[module]
+        row.assigned += param.numel()
+        if param.requires_grad:
+            row.assigned_trainable += param.numel()
 
 
 @dataclasses.dataclass
@@ -296,7 +365,6 @@ class _CallLog:
         self.stack: list[_Call] = []
         self.hierarchy: dict[int, tuple[str, _Row]] = {}  # depth -> name, row
         self.containers: dict[_Row, str] = {}  # container row -> qualified name
-        self.shown: set[nn.Module] = set()  # containers with a row already
         self.counts: dict[nn.Module, int] = {}
         self.ends = 0
         self.seen: set[int] = set()
@@ -351,8 +419,7 @@ class _CallLog:
             if shown is None or shown[0] != ancestor:
                 container = self.net.get_submodule(ancestor)
                 row = self._new_row(ancestor, container, d)
-                row.make_container(first=container not in self.shown)
-                self.shown.add(container)
+                row.is_container = True
                 self.containers[row] = ancestor
         info = self._new_row(name, module, depth)
         index = self.counts.get(module, 0)
@@ -382,10 +449,12 @@ class _CallLog:
         self.ends += 1
 
     def unwind(self) -> None:
-        """Forget calls left open and mark them (their forward raised)."""
+        """Forget calls left open; write the notes of rows that are not calls."""
         for call in self.calls.values():
             if call.end_order is None:
                 call.info.note = "(no output)"
+        for row in self.containers:
+            row.note = _NOT_A_CALL_NOTE if row.module in self.counts else _NOT_CALLED_NOTE
         self.stack.clear()
 
 
@@ -436,6 +505,8 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     mode: Mode = "train" if str(kwargs.get("mode", "eval")) == "train" else "eval"
 
     log = _CallLog(net, kwargs.get("batch_dim"))
+    name = type(net).__name__
+    previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
     handles = log.install()
     try:
         summary = torchinfo.summary(net, **kwargs)
@@ -444,13 +515,16 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
             handle.remove()
         log.unwind()
         # torchinfo stores every pass in a global cache keyed by class name,
-        # whatever `cache_forward_pass` says: drop ours so it cannot keep
-        # `net` alive (torchinfo issue 369), and leave other entries alone.
+        # whatever `cache_forward_pass` says, overwriting the entry of any net
+        # of the same class name: put back what was there, so our entry cannot
+        # keep `net` alive (torchinfo issue 369) and other entries survive.
         cache = _torchinfo_impl._cached_forward_pass  # noqa: SLF001 (no public API)
-        name = type(net).__name__
-        if name in cache and any(info.module is net for info in cache[name]):
-            del cache[name]
+        if previous is None:
+            cache.pop(name, None)
+        else:
+            cache[name] = previous
 
+    _assign_params(net, log.rows)
     statistics = _restatistics(summary, log.rows)
     if verbose:
         print(statistics)  # noqa: T201 (the user asked torchinfo to print)
@@ -486,7 +560,7 @@ def _to_layers(log: _CallLog) -> tuple[Layer, ...]:
                     info.module,
                     None,
                     recordable=False,
-                    reason=_NOT_CALLED,
+                    reason=_NOT_A_CALL if info.note == _NOT_A_CALL_NOTE else _NOT_CALLED,
                     input_size=[],
                     output_size=[],
                     num_params=info.num_params,

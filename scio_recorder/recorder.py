@@ -17,10 +17,21 @@ so code written for it runs unchanged. On top of it:
 
 from __future__ import annotations
 
-__all__ = ["CallPlanError", "InPlaceWarning", "Postprocessor", "Recorder"]
+__all__ = [
+    "CallInputs",
+    "CallPlanError",
+    "InPlaceWarning",
+    "Postprocessor",
+    "Recorder",
+    "Selection",
+]
 
+import dataclasses
+import inspect
+import os
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +40,20 @@ from torch import nn
 
 from ._hooks import (
     ACTIVE_PASSES,
+    CallInputs,
     CallPlan,
     CallPlanError,
+    EndSpec,
+    GradSlot,
     HookSet,
     PassState,
     Postprocessor,
     RecordOptions,
+    changed,
 )
-from .layers import DepthIdx, LayerTable, build_table
+from .layers import DepthIdx, Layer, LayerTable, build_table
+from .scope import Scope, ScopeState
+from .select import Selector, resolve
 
 if TYPE_CHECKING:
     from torch.nn.parameter import Parameter
@@ -144,42 +161,70 @@ class Recorder(nn.Module):
         self._hooks = HookSet(self, self._token)
         self._table = build_table(net, _DEFAULT_SUMMARY_KWARGS | summary_kwargs)
         self._activations: dict[DepthIdx, Any] = {}
-        self._warned_inplace: set[DepthIdx] = set()
-        self.record()
+        self._inputs: dict[DepthIdx, CallInputs] = {}
+        self._grads: dict[DepthIdx, GradSlot] = {}
+        self._params: dict[str, Parameter] = {}
+        self._selection = Selection()
+        self._plan = CallPlan.empty(self._table.mode_description)
+        self._scopes: list[Scope] = []
+        self._warned_inplace: set[tuple[str, DepthIdx]] = set()
 
     # -- selection -------------------------------------------------------
 
-    def record(
+    def record(  # noqa: PLR0913 (keyword-only options)
         self,
-        *depth_idxs: DepthIdx,
+        *selectors: Selector,
+        inputs: Selector | None = None,
+        grads: Selector | None = None,
+        params: Selector | None = None,
         clone: bool = False,
         detach: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        """Set the recorded layers (replacing the previous selection).
+        """Set what is recorded (replacing the previous selection).
 
         Parameters
         ----------
-        *depth_idxs : tuple of (int, int)
-            Labels ``(depth, idx)`` of the layers to record, as printed in the
-            table. Duplicates and order are ignored; no label records nothing.
+        *selectors : label, name, module, type, predicate, ...
+            The layers whose outputs are recorded into :attr:`activations`.
+            The reference form is a label ``(depth, idx)`` as printed in the
+            table; also accepted: a qualified module name (``"layer1.0.conv1"``,
+            every call), ``(name, k)`` (its k-th call), a module, a module type
+            (``nn.Linear``), a predicate over :class:`~scio_recorder.Layer`
+            rows, :func:`~scio_recorder.children` / :func:`~scio_recorder.modules`
+            (see :mod:`scio_recorder.select`). Duplicates and order are
+            ignored; nothing records nothing.
+        inputs : selector or list of selectors, optional
+            Layers whose call inputs are recorded into :attr:`inputs`, as
+            ``CallInputs(args, kwargs)`` taken when the call starts.
+        grads : selector or list of selectors, optional
+            Layers whose output gradients are recorded into :attr:`gradients`
+            during ``backward()`` (the gradient of what the layer passes on,
+            i.e. after any postprocessor).
+        params : selector or list of selectors, optional
+            Modules (any selector) or parameter names (``"fc.weight"``) whose
+            parameters :attr:`params` and :attr:`param_grads` show.
         clone : bool, default False
-            Record a copy of each output, taken before any postprocessor, so
-            later in-place operations of the net cannot change it.
+            Record copies, taken before any postprocessor, so later in-place
+            operations of the net cannot change them.
         detach : bool, default False
-            Record outputs detached from the autograd graph.
+            Record tensors detached from the autograd graph.
         device : torch.device or str, optional
             Move records to this device (a copy from CUDA to CPU synchronises
             with the device, as any such copy does).
         dtype : torch.dtype, optional
-            Cast floating records to this dtype.
+            Cast floating-point records to this dtype.
 
         Raises
         ------
         ValueError
-            If a label is not in the table or cannot be recorded; the
-            selection is then left unchanged.
+            If a selector matches nothing or a row that cannot be recorded;
+            the selection is then left unchanged.
+        TypeError
+            If a selector is of no known form, or ``dtype`` is no dtype.
+        RuntimeError
+            If a :meth:`scope` of this recorder is open.
 
         Examples
         --------
@@ -190,37 +235,28 @@ class Recorder(nn.Module):
         >>> rnet.record((1, 2), (1, 1), (1, 2), clone=True)
         >>> rnet.recording
         ((1, 1), (1, 2))
+        >>> rnet.record(nn.Linear, inputs="0")
+        >>> rnet.recording, rnet.selection.inputs
+        (((1, 1),), ((1, 1),))
         >>> rnet.record(1, 2)
         Traceback (most recent call last):
         ...
         ValueError: Following layers not found: {1, 2}. Did you mean `rnet.record((1, 2))`? Operation cancelled
 
         """  # noqa: E501 (doctest output)
-        table = self._table
-        wanted = set(depth_idxs)
-        unknown = {
-            label for label in wanted if not _is_label(label) or label not in table
-        }
-        if unknown:
-            hint = ""
-            if len(depth_idxs) == 2 and all(  # noqa: PLR2004 (a pair)
-                isinstance(item, int) for item in depth_idxs
-            ):
-                hint = f"Did you mean `rnet.record({depth_idxs})`? "
-            shown = "{" + ", ".join(map(repr, sorted(unknown, key=repr))) + "}"
-            msg = f"Following layers not found: {shown}. {hint}Operation cancelled"
-            raise ValueError(msg)
-        refused = [
-            table[label] for label in sorted(wanted) if not table[label].recordable
-        ]
-        if refused:
-            lines = [f"- {row.describe()}: {row.reason}" for row in refused]
-            children = self._recordable_children(refused)
-            if children:
-                lines.append(f"Record its submodules' calls instead, e.g. {children}.")
-            msg = "These layers cannot be recorded:\n" + "\n".join(lines)
-            msg += "\nOperation cancelled"
-            raise ValueError(msg)
+        if self._scopes:
+            msg = (
+                "Cannot change the selection while a `rnet.scope()` is open: "
+                "its records would mix two selections. Call `rnet.record(...)` "
+                "before entering the scope."
+            )
+            raise RuntimeError(msg)
+        self._check_labels(selectors)
+        net, table = self._net, self._table
+        outputs = resolve(table, net, selectors)
+        input_rows = resolve(table, net, _as_list(inputs))
+        grad_rows = resolve(table, net, _as_list(grads))
+        param_map = self._resolve_params(_as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
             raise TypeError(msg)
@@ -230,34 +266,63 @@ class Recorder(nn.Module):
             device=torch.device(device) if device is not None else None,
             dtype=dtype,
         )
-        labels: dict[nn.Module, tuple[DepthIdx | None, ...]] = {}
-        describe: dict[nn.Module, str] = {}
-        for row in table.rows:
-            if row.label not in wanted or row.module in labels:
-                continue
-            plan = table.call_plan(row.module)
-            labels[row.module] = tuple(
-                call.label if call.label in wanted else None for call in plan
-            )
-            calls = table.calls_of(row.module)
-            name = f"`{row.name}`" if row.name else "the whole net"
-            describe[row.module] = (
-                f"module {name} ({type(row.module).__name__}, "
-                f"label{'s' if len(calls) > 1 else ''} "
-                f"{', '.join(call.label_str for call in calls)})"
-            )
-        self._plan = CallPlan(labels, describe, options, table.mode_description)
-        self._recording = tuple(sorted(wanted))
-        self._hooks.place(list(labels))
+        self._plan = _make_plan(table, outputs, input_rows, grad_rows, options)
+        self._selection = Selection(
+            tuple(sorted(row.label for row in outputs)),
+            tuple(sorted(row.label for row in input_rows)),
+            tuple(sorted(row.label for row in grad_rows)),
+            tuple(param_map),
+        )
+        self._params = param_map
+        self._hooks.place(list(self._plan.ends), list(self._plan.starts))
 
-    def _recordable_children(self, refused: list[Any]) -> str:
-        names = {row.name for row in refused}
-        found = [
-            f"`{row.label}`"
-            for row in self._table.rows
-            if row.recordable and any(row.name.startswith(f"{name}.") for name in names)
-        ]
-        return ", ".join(found[:3])
+    def _check_labels(self, selectors: tuple[Selector, ...]) -> None:
+        """Check label-like selectors with the reference Recorder's messages."""
+        table = self._table
+        labels = [s for s in selectors if _looks_like_label(s)]
+        unknown = {s for s in labels if s not in table}
+        if unknown:
+            hint = ""
+            if len(selectors) == 2 and all(  # noqa: PLR2004 (a pair)
+                isinstance(item, int) for item in selectors
+            ):
+                hint = f"Did you mean `rnet.record({selectors})`? "
+            shown = "{" + ", ".join(map(repr, sorted(unknown, key=repr))) + "}"
+            msg = f"Following layers not found: {shown}. {hint}Operation cancelled"
+            raise ValueError(msg)
+        refused = [table[s] for s in sorted(set(labels)) if not table[s].recordable]
+        if refused:
+            lines = [f"- {row.describe()}: {row.reason}" for row in refused]
+            names = {row.name for row in refused}
+            children = [
+                f"`{row.label}`"
+                for row in table.rows
+                if row.recordable
+                and any(row.name.startswith(f"{name}.") for name in names)
+            ]
+            if children:
+                lines.append(
+                    f"Record its submodules' calls instead, e.g. {', '.join(children[:3])}."
+                )
+            msg = "These layers cannot be recorded:\n" + "\n".join(lines)
+            raise ValueError(msg + "\nOperation cancelled")
+
+    def _resolve_params(self, selectors: list[Selector]) -> dict[str, Parameter]:
+        named = dict(self._net.named_parameters())
+        by_id = {id(p): name for name, p in named.items()}
+        found: dict[str, Parameter] = {}
+        module_selectors = []
+        for selector in selectors:
+            if isinstance(selector, str) and selector in named:
+                found[selector] = named[selector]
+            else:
+                module_selectors.append(selector)
+        for row in resolve(self._table, self._net, module_selectors):
+            for param in row.module.parameters():
+                name = by_id.get(id(param))
+                if name is not None:
+                    found[name] = param
+        return {name: found[name] for name in named if name in found}
 
     # -- the pass --------------------------------------------------------
 
@@ -293,11 +358,17 @@ class Recorder(nn.Module):
 
         Raises
         ------
-        RuntimeError
+        CallPlanError
             If a recorded module is called more or fewer times than in the
             reference pass (labels would be wrong); no activations are kept.
         ValueError
             If ``activation_postproc`` is a list with too few items.
+
+        Warns
+        -----
+        InPlaceWarning
+            If a record was modified in place after it was taken (once per
+            label and recorder).
 
         Examples
         --------
@@ -313,13 +384,19 @@ class Recorder(nn.Module):
 
         """
         net = self._net
+        states = ACTIVE_PASSES.get()
+        scope = None
+        if states is not None:
+            outer = states.get(self._token)
+            if isinstance(outer, ScopeState):
+                scope = outer
         state = PassState(
             self._plan,
             activation_postproc,
             dont_record=dont_record,
             training=net.training,
+            grad_sink=None if scope is None else scope.grad_sink,
         )
-        states = ACTIVE_PASSES.get()
         token = ACTIVE_PASSES.set(
             {self._token: state} if states is None else {**states, self._token: state}
         )
@@ -327,31 +404,96 @@ class Recorder(nn.Module):
             out = net(*args, **kwargs)
             state.check_counts()
         except BaseException:
-            self._activations = {}
+            self._clear()
             raise
         finally:
             ACTIVE_PASSES.reset(token)
-        self._activations = state.records
-        if state.versions:
-            self._check_versions(state)
+        self._publish(state)
+        if scope is not None:
+            scope.feed(state)
         return out
 
-    def _check_versions(self, state: PassState) -> None:
-        for label, tensors in state.versions:
-            if label in self._warned_inplace:
-                continue
-            if any(tensor._version != version for tensor, version in tensors):  # noqa: SLF001 (version counter)
-                self._warned_inplace.add(label)
-                row = self._table[label]
-                msg = (
-                    f"The record of layer {row.describe()} was modified in place "
-                    "after it was recorded (e.g. by a later `inplace=True` "
-                    f"operation): `rnet.activations[{label}]` no longer holds "
-                    "that layer's output. Use `rnet.record(..., clone=True)` to "
-                    "keep an exact copy. Shown once per layer and recorder."
-                )
-                warnings.warn(msg, InPlaceWarning, stacklevel=4)
+    def _clear(self) -> None:
+        self._activations = {}
+        self._inputs = {}
+        self._grads = {}
 
+    def _publish(self, state: PassState) -> None:
+        """Make ``state``'s records the latest pass's (called after success)."""
+        self._activations = state.records
+        self._inputs = state.inputs
+        self._grads = state.grads
+        if state.versions:
+            self._check_versions(state)
+
+    def _check_versions(self, state: PassState) -> None:
+        for label, kind, tensors in state.versions:
+            if (kind, label) in self._warned_inplace or not changed(tensors):
+                continue
+            self._warned_inplace.add((kind, label))
+            row = self._table[label]
+            what = "output" if kind == "activations" else "inputs"
+            msg = (
+                f"The record of layer {row.describe()} was modified in place "
+                "after it was recorded (e.g. by a later `inplace=True` "
+                f"operation): `rnet.{kind}[{label}]` no longer holds that "
+                f"layer's {what}. Use `rnet.record(..., clone=True)` to keep an "
+                "exact copy. Shown once per layer and recorder."
+            )
+            warnings.warn(msg, InPlaceWarning, stacklevel=_user_stacklevel())
+
+    def scope(
+        self,
+        reduce: Any = "all",
+        *,
+        condition: Callable[[], object] | None = None,
+    ) -> Scope:
+        """Accumulate the records of every pass while a ``with`` block is open.
+
+        Inside the block, each pass of the net is recorded: calls through the
+        recorder (``rnet(x)``) and direct calls of the net (``net(x)``, as
+        with MMRazor's recorders) made in the same thread. Each pass is checked
+        against the call plan as usual, and its records are fed to one reducer
+        per label and kind (outputs, inputs, gradients as they arrive).
+
+        Parameters
+        ----------
+        reduce : str, callable or Reducer, or a dict of them per label
+            ``"all"`` keeps every record (one per pass); ``"sum"``, ``"mean"``,
+            ``"max"``, ``"min"`` reduce elementwise across passes; a function
+            ``(acc, new) -> acc`` folds; a :class:`~scio_recorder.reduce.Reducer`
+            is used as given (a fresh copy per label). A dict maps labels to
+            any of these (others keep ``"all"``).
+        condition : callable, optional
+            ``condition() -> bool`` checked at each record: records are kept
+            only when it returns true (torchfunc's ``condition``).
+
+        Returns
+        -------
+        Scope
+            A context manager; after (or during) the block, ``scope[label]``
+            is the reduced result, ``scope.count[label]`` the number of
+            records reduced.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+        >>> rnet = Recorder(net, input_size=(1, 3))
+        >>> rnet.record((1, 1))
+        >>> with rnet.scope("sum") as scope:
+        ...     _ = net(torch.ones(1, 3))  # direct calls are recorded too
+        ...     _ = rnet(torch.ones(1, 3))
+        >>> torch.allclose(scope[(1, 1)], 2 * net[0](torch.ones(1, 3)))
+        True
+        >>> scope.passes, scope.count[(1, 1)]
+        (2, 2)
+
+        """
+        return Scope(self, reduce, condition)
+
+    # -- views -------------------------------------------------------------
     # -- views -------------------------------------------------------------
 
     @property
@@ -379,14 +521,119 @@ class Recorder(nn.Module):
         return MappingProxyType(self._activations)
 
     @property
+    def inputs(self) -> MappingProxyType[DepthIdx, CallInputs]:
+        """Inputs of the latest pass: label -> ``CallInputs(args, kwargs)``.
+
+        Taken when each selected call starts (see ``record(inputs=...)``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 1))
+        >>> rnet = Recorder(net, input_size=(1, 3))
+        >>> rnet.record(inputs="2")  # penultimate features: input of the head
+        >>> _ = rnet(torch.ones(4, 3))
+        >>> rnet.inputs[(1, 3)].args[0].shape
+        torch.Size([4, 2])
+
+        """
+        return MappingProxyType(self._inputs)
+
+    @property
+    def gradients(self) -> MappingProxyType[DepthIdx, Any]:
+        """Output gradients of the latest pass, filled in by ``backward()``.
+
+        Label -> the gradient of the loss with respect to what that call
+        passed on (same structure as the output; ``None`` where no gradient
+        arrived). Empty until a pass with ``record(grads=...)``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+        >>> rnet = Recorder(net, input_size=(1, 3))
+        >>> rnet.record(grads=(1, 1))
+        >>> rnet(torch.ones(1, 3)).sum().backward()
+        >>> rnet.gradients[(1, 1)].shape
+        torch.Size([1, 2])
+
+        """
+        return MappingProxyType({k: v.value() for k, v in self._grads.items()})
+
+    @property
+    def params(self) -> MappingProxyType[str, Parameter]:
+        """Parameters selected with ``record(params=...)``, by qualified name.
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+        >>> rnet.record(params="0")
+        >>> list(rnet.params)
+        ['0.weight', '0.bias']
+
+        """
+        return MappingProxyType(self._params)
+
+    @property
+    def param_grads(self) -> dict[str, torch.Tensor | None]:
+        """The ``.grad`` of each selected parameter, as torch accumulated it.
+
+        ``backward()`` adds into ``.grad``: zero it (``net.zero_grad()``)
+        before the backward whose gradients you want (GradNorm-style scores).
+        """
+        return {name: param.grad for name, param in self._params.items()}
+
+    @property
+    def selection(self) -> Selection:
+        """What is recorded: output, input and gradient labels, parameter names."""
+        return self._selection
+
+    def activations_of(self, selector: Selector) -> tuple[Any, ...]:
+        """Return the latest pass's records of the rows ``selector`` picks.
+
+        Records come in table order, which is call order for the calls of one
+        module: ``rnet.activations_of("block.relu")`` gives each call's output.
+
+        Raises
+        ------
+        KeyError
+            If a selected row was not recorded in the latest pass.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> relu = nn.ReLU()
+        >>> net = nn.Sequential(nn.Linear(3, 3), relu, nn.Linear(3, 3), relu)
+        >>> rnet = Recorder(net, input_size=(1, 3))
+        >>> rnet.record(relu)
+        >>> _ = rnet(torch.ones(1, 3))
+        >>> len(rnet.activations_of("1"))
+        2
+
+        """
+        rows = resolve(self._table, self._net, [selector])
+        missing = [row.label for row in rows if row.label not in self._activations]
+        if missing:
+            msg = (
+                f"Labels {missing} were not recorded in the latest pass. "
+                f"Record them first: `rnet.record({selector!r})`."
+            )
+            raise KeyError(msg)
+        return tuple(self._activations[row.label] for row in rows)
+
+    @property
     def recording(self) -> tuple[DepthIdx, ...]:
-        """The recorded labels, sorted."""
-        return self._recording
+        """The labels whose outputs are recorded, sorted."""
+        return self._selection.outputs
 
     @property
     def recorded_modules(self) -> dict[DepthIdx, nn.Module]:
         """Recorded label -> its module, in table order."""
-        wanted = set(self._recording)
+        wanted = set(self._selection.outputs)
         return {
             row.label: row.module for row in self._table.rows if row.label in wanted
         }
@@ -408,21 +655,125 @@ class Recorder(nn.Module):
 
     def __repr__(self) -> str:
         """Return the torchinfo table and the recorded labels."""
-        recording = ", ".join(f"{d}-{i}" for d, i in self._recording)
+        selection = self._selection
         table = repr(self.summary)
+        extra = "".join(
+            f"\nAlso recording {what}: {_labels(labels)}"
+            for what, labels in (
+                ("inputs", selection.inputs),
+                ("gradients", selection.grads),
+            )
+            if labels
+        )
+        if selection.params:
+            extra += f"\nAlso recording parameters: {', '.join(selection.params)}"
         return (
             "Recorder instance for the following network\n"
             + table
-            + f"\nCurrently recording: {recording or None}\n"
+            + f"\nCurrently recording: {_labels(selection.outputs) or None}"
+            + extra
+            + "\n"
             + table[0] * table.find("\n")
         )
 
 
-def _is_label(label: object) -> bool:
-    return (
-        isinstance(label, tuple)
-        and len(label) == 2  # noqa: PLR2004 (a pair)
-        and all(isinstance(item, int) and not isinstance(item, bool) for item in label)
+_TORCH_MODULE_FILE = os.path.normcase(inspect.getfile(nn.Module))
+_PACKAGE_DIR = os.path.normcase(os.path.dirname(__file__))
+
+
+def _user_stacklevel() -> int:
+    """Return the ``stacklevel`` that points a warning at the user's code.
+
+    Counts frames from the caller of this function up to the first one
+    outside this package and outside torch's ``Module.__call__`` machinery.
+    """
+    level = 1
+    frame = sys._getframe(1)  # noqa: SLF001 (the only way to walk the stack)
+    while frame is not None:
+        filename = os.path.normcase(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR) and filename != _TORCH_MODULE_FILE:
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a recorder records (see :meth:`Recorder.record`).
+
+    Attributes
+    ----------
+    outputs, inputs, grads : tuple of DepthIdx
+        Sorted labels whose outputs, inputs and output gradients are recorded.
+    params : tuple of str
+        Qualified names of the selected parameters.
+    """
+
+    outputs: tuple[DepthIdx, ...] = ()
+    inputs: tuple[DepthIdx, ...] = ()
+    grads: tuple[DepthIdx, ...] = ()
+    params: tuple[str, ...] = ()
+
+
+def _labels(labels: tuple[DepthIdx, ...]) -> str:
+    return ", ".join(f"{d}-{i}" for d, i in labels)
+
+
+def _looks_like_label(value: object) -> bool:
+    """Whether the reference Recorder would have taken ``value`` as a label."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, tuple)
+        and bool(value)
+        and all(isinstance(item, int) for item in value)
+    )
+
+
+def _as_list(selectors: Selector | None) -> list[Selector]:
+    if selectors is None:
+        return []
+    if isinstance(selectors, list | set | frozenset):
+        return list(selectors)
+    return [selectors]
+
+
+def _make_plan(
+    table: LayerTable,
+    outputs: list[Layer],
+    inputs: list[Layer],
+    grads: list[Layer],
+    options: RecordOptions,
+) -> CallPlan:
+    """Return the call plan that captures the given rows."""
+    out_labels = {row.label for row in outputs}
+    grad_labels = {row.label for row in grads}
+    in_labels = {row.label for row in inputs}
+    ends: dict[nn.Module, tuple[EndSpec | None, ...]] = {}
+    starts: dict[nn.Module, tuple[DepthIdx | None, ...]] = {}
+    describe: dict[nn.Module, str] = {}
+    for row in (*outputs, *grads, *inputs):
+        module = row.module
+        if module in ends:
+            continue
+        ends[module] = tuple(
+            EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
+            if call.label in out_labels or call.label in grad_labels
+            else None
+            for call in table.call_plan(module)
+        )
+        calls = table.calls_of(module)
+        if any(call.label in in_labels for call in calls):
+            starts[module] = tuple(
+                call.label if call.label in in_labels else None for call in calls
+            )
+        name = f"`{row.name}`" if row.name else "the whole net"
+        describe[module] = (
+            f"module {name} ({type(module).__name__}, "
+            f"label{'s' if len(calls) > 1 else ''} "
+            f"{', '.join(call.label_str for call in calls)})"
+        )
+    return CallPlan(
+        ends, starts, describe, options, table.mode_description, len(out_labels)
     )
 
 

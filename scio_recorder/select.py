@@ -1,0 +1,320 @@
+"""Selectors: the forms people type to choose layers, resolved to table rows.
+
+A selector is any of
+
+* a label ``(depth, idx)``, as printed in the table (the reference form);
+* a qualified module name, ``"layer1.0.conv1"``: every call of that module;
+* a pair ``("layer1.0.relu", k)``: the k-th call (from 0) of that module;
+* a module instance: every call of it;
+* a module type, ``nn.Linear``: every call of every module of that type;
+* a predicate ``f(layer) -> bool`` over :class:`~scio_recorder.Layer` rows;
+* :func:`children` / :func:`modules`: torchfunc-style registration by types
+  and indices, where giving both means *both* conditions;
+* a list, tuple of selectors (other than a label or a name-call pair) or a set
+  of them: their union.
+
+Resolution is all-or-nothing: a selector that matches nothing, or that names
+a row that cannot be recorded, raises :class:`ValueError` saying what to do,
+and the caller changes nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Selector", "children", "modules", "resolve"]
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from .layers import DepthIdx, Layer, LayerTable
+
+Selector: TypeAlias = Any
+"""Anything :func:`resolve` accepts (see the module docstring)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Registration:
+    """Modules by position among children or all modules, and by type."""
+
+    recursive: bool
+    types: tuple[type[nn.Module], ...] | None
+    indices: frozenset[int] | None
+
+    def matches(self, net: nn.Module) -> list[nn.Module]:
+        pool = list(net.modules()) if self.recursive else list(net.children())
+        return [
+            module
+            for index, module in enumerate(pool)
+            if (self.types is None or isinstance(module, self.types))
+            and (self.indices is None or index in self.indices)
+        ]
+
+    def __str__(self) -> str:
+        kind = "modules" if self.recursive else "children"
+        types = None if self.types is None else [t.__name__ for t in self.types]
+        indices = None if self.indices is None else sorted(self.indices)
+        return f"{kind}(types={types}, indices={indices})"
+
+
+def _registration(
+    *,
+    recursive: bool,
+    types: type[nn.Module] | Iterable[type[nn.Module]] | None,
+    indices: int | Iterable[int] | None,
+) -> _Registration:
+    if isinstance(types, type):
+        types = (types,)
+    if isinstance(indices, int):
+        indices = (indices,)
+    return _Registration(
+        recursive,
+        None if types is None else tuple(types),
+        None if indices is None else frozenset(indices),
+    )
+
+
+def children(
+    *,
+    types: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
+    indices: int | Iterable[int] | None = None,
+) -> Selector:
+    """Select direct children of the net by type and/or position.
+
+    Like torchfunc's ``recorder.children(net, types=..., indices=...)``, with
+    one difference: given both, a child must match both conditions (torchfunc
+    takes either). Given neither, every child is selected.
+
+    Parameters
+    ----------
+    types : type or iterable of types, optional
+        Module classes (``isinstance`` test).
+    indices : int or iterable of int, optional
+        Positions in ``net.children()``, from 0.
+
+    Returns
+    -------
+    Selector
+        To pass to :meth:`Recorder.record`.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> rnet = Recorder(net, input_size=(1, 4))
+    >>> rnet.record(children(types=nn.Linear, indices=(1, 2)))
+    >>> rnet.recording
+    ((1, 3),)
+
+    """
+    return _registration(recursive=False, types=types, indices=indices)
+
+
+def modules(
+    *,
+    types: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
+    indices: int | Iterable[int] | None = None,
+) -> Selector:
+    """Select modules of the net (recursively) by type and/or position.
+
+    Positions are those of ``net.modules()`` (0 is the net itself), as in
+    torchfunc's ``recorder.modules``; given both conditions, a module must
+    match both.
+
+    Parameters
+    ----------
+    types : type or iterable of types, optional
+        Module classes (``isinstance`` test).
+    indices : int or iterable of int, optional
+        Positions in ``net.modules()``, from 0.
+
+    Returns
+    -------
+    Selector
+        To pass to :meth:`Recorder.record`.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2)))
+    >>> rnet = Recorder(net, input_size=(1, 4))
+    >>> rnet.record(modules(types=nn.Linear))
+    >>> rnet.recording
+    ((1, 1), (2, 1))
+
+    """
+    return _registration(recursive=True, types=types, indices=indices)
+
+
+def _is_label(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2  # noqa: PLR2004 (a pair)
+        and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+    )
+
+
+def _is_name_call(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2  # noqa: PLR2004 (a pair)
+        and isinstance(value[0], str)
+        and isinstance(value[1], int)
+        and not isinstance(value[1], bool)
+    )
+
+
+def _names(table: LayerTable) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in table.rows:
+        seen.setdefault(row.name, None)
+    return list(seen)
+
+
+def _calls_named(table: LayerTable, name: str) -> list[Layer]:
+    return [row for row in table.rows if row.name == name and row.call_index is not None]
+
+
+def _unknown_name(table: LayerTable, name: str) -> ValueError:
+    close = difflib.get_close_matches(name, [n for n in _names(table) if n], n=3)
+    hint = f" Did you mean {', '.join(f'`{c}`' for c in close)}?" if close else ""
+    return ValueError(
+        f"No module named `{name}` is called in the reference pass.{hint} "
+        "`print(rnet.table)` lists the qualified names. Operation cancelled"
+    )
+
+
+def resolve(
+    table: LayerTable, net: nn.Module, selectors: Iterable[Selector]
+) -> list[Layer]:
+    """Return the rows ``selectors`` pick, in table order, without duplicates.
+
+    Parameters
+    ----------
+    table : LayerTable
+        The rows to choose from.
+    net : torch.nn.Module
+        The network (for :func:`children` and :func:`modules`).
+    selectors : iterable of Selector
+        See the module docstring.
+
+    Returns
+    -------
+    list of Layer
+        The selected rows; container rows are never returned.
+
+    Raises
+    ------
+    ValueError
+        If a selector matches no row, names a row that cannot be recorded, or
+        is of no known form.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> relu = nn.ReLU()
+    >>> net = nn.Sequential(nn.Linear(3, 3), relu, nn.Linear(3, 3), relu)
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> [row.label for row in resolve(rnet.table, net, ["1", nn.ReLU])]
+    [(1, 2), (1, 4)]
+    >>> [row.label for row in resolve(rnet.table, net, [("1", 1)])]
+    [(1, 4)]
+
+    """
+    picked: dict[DepthIdx, Layer] = {}
+    for selector in selectors:
+        for row in _resolve_one(table, net, selector):
+            picked[row.label] = row
+    order = {row.label: i for i, row in enumerate(table.rows)}
+    return sorted(picked.values(), key=lambda row: order[row.label])
+
+
+def _resolve_one(  # noqa: C901, PLR0911, PLR0912 (one branch per selector form)
+    table: LayerTable, net: nn.Module, selector: Selector
+) -> list[Layer]:
+    if _is_label(selector):
+        if selector not in table:
+            msg = f"Following layers not found: {{{selector!r}}}. Operation cancelled"
+            raise ValueError(msg)
+        return [_recordable(table[selector])]
+    if isinstance(selector, str):
+        rows = _calls_named(table, selector)
+        if not rows:
+            containers = [row for row in table.rows if row.name == selector]
+            if containers:
+                return [_recordable(containers[0])]
+            raise _unknown_name(table, selector)
+        return rows
+    if _is_name_call(selector):
+        name, k = selector
+        rows = _calls_named(table, name)
+        if not rows:
+            raise _unknown_name(table, name)
+        matching = [row for row in rows if row.call_index == k]
+        if not matching:
+            msg = (
+                f"Module `{name}` is called {len(rows)} time"
+                f"{'s' if len(rows) != 1 else ''} in the reference pass, so its "
+                f"calls are numbered 0 to {len(rows) - 1}, not {k}. "
+                "Operation cancelled"
+            )
+            raise ValueError(msg)
+        return [_recordable(matching[0])]
+    if isinstance(selector, nn.Module):
+        rows = list(table.calls_of(selector))
+        if not rows:
+            msg = (
+                f"The module {type(selector).__name__} given is not called in the "
+                "reference pass of this net. Operation cancelled"
+            )
+            raise ValueError(msg)
+        return [_recordable(row) for row in rows]
+    if isinstance(selector, type) and issubclass(selector, nn.Module):
+        rows = [
+            row
+            for row in table.rows
+            if row.call_index is not None and isinstance(row.module, selector)
+        ]
+        if not rows:
+            msg = (
+                f"No module of type `{selector.__name__}` is called in the "
+                "reference pass. Operation cancelled"
+            )
+            raise ValueError(msg)
+        return [row for row in rows if row.recordable]
+    if isinstance(selector, _Registration):
+        wanted = selector.matches(net)
+        rows = [row for module in wanted for row in table.calls_of(module)]
+        if not rows:
+            msg = f"`{selector}` selects no called module. Operation cancelled"
+            raise ValueError(msg)
+        return [row for row in rows if row.recordable]
+    if isinstance(selector, list | tuple | set | frozenset):
+        return [row for item in selector for row in _resolve_one(table, net, item)]
+    if callable(selector):
+        predicate: Callable[[Layer], object] = selector
+        rows = [row for row in table.rows if row.recordable and predicate(row)]
+        if not rows:
+            msg = f"The predicate {selector!r} selects no row. Operation cancelled"
+            raise ValueError(msg)
+        return rows
+    msg = (
+        f"Cannot select layers with {selector!r} ({type(selector).__name__}). Use "
+        "a label `(depth, idx)`, a qualified name, `(name, call)`, a module, a "
+        "module type, a predicate over rows, or `children()`/`modules()`. "
+        "Operation cancelled"
+    )
+    raise TypeError(msg)
+
+
+def _recordable(row: Layer) -> Layer:
+    if not row.recordable:
+        msg = f"Layer {row.describe()} cannot be recorded: {row.reason}."
+        raise ValueError(msg + " Operation cancelled")
+    return row

@@ -1,0 +1,555 @@
+"""The layer table on the structures torchinfo 1.8.0 mislabels.
+
+Each trap is shown twice: what torchinfo's own ``summary_list`` does (so the
+test documents the trap), and what the :class:`Recorder` table does instead,
+checked against a hand-computed oracle when a label is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+import torchinfo
+import torchinfo.torchinfo as torchinfo_impl
+from torch import nn
+
+from scio_recorder import Recorder
+from tests.nets import (
+    DirectChildNet,
+    HolderNet,
+    Inner,
+    ListNet,
+    PassedModuleNet,
+    ReversedNet,
+    SelfCallNet,
+    SharedActNet,
+    StructuredNet,
+    TrainOnlyNet,
+    reused_relu_seq,
+)
+
+X = (1, 4)  # input_size of every reference pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_torchinfo_cache(monkeypatch):
+    """Give each test an empty torchinfo cache, restored afterwards."""
+    monkeypatch.setattr(torchinfo_impl, "_cached_forward_pass", {})
+
+
+def torchinfo_rows(net: nn.Module, **kwargs) -> list:
+    """Return torchinfo's own ``summary_list`` for ``net`` (no cache left)."""
+    summary = torchinfo.summary(
+        net,
+        input_size=X,
+        depth=math.inf,
+        row_settings=("var_names", "depth"),
+        verbose=0,
+        cache_forward_pass=False,
+        **kwargs,
+    )
+    torchinfo_impl._cached_forward_pass.pop(type(net).__name__, None)
+    return summary.summary_list
+
+
+def rows_of(rnet: Recorder) -> list[tuple[str, tuple[int, int], int | None]]:
+    """Return ``(name, label, call_index)`` for every row of the table."""
+    return [(row.name, row.label, row.call_index) for row in rnet.table.rows]
+
+
+def call_labels(rnet: Recorder) -> list[tuple[str, tuple[int, int]]]:
+    """Return ``(type name, label)`` of the call rows (containers left out)."""
+    return [
+        (type(row.module).__name__, row.label)
+        for row in rnet.table.rows
+        if row.call_index is not None
+    ]
+
+
+def torchinfo_call_labels(summary_list: list) -> list[tuple[str, tuple[int, int]]]:
+    """Return ``(type name, label)`` of torchinfo's executed rows."""
+    return [
+        (info.class_name, (info.depth, info.depth_index))
+        for info in summary_list
+        if info.executed
+    ]
+
+
+def table_lines(rnet: Recorder) -> list[str]:
+    """Return the printed rows of the table (between the header and totals)."""
+    lines = repr(rnet).splitlines()
+    rules = [i for i, line in enumerate(lines) if line and set(line) == {"="}]
+    return lines[rules[1] + 1 : rules[2]]
+
+
+def line_of(rnet: Recorder, label: str) -> str:
+    """Return the printed row whose label is ``label`` (e.g. ``"1-3"``)."""
+    found = [line for line in table_lines(rnet) if re.search(rf": {label}\b", line)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# A Param # or Param % cell: "--", "(recursive)", "1,088", "(20)" or "6.25%".
+PARAM_CELL = re.compile(r"--|\(recursive\)|\(?\d[\d,]*\)?|\d+\.\d\d%")
+
+
+def param_cells(rnet: Recorder) -> list[str]:
+    """Return the Param # and Param % cells of every printed row."""
+    return [cell for line in table_lines(rnet) for cell in line.split()[-2:]]
+
+
+# ------------------------------------------------------------ shared module
+
+
+def test_shared_module_rows_follow_calls():
+    """A ReLU shared by two blocks gets one row under each block, in call order."""
+    rnet = Recorder(SharedActNet(), input_size=X)
+    assert rows_of(rnet) == [
+        ("", (0, 1), 0),
+        ("b1", (1, 1), 0),
+        ("b1.lin", (2, 1), 0),
+        ("b1.act", (2, 2), 0),
+        ("b2", (1, 2), 0),
+        ("b2.lin", (2, 3), 0),
+        ("b2.act", (2, 4), 1),
+    ]
+
+
+def test_torchinfo_shows_phantom_row_for_shared_module():
+    """Torchinfo puts a phantom ``b2`` row before the first call of the shared act."""
+    summary_list = torchinfo_rows(SharedActNet())
+    assert [(i.var_name, i.depth, i.depth_index) for i in summary_list] == [
+        ("SharedActNet", 0, 1),
+        ("b1", 1, 1),
+        ("lin", 2, 1),
+        ("b2", 1, 2),  # phantom: b2 has not run yet
+        ("act", 2, 2),
+        ("b2", 1, 3),
+        ("lin", 2, 3),
+        ("act", 2, 4),
+    ]
+    assert not summary_list[3].executed
+
+
+def test_shared_module_first_label_records_first_call():
+    """Recording ``b1.act``'s label gives the output of the ReLU's first call."""
+    net = SharedActNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((2, 2))
+    x = torch.randn(3, 4)
+    rnet(x)
+    torch.testing.assert_close(rnet.activations[(2, 2)], torch.relu(net.b1.lin(x)))
+
+
+def test_shared_module_second_label_records_second_call():
+    """Recording ``b2.act``'s label gives the output of the ReLU's second call."""
+    net = SharedActNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((2, 4))
+    x = torch.randn(3, 4)
+    out = rnet(x)
+    expected = torch.relu(net.b2.lin(torch.relu(net.b1.lin(x))))
+    torch.testing.assert_close(rnet.activations[(2, 4)], expected)
+    torch.testing.assert_close(out, expected)
+
+
+# ------------------------------------------------------------ ModuleList
+
+
+def test_container_rows_are_not_recordable():
+    """Each occurrence of a never-called ModuleList is a non-recordable row."""
+    rnet = Recorder(ListNet(), input_size=X)
+    containers = [row for row in rnet.table.rows if row.name == "layers"]
+    assert [row.label for row in containers] == [(1, 1), (1, 3), (1, 5)]
+    assert all(not row.recordable and row.call_index is None for row in containers)
+
+
+def test_container_rows_print_not_called():
+    """Container rows are printed with ``(not called)`` after their own label."""
+    rnet = Recorder(ListNet(), input_size=X)
+    noted = [line for line in table_lines(rnet) if "(not called)" in line]
+    assert [line.split()[:5] for line in noted] == [
+        ["├─ModuleList", "(layers):", label, "(not", "called)"]
+        for label in ("1-1", "1-3", "1-5")
+    ]
+
+
+def test_torchinfo_prints_one_label_for_every_container_occurrence():
+    """Torchinfo inserts the same ModuleList row three times, all labelled 1-5."""
+    summary_list = torchinfo_rows(ListNet())
+    containers = [info for info in summary_list if info.var_name == "layers"]
+    assert len(containers) == 3
+    assert all(info is containers[0] for info in containers)
+    assert [(i.depth, i.depth_index) for i in containers] == [(1, 5)] * 3
+
+
+def test_record_container_label_raises():
+    """Recording a container row raises ValueError naming it and cancelling."""
+    rnet = Recorder(ListNet(), input_size=X)
+    msg = (
+        "These layers cannot be recorded:\n"
+        "- 1-3 (ModuleList `layers`): it is a container that is never called in "
+        "the reference pass; only its submodules run\n"
+        "Record its submodules' calls instead, e.g. `(2, 1)`, `(2, 2)`, `(2, 3)`.\n"
+        "Operation cancelled"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        rnet.record((1, 3))
+
+
+def test_failed_record_leaves_selection_unchanged():
+    """A refused container label leaves the previous selection and hooks in place."""
+    net = ListNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((2, 1))
+    with pytest.raises(ValueError, match="1-5 \\(ModuleList `layers`\\)"):
+        rnet.record((2, 2), (1, 5))
+    assert rnet.recording == ((2, 1),)
+    assert rnet.hooked_modules == (net.layers[0],)
+
+
+def test_list_net_call_labels_equal_torchinfo():
+    """Call rows of the ModuleList net carry exactly torchinfo's labels."""
+    expected = torchinfo_call_labels(torchinfo_rows(ListNet()))
+    assert call_labels(Recorder(ListNet(), input_size=X)) == expected
+
+
+def test_list_net_shared_act_labels_record_their_calls():
+    """The shared ReLU of the ModuleList loop records one output per label."""
+    net = ListNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 2), (1, 4), (1, 6))
+    x = torch.randn(3, 4)
+    rnet(x)
+    h1 = torch.relu(net.layers[0](x))
+    h2 = torch.relu(net.layers[1](h1))
+    h3 = torch.relu(net.layers[2](h2))
+    torch.testing.assert_close(rnet.activations[(1, 2)], h1)
+    torch.testing.assert_close(rnet.activations[(1, 4)], h2)
+    torch.testing.assert_close(rnet.activations[(1, 6)], h3)
+
+
+# ------------------------------------------------------------ reused ReLU
+
+
+def test_reused_relu_has_one_label_per_call():
+    """A ReLU at positions 1 and 3 of a Sequential has two call rows."""
+    net = reused_relu_seq()
+    rnet = Recorder(net, input_size=X)
+    calls = rnet.table.calls_of(net[1])
+    assert [(row.label, row.call_index) for row in calls] == [((1, 2), 0), ((1, 4), 1)]
+
+
+def test_reused_relu_labels_record_their_own_call():
+    """Each label of the reused ReLU records the output of its own call."""
+    net = reused_relu_seq()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 2), (1, 4))
+    x = torch.randn(3, 4)
+    rnet(x)
+    first = torch.relu(net[0](x))
+    torch.testing.assert_close(rnet.activations[(1, 2)], first)
+    torch.testing.assert_close(rnet.activations[(1, 4)], torch.relu(net[2](first)))
+
+
+# ------------------------------------------------------------ declaration order
+
+
+def test_labels_follow_call_order_not_declaration_order():
+    """Children declared ``c, b, a`` and called ``a, b, c`` are labelled a, b, c."""
+    rnet = Recorder(ReversedNet(), input_size=X)
+    assert rows_of(rnet)[1:] == [("a", (1, 1), 0), ("b", (1, 2), 0), ("c", (1, 3), 0)]
+
+
+def test_reversed_net_labels_record_their_calls():
+    """Each label of the reversed net records its module's output."""
+    net = ReversedNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 1), (1, 2), (1, 3))
+    x = torch.randn(3, 4)
+    rnet(x)
+    a = net.a(x)
+    b = net.b(a)
+    torch.testing.assert_close(rnet.activations[(1, 1)], a)
+    torch.testing.assert_close(rnet.activations[(1, 2)], b)
+    torch.testing.assert_close(rnet.activations[(1, 3)], net.c(b))
+
+
+# ------------------------------------------------------------ child called directly
+
+
+def test_container_row_inserted_for_uncalled_parent():
+    """A parent whose child the root calls directly gets a container row."""
+    rnet = Recorder(DirectChildNet(), input_size=X)
+    assert rows_of(rnet) == [
+        ("", (0, 1), 0),
+        ("pre", (1, 1), 0),
+        ("block", (1, 2), None),
+        ("block.lin", (2, 1), 0),
+        ("post", (1, 3), 0),
+    ]
+    assert not rnet.table[(1, 2)].recordable
+
+
+def test_direct_child_call_labels_equal_torchinfo():
+    """Call rows of the direct-child net carry exactly torchinfo's labels."""
+    expected = torchinfo_call_labels(torchinfo_rows(DirectChildNet()))
+    assert call_labels(Recorder(DirectChildNet(), input_size=X)) == expected
+
+
+def test_direct_child_label_records_its_call():
+    """The directly called child's label records its output."""
+    net = DirectChildNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((2, 1))
+    x = torch.randn(3, 4)
+    rnet(x)
+    torch.testing.assert_close(rnet.activations[(2, 1)], net.block.lin(net.pre(x)))
+
+
+# ------------------------------------------------------------ structured outputs
+
+
+def test_tuple_output_recorded_as_tuple():
+    """A tuple-returning module is recorded as the same tuple structure."""
+    net = StructuredNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 2))
+    x = torch.randn(3, 4)
+    rnet(x)
+    record = rnet.activations[(1, 2)]
+    h = net.lin(x)
+    assert type(record) is tuple
+    torch.testing.assert_close(record, (h[:, :2], h[:, 2:]))
+
+
+def test_dict_output_recorded_as_dict():
+    """A dict-returning module is recorded as the same dict structure."""
+    net = StructuredNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 3))
+    x = torch.randn(3, 4)
+    rnet(x)
+    record = rnet.activations[(1, 3)]
+    h = net.lin(x)
+    swapped = torch.cat([h[:, 2:], h[:, :2]], dim=1)
+    assert type(record) is dict
+    assert list(record) == ["a", "b"]
+    torch.testing.assert_close(record, {"a": swapped * 2, "b": swapped + 1})
+
+
+def test_clone_keeps_tuple_and_dict_structure():
+    """``clone=True`` records copies in the same tuple and dict structure."""
+    net = StructuredNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 2), (1, 3), clone=True)
+    x = torch.randn(3, 4)
+    rnet(x)
+    h = net.lin(x)
+    swapped = torch.cat([h[:, 2:], h[:, :2]], dim=1)
+    assert type(rnet.activations[(1, 2)]) is tuple
+    assert type(rnet.activations[(1, 3)]) is dict
+    torch.testing.assert_close(rnet.activations[(1, 2)], (h[:, :2], h[:, 2:]))
+    torch.testing.assert_close(
+        rnet.activations[(1, 3)], {"a": swapped * 2, "b": swapped + 1}
+    )
+
+
+def test_postprocessor_replaces_tuple_output():
+    """A postprocessor may return a new tuple that the net goes on with."""
+    net = StructuredNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 2))
+    x = torch.randn(3, 4)
+    out = rnet(x, activation_postproc=lambda pair: (pair[1], pair[0]))
+    h = net.lin(x)  # swapped halves concatenated back: h itself
+    torch.testing.assert_close(out, h * 2 + h + 1)
+
+
+def test_postprocessor_replaces_dict_output():
+    """A postprocessor may return a new dict that the net goes on with."""
+    net = StructuredNet()
+    rnet = Recorder(net, input_size=X)
+    rnet.record((1, 3))
+    x = torch.randn(3, 4)
+    out = rnet(x, activation_postproc=lambda d: {"a": d["a"], "b": d["a"]})
+    h = net.lin(x)
+    swapped = torch.cat([h[:, 2:], h[:, :2]], dim=1)
+    torch.testing.assert_close(out, swapped * 4)
+
+
+# ------------------------------------------------------------ nested self-call
+
+
+def test_torchinfo_loses_outer_call_of_self_calling_module():
+    """Torchinfo leaves the outer call of a self-calling module unexecuted."""
+    summary_list = torchinfo_rows(SelfCallNet())
+    rec = [info for info in summary_list if info.var_name == "rec"]
+    assert [(info.depth_index, info.executed) for info in rec] == [
+        (1, False),
+        (2, True),
+    ]
+
+
+def test_self_calling_module_rows_in_call_start_order():
+    """A call nested in a call of the same module is its second call."""
+    rnet = Recorder(SelfCallNet(), input_size=X, force_static_flow=False)
+    assert rows_of(rnet) == [
+        ("", (0, 1), 0),
+        ("rec", (1, 1), 0),
+        ("rec", (1, 2), 1),
+        ("rec.lin", (2, 1), 0),
+        ("rec.lin", (2, 2), 1),
+    ]
+
+
+def test_self_calling_module_labels_record_their_calls():
+    """Outer and inner calls of a self-calling module record their own outputs."""
+    net = SelfCallNet()
+    rnet = Recorder(net, input_size=X, force_static_flow=False)
+    rnet.record((1, 1), (1, 2), (2, 1), (2, 2))
+    x = torch.randn(3, 4)
+    rnet(x)
+    inner = net.rec.lin(x)
+    outer = net.rec.lin(inner * 2)
+    torch.testing.assert_close(rnet.activations[(1, 1)], outer)
+    torch.testing.assert_close(rnet.activations[(1, 2)], inner)
+    torch.testing.assert_close(rnet.activations[(2, 1)], inner)
+    torch.testing.assert_close(rnet.activations[(2, 2)], outer)
+
+
+# ------------------------------------------------------------ torchinfo's cache
+
+
+def test_torchinfo_caches_net_even_when_told_not_to():
+    """Torchinfo stores every pass in its global cache, keyed by class name."""
+    net = SharedActNet()
+    torchinfo.summary(net, input_size=X, verbose=0, cache_forward_pass=False)
+    cached = torchinfo_impl._cached_forward_pass["SharedActNet"]
+    assert any(info.module is net for info in cached)
+
+
+def test_construction_leaves_no_cache_entry_for_net():
+    """After construction torchinfo's cache holds no entry for the net."""
+    Recorder(SharedActNet(), input_size=X)
+    assert torchinfo_impl._cached_forward_pass == {}
+
+
+def test_construction_keeps_unrelated_cache_entry():
+    """An entry of another class placed in torchinfo's cache is left alone."""
+    entry: list = []
+    torchinfo_impl._cached_forward_pass["Other"] = entry
+    Recorder(SharedActNet(), input_size=X)
+    assert torchinfo_impl._cached_forward_pass == {"Other": entry}
+    assert torchinfo_impl._cached_forward_pass["Other"] is entry
+
+
+def test_construction_keeps_cache_entry_of_same_class_name():
+    """A cached pass of another net of the same class survives construction."""
+    other = nn.Sequential(nn.Linear(3, 3))
+    torchinfo.summary(other, input_size=(1, 3), verbose=0, cache_forward_pass=True)
+    entry = torchinfo_impl._cached_forward_pass["Sequential"]
+    Recorder(nn.Sequential(nn.Linear(4, 4)), input_size=X)
+    assert torchinfo_impl._cached_forward_pass.get("Sequential") is entry
+
+
+def test_cache_forward_pass_true_warns_and_is_ignored():
+    """``cache_forward_pass=True`` warns and still leaves no cache entry."""
+    msg = (
+        "`cache_forward_pass=True` is ignored by `Recorder`: torchinfo keys its "
+        "cache by class name, so a cached pass could label the modules of another "
+        "network. Drop the argument to silence this warning."
+    )
+    with pytest.warns(UserWarning, match=f"^{re.escape(msg)}$"):
+        Recorder(SharedActNet(), input_size=X, cache_forward_pass=True)
+    assert torchinfo_impl._cached_forward_pass == {}
+
+
+# ------------------------------------------------------------ summary kwargs
+
+
+def test_depth_limits_printed_rows():
+    """``depth=1`` prints only the root and its children."""
+    rnet = Recorder(nn.Sequential(Inner(), Inner()), input_size=X, depth=1)
+    names = [line.split()[0].lstrip("├─│└ ") for line in table_lines(rnet)]
+    assert names == ["Sequential", "Inner", "Inner"]
+
+
+def test_depth_keeps_deeper_labels_recordable():
+    """With ``depth=1`` the depth-2 labels are in the table and record their calls."""
+    net = nn.Sequential(Inner(), Inner())
+    rnet = Recorder(net, input_size=X, depth=1)
+    assert list(rnet.table) == [(0, 1), (1, 1), (2, 1), (2, 2), (1, 2), (2, 3), (2, 4)]
+    rnet.record((2, 1), (2, 4))
+    x = torch.randn(3, 4)
+    out = rnet(x)
+    torch.testing.assert_close(rnet.activations[(2, 1)], net[0].lin(x))
+    torch.testing.assert_close(rnet.activations[(2, 4)], out)
+
+
+def test_train_mode_table_includes_training_only_call():
+    """``mode="train"`` builds the table in train mode, with ``train_only`` in it."""
+    rnet = Recorder(TrainOnlyNet(), input_size=X, mode="train")
+    assert rnet.table.mode == "train"
+    assert [row.name for row in rnet.table.rows] == ["", "lin", "train_only"]
+
+
+def test_eval_mode_table_omits_training_only_call():
+    """By default the table is built in eval mode, without ``train_only``."""
+    rnet = Recorder(TrainOnlyNet(), input_size=X)
+    assert rnet.table.mode == "eval"
+    assert [row.name for row in rnet.table.rows] == ["", "lin"]
+
+
+def test_reference_pass_restores_net_mode():
+    """Building a train-mode table leaves an eval-mode net in eval mode."""
+    net = TrainOnlyNet().eval()
+    Recorder(net, input_size=X, mode="train")
+    assert not net.training
+
+
+# ------------------------------------------------------------ parameter counts
+
+
+TRAP_NETS = [
+    SharedActNet,
+    ListNet,
+    reused_relu_seq,
+    ReversedNet,
+    DirectChildNet,
+    HolderNet,
+    StructuredNet,
+    TrainOnlyNet,
+]
+# torchinfo double counts the parameters of a call row whose children are
+# listed elsewhere (total too high, root % negative); our table does not.
+BUGGY_NETS = [SelfCallNet, PassedModuleNet]
+
+
+@pytest.mark.parametrize("factory", TRAP_NETS + BUGGY_NETS)
+def test_total_params_equal_parameter_count(factory):
+    """The printed Total params equals the sum of ``p.numel()`` over the net."""
+    net = factory()
+    rnet = Recorder(net, input_size=X, force_static_flow=False)
+    printed = re.search(r"^Total params: ([\d,]+)$", repr(rnet), re.MULTILINE)
+    assert printed is not None
+    assert int(printed[1].replace(",", "")) == sum(p.numel() for p in net.parameters())
+
+
+@pytest.mark.parametrize("factory", TRAP_NETS + BUGGY_NETS)
+def test_param_cells_never_negative(factory):
+    """Every Param # and Param % cell is ``--``, ``(recursive)`` or non-negative."""
+    rnet = Recorder(factory(), input_size=X, force_static_flow=False)
+    cells = param_cells(rnet)
+    assert len(cells) == 2 * len(rnet.table)
+    assert [cell for cell in cells if not PARAM_CELL.fullmatch(cell)] == []
+
+
+def test_container_row_counts_own_params_once():
+    """A container shown twice prints its own parameters on its first row only."""
+    rnet = Recorder(HolderNet(), input_size=X)
+    assert line_of(rnet, "1-1").split()[-2:] == ["4", "6.25%"]
+    assert line_of(rnet, "1-3").split()[-2:] == ["--", "--"]
