@@ -1,8 +1,10 @@
 """scio_recorder: look inside PyTorch networks while they run.
 
 Wrap a network in a :class:`Recorder`, print it to see every module call
-labelled ``depth-idx``, select labels with :meth:`Recorder.record`, call it as
-the network, and read :attr:`Recorder.activations`.
+labelled ``depth-idx``, select labels (or names, types, predicates) with
+:meth:`Recorder.record`, call it as the network, and read
+:attr:`Recorder.activations` — or edit them in flight with
+``activation_postproc``.
 
 Examples
 --------
@@ -17,18 +19,37 @@ torch.Size([2, 4])
 
 """
 
-from ._hooks import CallPlanError, Postprocessor
+from ._hooks import CallInputs, CallPlanError, Postprocessor
+from .calls import CallRecorder
+from .group import RecorderGroup
+from .io import RecordInfo, Records, load_records, save_records
 from .layers import DepthIdx, Layer, LayerTable
-from .recorder import InPlaceWarning, Recorder
+from .recorder import InPlaceWarning, Recorder, Selection
+from .reduce import Reducer, make_reducer
+from .scope import Scope
+from .select import children, modules
 
 __all__ = [
+    "CallInputs",
     "CallPlanError",
+    "CallRecorder",
     "DepthIdx",
     "InPlaceWarning",
     "Layer",
     "LayerTable",
     "Postprocessor",
+    "RecordInfo",
     "Recorder",
+    "RecorderGroup",
+    "Records",
+    "Reducer",
+    "Scope",
+    "Selection",
+    "children",
+    "load_records",
+    "make_reducer",
+    "modules",
+    "save_records",
 ]
 
 __version__ = "0.1.0"

@@ -201,7 +201,7 @@ class GradSlot:
         self.hooked = {i for i, leaf in enumerate(leaves) if leaf.requires_grad}
         self.fired: set[int] = set()
         for i in self.hooked:
-            leaves[i].register_hook(self._hook(i))
+            leaves[i].register_hook(self._hook(i))  # type: ignore[no-untyped-call]
 
     def _hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
@@ -387,9 +387,7 @@ class PassState:
                 training=self.training,
                 grad=self.grad,
             )
-            missing = sorted(
-                spec.label for spec in plan[observed:] if spec is not None
-            )
+            missing = sorted(spec.label for spec in plan[observed:] if spec is not None)
             if missing:
                 error.args = (f"Missing {missing} activations. {error.args[0]}",)
             raise error
@@ -407,13 +405,11 @@ def _tensors(value: Any) -> list[Tensor]:
 
 
 def _versions(record: Any) -> list[tuple[Tensor, int]]:
-    found: list[tuple[Tensor, int]] = []
-    for tensor in _tensors(record):
-        try:
-            found.append((tensor, tensor._version))  # noqa: SLF001 (version counter)
-        except RuntimeError:  # inference tensors have no version counter
-            continue
-    return found
+    return [
+        (tensor, tensor._version)  # noqa: SLF001 (version counter)
+        for tensor in _tensors(record)
+        if not tensor.is_inference()  # inference tensors have no version counter
+    ]
 
 
 def changed(versions: list[tuple[Tensor, int]]) -> bool:
@@ -433,7 +429,9 @@ def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
     if isinstance(value, list):
         return [map_tensors(item, func) for item in value]
     if isinstance(value, dict):
-        return type(value)({key: map_tensors(item, func) for key, item in value.items()})
+        return type(value)(
+            {key: map_tensors(item, func) for key, item in value.items()}
+        )
     return value
 
 
@@ -481,7 +479,7 @@ class HookSet:
     def place(
         self, modules: Sequence[nn.Module], inputs: Sequence[nn.Module] = ()
     ) -> None:
-        """Hook exactly ``modules`` (pre-hook ``inputs`` too), unhooking others."""
+        """Put hooks on exactly ``modules``, and pre-hooks on ``inputs``."""
         _remove_all(self._handles)
         self._handles.extend(
             module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)

@@ -42,15 +42,14 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-import torch
 import torchinfo
 import torchinfo.torchinfo as _torchinfo_impl
-from torch import nn
 from torchinfo.formatting import FormattingOptions
-from torchinfo.layer_info import LayerInfo
+from torchinfo.layer_info import LayerInfo, get_children_layers, prod
 from torchinfo.model_statistics import ModelStatistics
 
 if TYPE_CHECKING:
+    from torch import nn
     from torch.utils.hooks import RemovableHandle
 
 DepthIdx: TypeAlias = tuple[int, int]
@@ -217,7 +216,13 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         widths = [max(len(line[i]) for line in (header, *lines)) for i in range(4)]
         return "\n".join(
             "  ".join(
-                [*(cell.ljust(width) for cell, width in zip(line, widths, strict=False)), line[4]]
+                [
+                    *(
+                        cell.ljust(width)
+                        for cell, width in zip(line, widths, strict=False)
+                    ),
+                    line[4],
+                ]
             ).rstrip()
             for line in (header, *lines)
         )
@@ -259,7 +264,7 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         return f"{self.mode} mode with gradients {grad}"
 
 
-class _Row(LayerInfo):  # type: ignore[misc]  # torchinfo is untyped
+class _Row(LayerInfo):
     """A torchinfo row with call-aware parameter accounting.
 
     torchinfo counts a non-leaf row's parameters as "its parameters minus
@@ -328,12 +333,12 @@ def _assign_params(net: nn.Module, rows: list[_Row]) -> None:
         for child in module.children():
             parents.setdefault(child, module)
     for param, owner in owners.values():
-        module: nn.Module | None = owner
-        while module is not None and module not in first:
-            module = parents.get(module)
-        if module is None:
+        holder: nn.Module | None = owner
+        while holder is not None and holder not in first:
+            holder = parents.get(holder)
+        if holder is None:
             continue
-        row = first[module]
+        row = first[holder]
         row.assigned += param.numel()
         if param.requires_grad:
             row.assigned_trainable += param.numel()
@@ -428,7 +433,7 @@ class _CallLog:
         self.calls[info] = call
         self.stack.append(call)
 
-    def _hook(self, module: nn.Module, inputs: object, outputs: object) -> None:
+    def _hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # The innermost open call of this module is the one ending.
         for position in range(len(self.stack) - 1, -1, -1):
             call = self.stack[position]
@@ -442,7 +447,7 @@ class _CallLog:
             info.calculate_num_params()
         info.input_size, _ = info.calculate_size(inputs, self.batch_dim)
         info.output_size, elem_bytes = info.calculate_size(outputs, self.batch_dim)
-        info.output_bytes = elem_bytes * _torchinfo_impl.prod(info.output_size)
+        info.output_bytes = elem_bytes * prod(info.output_size)
         info.executed = True
         info.calculate_macs()
         call.end_order = self.ends
@@ -454,7 +459,9 @@ class _CallLog:
             if call.end_order is None:
                 call.info.note = "(no output)"
         for row in self.containers:
-            row.note = _NOT_A_CALL_NOTE if row.module in self.counts else _NOT_CALLED_NOTE
+            row.note = (
+                _NOT_A_CALL_NOTE if row.module in self.counts else _NOT_CALLED_NOTE
+            )
         self.stack.clear()
 
 
@@ -538,29 +545,34 @@ def _restatistics(summary: ModelStatistics, rows: list[_Row]) -> ModelStatistics
     for index, info in enumerate(rows):
         counters[info.depth] = counters.get(info.depth, 0) + 1
         info.depth_index = counters[info.depth]
-        info.children = _torchinfo_impl.get_children_layers(rows, index)
+        info.children = get_children_layers(list(rows), index)
     old = summary.formatting
     formatting = FormattingOptions(
         old.max_depth, old.verbose, old.col_names, old.col_width, old.row_settings
     )
     formatting.params_units = old.params_units
     formatting.macs_units = old.macs_units
-    return ModelStatistics(rows, summary.input_size, summary.total_input, formatting)
+    return ModelStatistics(
+        list(rows), summary.input_size, summary.total_input, formatting
+    )
 
 
 def _to_layers(log: _CallLog) -> tuple[Layer, ...]:
     layers = []
     for info in log.rows:
         call = log.calls.get(info)
+        label = (info.depth, info.depth_index or 0)  # set by _restatistics
         if call is None:
             layers.append(
                 Layer(
-                    (info.depth, info.depth_index),
+                    label,
                     log.containers[info],
                     info.module,
                     None,
                     recordable=False,
-                    reason=_NOT_A_CALL if info.note == _NOT_A_CALL_NOTE else _NOT_CALLED,
+                    reason=_NOT_A_CALL
+                    if info.note == _NOT_A_CALL_NOTE
+                    else _NOT_CALLED,
                     input_size=[],
                     output_size=[],
                     num_params=info.num_params,
@@ -569,7 +581,7 @@ def _to_layers(log: _CallLog) -> tuple[Layer, ...]:
             continue
         layers.append(
             Layer(
-                (info.depth, info.depth_index),
+                label,
                 call.name,
                 call.module,
                 call.call_index,

@@ -31,7 +31,7 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,8 @@ from .scope import Scope, ScopeState
 from .select import Selector, resolve
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from torch.nn.parameter import Parameter
     from torchinfo.model_statistics import ModelStatistics
 
@@ -123,7 +125,7 @@ class Recorder(nn.Module):
     >>> _ = torch.manual_seed(0)
     >>> toynet = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU())
     >>> rnet = Recorder(toynet, input_size=(1, 5))
-    >>> print(repr(rnet).splitlines()[4])
+    >>> print(repr(rnet).splitlines()[5])
     ├─Linear (0): 1-1                        [1, 5]                    [1, 4]                    24                         61.54%
     >>> rnet.record((0, 1), (1, 3))
     >>> rnet.recording
@@ -301,9 +303,8 @@ class Recorder(nn.Module):
                 and any(row.name.startswith(f"{name}.") for name in names)
             ]
             if children:
-                lines.append(
-                    f"Record its submodules' calls instead, e.g. {', '.join(children[:3])}."
-                )
+                examples = ", ".join(children[:3])
+                lines.append(f"Record its submodules' calls instead, e.g. {examples}.")
             msg = "These layers cannot be recorded:\n" + "\n".join(lines)
             raise ValueError(msg + "\nOperation cancelled")
 
@@ -485,7 +486,8 @@ class Recorder(nn.Module):
         >>> with rnet.scope("sum") as scope:
         ...     _ = net(torch.ones(1, 3))  # direct calls are recorded too
         ...     _ = rnet(torch.ones(1, 3))
-        >>> torch.allclose(scope[(1, 1)], 2 * net[0](torch.ones(1, 3)))
+        >>> expected = 2 * net[0](torch.ones(1, 3))
+        >>> torch.allclose(scope[(1, 1)], expected.double())  # sums are float64
         True
         >>> scope.passes, scope.count[(1, 1)]
         (2, 2)
@@ -678,7 +680,7 @@ class Recorder(nn.Module):
 
 
 _TORCH_MODULE_FILE = os.path.normcase(inspect.getfile(nn.Module))
-_PACKAGE_DIR = os.path.normcase(os.path.dirname(__file__))
+_PACKAGE_DIR = os.path.normcase(Path(__file__).parent)
 
 
 def _user_stacklevel() -> int:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Self
 
     from .layers import DepthIdx
     from .recorder import Recorder
@@ -125,7 +126,7 @@ class Scope:
 
     # -- context -----------------------------------------------------------
 
-    def __enter__(self) -> Scope:
+    def __enter__(self) -> Self:
         """Start recording every pass of the net made in this thread."""
         if self._open:
             msg = "This scope is already open; use `rnet.scope()` for another one."
@@ -220,6 +221,8 @@ class Scope:
             row = self._recorder.table[label]
             spec = self._specs.get(label, self._specs.get(row.name, self._default))
             reducer = self._make(spec)
+            if reducer is spec:  # a reducer given as a template: one per label
+                reducer = reducer.fresh()
             store[label] = reducer
         return reducer
 

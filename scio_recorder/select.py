@@ -24,12 +24,13 @@ __all__ = ["Selector", "children", "modules", "resolve"]
 
 import dataclasses
 import difflib
-from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from torch import nn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from .layers import DepthIdx, Layer, LayerTable
 
 Selector: TypeAlias = Any
@@ -177,7 +178,9 @@ def _names(table: LayerTable) -> list[str]:
 
 
 def _calls_named(table: LayerTable, name: str) -> list[Layer]:
-    return [row for row in table.rows if row.name == name and row.call_index is not None]
+    return [
+        row for row in table.rows if row.name == name and row.call_index is not None
+    ]
 
 
 def _unknown_name(table: LayerTable, name: str) -> ValueError:
