@@ -337,6 +337,11 @@ class PassState:
                 func = postproc[self.post_index]
                 self.post_index += 1
                 result = func(output)
+            if self.versions:  # in-place edits by postprocessors are the user's
+                self.versions = [
+                    (label, kind, [(t, t._version) for t, _ in tensors])  # noqa: SLF001 (version counter)
+                    for label, kind, tensors in self.versions
+                ]
         if record is not None and not options.clone:
             self.versions.append((spec.label, "activations", _versions(record)))
         if spec.grad and not self.dont_record:

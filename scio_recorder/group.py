@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .calls import CallRecorder
 from .recorder import Recorder
 from .scope import Scope
+from .select import resolve
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -47,8 +48,9 @@ class _ModuleEntry:
     def data(self) -> list[Any]:
         if self.kind == "outputs":
             return self.scope.records_of(self.name)
-        table = self.scope._recorder.table  # noqa: SLF001 (same package)
-        labels = [row.label for row in table.rows if row.name == self.name]
+        recorder = self.scope._recorder  # noqa: SLF001 (same package)
+        rows = resolve(recorder.table, recorder.net, [self.name])
+        labels = [row.label for row in rows]
         per_label = [self.scope.inputs.get(label, []) for label in labels]
         return [
             inputs.args for calls in zip(*per_label, strict=True) for inputs in calls

@@ -399,7 +399,11 @@ class _CallLog:
                 common += 1
             return common == len(owner), common
 
-        return max(names, key=score)  # max keeps the first of equal scores
+        best = max(map(score, names))
+        tied = [name for name in names if score(name) == best]
+        # A module registered under several names of one parent (a ReLU at
+        # positions 1 and 3 of a Sequential) takes them in turn, call by call.
+        return tied[self.counts.get(module, 0) % len(tied)]
 
     def _new_row(self, name: str, module: nn.Module, depth: int) -> _Row:
         var_name = name.rsplit(".", 1)[-1] if name else type(module).__name__

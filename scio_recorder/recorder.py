@@ -53,7 +53,7 @@ from ._hooks import (
 )
 from .layers import DepthIdx, Layer, LayerTable, build_table
 from .scope import Scope, ScopeState
-from .select import Selector, resolve
+from .select import Selector, as_label, index_like, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -281,13 +281,11 @@ class Recorder(nn.Module):
     def _check_labels(self, selectors: tuple[Selector, ...]) -> None:
         """Check label-like selectors with the reference Recorder's messages."""
         table = self._table
-        labels = [s for s in selectors if _looks_like_label(s)]
+        labels = [as_label(s) or s for s in selectors if _looks_like_label(s)]
         unknown = {s for s in labels if s not in table}
         if unknown:
             hint = ""
-            if len(selectors) == 2 and all(  # noqa: PLR2004 (a pair)
-                isinstance(item, int) for item in selectors
-            ):
+            if len(selectors) == 2 and all(map(index_like, selectors)):  # noqa: PLR2004 (a pair)
                 hint = f"Did you mean `rnet.record({selectors})`? "
             shown = "{" + ", ".join(map(repr, sorted(unknown, key=repr))) + "}"
             msg = f"Following layers not found: {shown}. {hint}Operation cancelled"
@@ -724,10 +722,8 @@ def _labels(labels: tuple[DepthIdx, ...]) -> str:
 
 def _looks_like_label(value: object) -> bool:
     """Whether the reference Recorder would have taken ``value`` as a label."""
-    return (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, tuple)
-        and bool(value)
-        and all(isinstance(item, int) for item in value)
+    return index_like(value) or (
+        isinstance(value, tuple) and bool(value) and all(map(index_like, value))
     )
 
 
@@ -779,10 +775,23 @@ def _make_plan(
     )
 
 
+class _Tracer(torch.fx.Tracer):
+    """The default tracer, which does not trace into recorders inside the net.
+
+    A recorder's forward has its own checks (and state): tracing it with
+    proxies would fail for reasons that have nothing to do with the net.
+    """
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, Recorder) or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+
 def _check_static_flow(net: nn.Module) -> None:
     """Refuse a net that :func:`torch.fx.symbolic_trace` cannot trace."""
     try:
-        torch.fx.symbolic_trace(net)
+        _Tracer().trace(net)
     except Exception as error:
         msg = (
             "The control flow of the input network is not static: "

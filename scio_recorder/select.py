@@ -20,10 +20,11 @@ and the caller changes nothing.
 
 from __future__ import annotations
 
-__all__ = ["Selector", "children", "modules", "resolve"]
+__all__ = ["Selector", "as_label", "children", "index_like", "modules", "resolve"]
 
 import dataclasses
 import difflib
+import operator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from torch import nn
@@ -152,12 +153,29 @@ def modules(
     return _registration(recursive=True, types=types, indices=indices)
 
 
-def _is_label(value: object) -> bool:
-    return (
-        isinstance(value, tuple)
-        and len(value) == 2  # noqa: PLR2004 (a pair)
-        and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
-    )
+def index_like(value: object) -> bool:
+    """Whether ``value`` is an integer (``int``, ``numpy.int64``, ...)."""
+    return hasattr(type(value), "__index__") and not isinstance(value, str)
+
+
+def as_label(value: object) -> DepthIdx | None:
+    """Return ``value`` as a label ``(depth, idx)`` of plain ints, or ``None``.
+
+    Any pair of integers is a label (numpy integers too, as the reference
+    Recorder accepted them).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> as_label((np.int64(1), 3)), as_label("1-3")
+    ((1, 3), None)
+
+    """
+    if isinstance(value, tuple) and len(value) == 2:  # noqa: PLR2004 (a pair)
+        depth, idx = value
+        if index_like(depth) and index_like(idx):
+            return (operator.index(depth), operator.index(idx))  # type: ignore[call-overload]
+    return None
 
 
 def _is_name_call(value: object) -> bool:
@@ -177,10 +195,22 @@ def _names(table: LayerTable) -> list[str]:
     return list(seen)
 
 
-def _calls_named(table: LayerTable, name: str) -> list[Layer]:
-    return [
-        row for row in table.rows if row.name == name and row.call_index is not None
-    ]
+def _module_named(net: nn.Module, name: str) -> nn.Module | None:
+    """Return the module registered as ``name`` in ``net`` (any of its names)."""
+    try:
+        return net.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _calls_named(table: LayerTable, net: nn.Module, name: str) -> list[Layer]:
+    """Return every call row of the module named ``name``, whatever its row name.
+
+    A module registered under several names (a ReLU reused in a Sequential)
+    is one module: any of its names selects all of its calls.
+    """
+    module = _module_named(net, name)
+    return [] if module is None else list(table.calls_of(module))
 
 
 def _unknown_name(table: LayerTable, name: str) -> ValueError:
@@ -226,7 +256,7 @@ def resolve(
     >>> rnet = Recorder(net, input_size=(1, 3))
     >>> [row.label for row in resolve(rnet.table, net, ["1", nn.ReLU])]
     [(1, 2), (1, 4)]
-    >>> [row.label for row in resolve(rnet.table, net, [("1", 1)])]
+    >>> [row.label for row in resolve(rnet.table, net, [("3", 1)])]
     [(1, 4)]
 
     """
@@ -241,22 +271,24 @@ def resolve(
 def _resolve_one(  # noqa: C901, PLR0911, PLR0912 (one branch per selector form)
     table: LayerTable, net: nn.Module, selector: Selector
 ) -> list[Layer]:
-    if _is_label(selector):
-        if selector not in table:
-            msg = f"Following layers not found: {{{selector!r}}}. Operation cancelled"
+    label = as_label(selector)
+    if label is not None:
+        if label not in table:
+            msg = f"Following layers not found: {{{label!r}}}. Operation cancelled"
             raise ValueError(msg)
-        return [_recordable(table[selector])]
+        return [_recordable(table[label])]
     if isinstance(selector, str):
-        rows = _calls_named(table, selector)
+        rows = _calls_named(table, net, selector)
         if not rows:
-            containers = [row for row in table.rows if row.name == selector]
+            module = _module_named(net, selector)
+            containers = [row for row in table.rows if row.module is module]
             if containers:
                 return [_recordable(containers[0])]
             raise _unknown_name(table, selector)
         return rows
     if _is_name_call(selector):
         name, k = selector
-        rows = _calls_named(table, name)
+        rows = _calls_named(table, net, name)
         if not rows:
             raise _unknown_name(table, name)
         matching = [row for row in rows if row.call_index == k]

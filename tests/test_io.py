@@ -477,7 +477,7 @@ def test_load_with_other_call_raises(tmp_path: Path) -> None:
     other = Recorder(nn.Sequential(relu, nn.Linear(2, 2), nn.ReLU()), input_size=(1, 2))
     # In `other`, 1-3 is a distinct ReLU named `2`, called once.
     msg = (
-        "Layer 1-3 was saved from module `0` (ReLU, call 1), but in the given "
+        "Layer 1-3 was saved from module `2` (ReLU, call 1), but in the given "
         f"table 1-3 is module `2` (ReLU, call 0). {ADVICE}"
     )
     with pytest.raises(ValueError, match=re.escape(msg)):

@@ -1,0 +1,58 @@
+"""Shared fixtures: the seed, the reference toy net and golden-file checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+EXPECTED_DIR = Path(__file__).parent / "expected"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--update-expected``, which rewrites the golden files."""
+    parser.addoption(
+        "--update-expected",
+        action="store_true",
+        default=False,
+        help="Rewrite the golden files under tests/expected/ instead of comparing.",
+    )
+
+
+@pytest.fixture(autouse=True)
+def seed() -> None:
+    """Make every test start from the same torch random state."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def toynet() -> nn.Sequential:
+    """The reference's toy net: ``Linear(5, 4), ReLU, Linear(4, 3), ReLU``."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU())
+
+
+@pytest.fixture
+def expected(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """Return ``check(name, text)``: compare ``text`` with ``tests/expected/name``.
+
+    With ``--update-expected`` the file is rewritten with ``text`` instead.
+    """
+    update = request.config.getoption("--update-expected")
+
+    def check(name: str, text: str) -> None:
+        path = EXPECTED_DIR / name
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        assert path.exists(), f"{path} is missing: run pytest with --update-expected"
+        assert text == path.read_text(encoding="utf-8")
+
+    return check
