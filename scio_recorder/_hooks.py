@@ -327,25 +327,31 @@ class PassState:
             record = options.apply(output)
             self.records[spec.label] = record
         result = None
-        postproc = self.postproc
-        if spec.output and postproc is not None:
-            if callable(postproc):
-                result = postproc(output)
-            else:
-                if self.post_index >= len(postproc):
-                    raise ValueError(self.too_few_message(len(postproc)))
-                func = postproc[self.post_index]
-                self.post_index += 1
-                result = func(output)
-            if self.versions:  # in-place edits by postprocessors are the user's
-                self.versions = [
-                    (label, kind, [(t, t._version) for t, _ in tensors])  # noqa: SLF001 (version counter)
-                    for label, kind, tensors in self.versions
-                ]
+        if spec.output and self.postproc is not None:
+            result = self.postprocess(output)
         if record is not None and not options.clone:
             self.versions.append((spec.label, "activations", _versions(record)))
         if spec.grad and not self.dont_record:
             self.watch_grad(module, spec.label, output if result is None else result)
+        return result
+
+    def postprocess(self, output: Any) -> Any:
+        """Run the next postprocessor on ``output``; return its result."""
+        postproc = self.postproc
+        if callable(postproc):
+            result = postproc(output)
+        else:
+            assert postproc is not None  # noqa: S101 (checked by the caller)
+            if self.post_index >= len(postproc):
+                raise ValueError(self.too_few_message(len(postproc)))
+            func = postproc[self.post_index]
+            self.post_index += 1
+            result = func(output)
+        if self.versions:  # in-place edits by postprocessors are the user's
+            self.versions = [
+                (label, kind, [(t, t._version) for t, _ in tensors])  # noqa: SLF001 (version counter)
+                for label, kind, tensors in self.versions
+            ]
         return result
 
     def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:

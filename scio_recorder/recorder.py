@@ -138,6 +138,10 @@ class Recorder(nn.Module):
 
     """  # noqa: E501 (a table row is long)
 
+    _net_direct: nn.Module
+    _latest: _Latest
+    _plan: CallPlan
+
     def __init__(
         self,
         net: nn.Module,
@@ -162,9 +166,10 @@ class Recorder(nn.Module):
         self._token = object()
         self._hooks = HookSet(self, self._token)
         self._table = build_table(net, _DEFAULT_SUMMARY_KWARGS | summary_kwargs)
-        self._activations: dict[DepthIdx, Any] = {}
-        self._inputs: dict[DepthIdx, CallInputs] = {}
-        self._grads: dict[DepthIdx, GradSlot] = {}
+        self._latest = _Latest()
+        # A plain attribute: reading a submodule goes through the slower
+        # `nn.Module.__getattr__`, and forward reads it on every pass.
+        object.__setattr__(self, "_net_direct", net)
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
         self._plan = CallPlan.empty(self._table.mode_description)
@@ -382,15 +387,20 @@ class Recorder(nn.Module):
         True
 
         """
-        net = self._net
+        net = self._net_direct
         states = ACTIVE_PASSES.get()
+        plan = self._plan
+        if states is None and not plan.ends:  # nothing recorded: no pass state
+            latest = self._latest
+            latest.activations, latest.inputs, latest.grads = {}, {}, {}
+            return net(*args, **kwargs)
         scope = None
         if states is not None:
             outer = states.get(self._token)
             if isinstance(outer, ScopeState):
                 scope = outer
         state = PassState(
-            self._plan,
+            plan,
             activation_postproc,
             dont_record=dont_record,
             training=net.training,
@@ -413,15 +423,17 @@ class Recorder(nn.Module):
         return out
 
     def _clear(self) -> None:
-        self._activations = {}
-        self._inputs = {}
-        self._grads = {}
+        latest = self._latest
+        latest.activations, latest.inputs, latest.grads = {}, {}, {}
 
     def _publish(self, state: PassState) -> None:
         """Make ``state``'s records the latest pass's (called after success)."""
-        self._activations = state.records
-        self._inputs = state.inputs
-        self._grads = state.grads
+        latest = self._latest
+        latest.activations, latest.inputs, latest.grads = (
+            state.records,
+            state.inputs,
+            state.grads,
+        )
         if state.versions:
             self._check_versions(state)
 
@@ -518,7 +530,7 @@ class Recorder(nn.Module):
         Keys are in the order outputs were produced. Empty after a failed pass
         or a pass with ``dont_record=True``.
         """
-        return MappingProxyType(self._activations)
+        return MappingProxyType(self._latest.activations)
 
     @property
     def inputs(self) -> MappingProxyType[DepthIdx, CallInputs]:
@@ -538,7 +550,7 @@ class Recorder(nn.Module):
         torch.Size([4, 2])
 
         """
-        return MappingProxyType(self._inputs)
+        return MappingProxyType(self._latest.inputs)
 
     @property
     def gradients(self) -> MappingProxyType[DepthIdx, Any]:
@@ -560,7 +572,8 @@ class Recorder(nn.Module):
         torch.Size([1, 2])
 
         """
-        return MappingProxyType({k: v.value() for k, v in self._grads.items()})
+        grads = self._latest.grads
+        return MappingProxyType({k: v.value() for k, v in grads.items()})
 
     @property
     def params(self) -> MappingProxyType[str, Parameter]:
@@ -616,14 +629,15 @@ class Recorder(nn.Module):
 
         """
         rows = resolve(self._table, self._net, [selector])
-        missing = [row.label for row in rows if row.label not in self._activations]
+        records = self._latest.activations
+        missing = [row.label for row in rows if row.label not in records]
         if missing:
             msg = (
                 f"Labels {missing} were not recorded in the latest pass. "
                 f"Record them first: `rnet.record({selector!r})`."
             )
             raise KeyError(msg)
-        return tuple(self._activations[row.label] for row in rows)
+        return tuple(records[row.label] for row in rows)
 
     @property
     def recording(self) -> tuple[DepthIdx, ...]:
@@ -696,6 +710,17 @@ def _user_stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+class _Latest:
+    """The records of the latest completed pass (a plain object: cheap to set)."""
+
+    __slots__ = ("activations", "grads", "inputs")
+
+    def __init__(self) -> None:
+        self.activations: dict[DepthIdx, Any] = {}
+        self.inputs: dict[DepthIdx, CallInputs] = {}
+        self.grads: dict[DepthIdx, GradSlot] = {}
 
 
 @dataclasses.dataclass(frozen=True)

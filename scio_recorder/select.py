@@ -174,7 +174,7 @@ def as_label(value: object) -> DepthIdx | None:
     if isinstance(value, tuple) and len(value) == 2:  # noqa: PLR2004 (a pair)
         depth, idx = value
         if index_like(depth) and index_like(idx):
-            return (operator.index(depth), operator.index(idx))  # type: ignore[call-overload]
+            return (operator.index(depth), operator.index(idx))
     return None
 
 
