@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import torch
 from torch import Tensor, nn
+from torch.autograd import Variable
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -176,11 +177,12 @@ class GradSlot:
 
     Tensor hooks on the output (registered before any later in-place change,
     so they see the gradient of the value the layer produced) store each
-    tensor's gradient; ``sink`` gets the whole structure once every tensor
-    that requires grad has received its gradient.
+    tensor's gradient. When a ``sink`` is given (an open scope), the whole
+    structure is handed to it once the backward pass that delivered the
+    gradients has finished, with ``None`` for tensors that got none.
     """
 
-    __slots__ = ("fired", "grads", "hooked", "options", "sink", "template")
+    __slots__ = ("grads", "options", "queued", "sink", "template")
 
     def __init__(
         self,
@@ -190,6 +192,7 @@ class GradSlot:
     ) -> None:
         self.options = options
         self.sink = sink
+        self.queued = False
         leaves: list[Tensor] = []
 
         def index(tensor: Tensor) -> Any:
@@ -198,20 +201,24 @@ class GradSlot:
 
         self.template = map_tensors(output, index)
         self.grads: list[Tensor | None] = [None] * len(leaves)
-        self.hooked = {i for i, leaf in enumerate(leaves) if leaf.requires_grad}
-        self.fired: set[int] = set()
-        for i in self.hooked:
-            leaves[i].register_hook(self._hook(i))  # type: ignore[no-untyped-call]
+        for i, leaf in enumerate(leaves):
+            if leaf.requires_grad:
+                leaf.register_hook(self._hook(i))  # type: ignore[no-untyped-call]
 
     def _hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
             self.grads[i] = self.options.apply(grad)
-            self.fired.add(i)
-            if self.sink is not None and self.fired == self.hooked:
-                self.fired = set()
-                self.sink(self.value())
+            if self.sink is not None and not self.queued:
+                # Runs once this backward pass is over (as DDP's hooks do).
+                self.queued = True
+                Variable._execution_engine.queue_callback(self._flush)  # noqa: SLF001 (no public API)
 
         return hook
+
+    def _flush(self) -> None:
+        self.queued = False
+        if self.sink is not None:
+            self.sink(self.value())
 
     def value(self) -> Any:
         """Return the gradients in the output's structure (``None`` if missing)."""

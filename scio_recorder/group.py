@@ -11,7 +11,8 @@ context manager).
 Module entries of a config are served by one :class:`~scio_recorder.Recorder`
 and one :meth:`~scio_recorder.Recorder.scope` over the whole group, so they
 keep the Recorder's guarantees: every call is labelled and checked against the
-call plan, and no hook or patch survives the block.
+call plan. That recorder selects (and hooks) its layers only while the group
+is open: no hook or patch of the group survives the block.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ class _ModuleEntry:
     @property
     def data(self) -> list[Any]:
         if self.kind == "outputs":
-            return self.scope.records_of(self.name)
+            try:
+                return self.scope.records_of(self.name)
+            except KeyError:  # nothing recorded yet: an empty buffer
+                return []
         recorder = self.scope._recorder  # noqa: SLF001 (same package)
         rows = resolve(recorder.table, recorder.net, [self.name])
         labels = [row.label for row in rows]
@@ -60,12 +64,44 @@ class _ModuleEntry:
 class _ParameterEntry:
     """One parameter of the net."""
 
-    def __init__(self, recorder: Recorder, name: str) -> None:
-        self.recorder, self.name = recorder, name
+    def __init__(self, param: nn.Parameter) -> None:
+        self.param = param
 
     @property
     def data(self) -> list[Any]:
-        return [self.recorder.params[self.name]]
+        return [self.param]
+
+
+class _HookedScope:
+    """A scope whose recorder selects (and hooks) its layers only while open.
+
+    So no hook of the group stays on the net outside its ``with`` block.
+    """
+
+    def __init__(
+        self, recorder: Recorder, outputs: list[str], inputs: list[str]
+    ) -> None:
+        self.recorder, self.outputs, self.inputs = recorder, outputs, inputs
+        self.scope = recorder.scope()
+
+    def __enter__(self) -> Scope:
+        self.recorder.record(*self.outputs, inputs=self.inputs)
+        try:
+            return self.scope.__enter__()
+        except BaseException:
+            self.recorder.record()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.scope.__exit__(exc_type, exc, tb)
+        finally:
+            self.recorder.record()
 
 
 class _CallEntry:
@@ -212,23 +248,30 @@ class RecorderGroup:
                 )
                 raise ValueError(msg)
             recorder = Recorder(net, **recorder_kwargs)
-            recorder.record(
-                *sorted(set(outputs.values())),
-                inputs=sorted(set(inputs.values())),
-                params=sorted(set(params.values())),
+            hooked = _HookedScope(
+                recorder, sorted(set(outputs.values())), sorted(set(inputs.values()))
             )
-            members["\0scope"] = recorder.scope()
+            # Check every selector now, so a bad source fails at build time.
+            recorder.record(
+                *hooked.outputs, inputs=hooked.inputs, params=list(params.values())
+            )
+            named = dict(recorder.params)
+            recorder.record()
+            members["\0scope"] = hooked
         if calls:
             members["\0calls"] = CallRecorder(*dict.fromkeys(calls.values()))
         group = cls(members)
         group.recorder = recorder
         for key, source in outputs.items():
-            group._entries[key] = _ModuleEntry(members["\0scope"], source, "outputs")
+            group._entries[key] = _ModuleEntry(
+                members["\0scope"].scope, source, "outputs"
+            )
         for key, source in inputs.items():
-            group._entries[key] = _ModuleEntry(members["\0scope"], source, "inputs")
+            group._entries[key] = _ModuleEntry(
+                members["\0scope"].scope, source, "inputs"
+            )
         for key, source in params.items():
-            assert recorder is not None  # noqa: S101 (set above)
-            group._entries[key] = _ParameterEntry(recorder, source)
+            group._entries[key] = _ParameterEntry(named[source])
         for key, source in calls.items():
             group._entries[key] = _CallEntry(members["\0calls"], source)
         return group

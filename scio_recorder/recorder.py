@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 import dataclasses
+import difflib
 import inspect
 import os
 import sys
@@ -316,9 +317,19 @@ class Recorder(nn.Module):
         by_id = {id(p): name for name, p in named.items()}
         found: dict[str, Parameter] = {}
         module_selectors = []
+        modules = {name for name, _ in self._net.named_modules(remove_duplicate=False)}
         for selector in selectors:
             if isinstance(selector, str) and selector in named:
                 found[selector] = named[selector]
+            elif isinstance(selector, str) and selector not in modules:
+                close = difflib.get_close_matches(selector, [*named, *modules], n=3)
+                hint = f" Did you mean {', '.join(f'`{c}`' for c in close)}?"
+                msg = (
+                    f"No parameter or module named `{selector}` in the net."
+                    f"{hint if close else ''} `dict(net.named_parameters())` lists "
+                    "the parameter names. Operation cancelled"
+                )
+                raise ValueError(msg)
             else:
                 module_selectors.append(selector)
         for row in resolve(self._table, self._net, module_selectors):

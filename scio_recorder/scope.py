@@ -44,12 +44,11 @@ if TYPE_CHECKING:
 class ScopeState:
     """The handler of a recorder with an open scope and no explicit pass."""
 
-    __slots__ = ("completed", "current", "depth", "scope")
+    __slots__ = ("completed", "current", "scope")
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
         self.current: PassState | None = None
-        self.depth = 0
         self.completed = False
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
@@ -161,9 +160,12 @@ class Scope:
             handle.remove()
         self._handles = []
         self._recorder._scopes.remove(self)  # noqa: SLF001 (the scope is part of the recorder)
-        if self._token is not None:
-            ACTIVE_PASSES.reset(self._token)
-            self._token = None
+        # Remove our state only: scopes of other recorders may have been
+        # entered after this one and still be open (exits out of order).
+        states = ACTIVE_PASSES.get() or {}
+        remaining = {k: v for k, v in states.items() if v is not self._state}
+        ACTIVE_PASSES.set(remaining or None)
+        self._token = None
         self._state = None
 
     def _mine(self) -> ScopeState | None:
@@ -177,16 +179,18 @@ class Scope:
         state = self._mine()
         if state is None:  # an explicit pass, or another thread
             return
-        if state.depth == 0:
-            state.current = PassState(
-                self._recorder._plan,  # noqa: SLF001 (the scope is part of the recorder)
-                None,
-                dont_record=False,
-                training=module.training,
-                grad_sink=state.grad_sink,
-            )
-            state.completed = False
-        state.depth += 1
+        # A root call starts a pass. A pass left open by a `KeyboardInterrupt`
+        # (torch runs no hook then) is dropped here. A net calling itself at
+        # the root is not supported: its inner call restarts the pass, which
+        # then fails the call-plan check, loudly.
+        state.current = PassState(
+            self._recorder._plan,  # noqa: SLF001 (the scope is part of the recorder)
+            None,
+            dont_record=False,
+            training=module.training,
+            grad_sink=state.grad_sink,
+        )
+        state.completed = False
 
     def _mark_completed(self, _module: nn.Module, _args: Any, _output: Any) -> None:
         state = self._mine()
@@ -195,14 +199,11 @@ class Scope:
 
     def _close_pass(self, _module: nn.Module, _args: Any, _output: Any) -> None:
         state = self._mine()
-        if state is None or state.depth == 0:
-            return
-        state.depth -= 1
-        if state.depth:
+        if state is None or state.current is None:
             return
         current, completed = state.current, state.completed
         state.current, state.completed = None, False
-        if current is None or not completed:  # the call raised: drop the pass
+        if not completed:  # the call raised: drop the pass
             self._recorder._clear()  # noqa: SLF001 (the scope is part of the recorder)
             return
         try:
