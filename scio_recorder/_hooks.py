@@ -8,13 +8,13 @@ Why it is built this way:
   run at full speed (and fused kernels such as the ``TransformerEncoderLayer``
   fast path, which torch disables for any module carrying hooks, stay fused).
 * **No reference to the recorder.** A hook closes over an opaque token only.
-  The state of the pass in progress is found through a :class:`ContextVar`
-  mapping tokens to states, so the recorder can be collected while hooks
-  exist; a :func:`weakref.finalize` then removes them.
+  The state of the pass in progress is found through a thread-local mapping
+  from tokens to states, so the recorder can be collected while hooks exist;
+  a :func:`weakref.finalize` then removes them.
 * **State local to the pass.** A :class:`PassState` lives for one pass. Each
-  thread (and each asyncio task) sees its own context, so concurrent passes
-  never mix, and a call of the net that did not go through the recorder (or
-  an open :meth:`Recorder.scope`) finds no state and is ignored.
+  thread sees its own mapping, so concurrent passes never mix, and a call of
+  the net that did not go through the recorder (or an open
+  :meth:`Recorder.scope`) finds no state and is ignored.
 * **Labels are call ranks.** The k-th call of a module to end in a pass is the
   k-th entry of its plan; the pass checks that every hooked module ran exactly
   as often as in the reference pass, so a label never names the wrong call.
@@ -23,7 +23,7 @@ Why it is built this way:
 from __future__ import annotations
 
 __all__ = [
-    "ACTIVE_PASSES",
+    "ACTIVE",
     "CallInputs",
     "CallPlan",
     "CallPlanError",
@@ -35,9 +35,9 @@ __all__ = [
 ]
 
 import dataclasses
+import threading
 import weakref
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import torch
@@ -59,10 +59,20 @@ class _Handler(Protocol):
     def on_output(self, module: nn.Module, output: Any) -> Any: ...
 
 
-ACTIVE_PASSES: ContextVar[dict[object, _Handler] | None] = ContextVar(
-    "scio_recorder_active_passes", default=None
-)
-"""Token of each recorder with a pass or scope open in this context -> state."""
+class _Active(threading.local):
+    """Per thread: token of each recorder with a pass or scope open -> state.
+
+    A thread-local dict, mutated in place by ``Recorder.forward`` and scopes
+    (each restores what it replaced): cheaper than a ``ContextVar`` on every
+    pass, and a forward pass never yields to other code of the same thread.
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[object, _Handler] = {}
+
+
+ACTIVE = _Active()
+"""This thread's open passes and scopes (see :class:`_Active`)."""
 
 
 class CallPlanError(RuntimeError):
@@ -88,16 +98,17 @@ class RecordOptions:
     detach: bool = False
     device: torch.device | None = None
     dtype: torch.dtype | None = None
+    transforms: bool = dataclasses.field(init=False, repr=False)
+    """Whether the record differs from the very tensor (derived)."""
 
-    @property
-    def transforms(self) -> bool:
-        """Whether the record differs from the very tensor."""
-        return (
+    def __post_init__(self) -> None:
+        transforms = (
             self.clone
             or self.detach
             or self.device is not None
             or self.dtype is not None
         )
+        object.__setattr__(self, "transforms", transforms)
 
     def apply(self, value: Any) -> Any:
         """Return the record of ``value``: tensors anywhere inside are converted."""
@@ -140,6 +151,12 @@ class CallPlan:
     options: RecordOptions
     reference: str
     outputs_per_pass: int
+    expected: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
+    """Calls per pass of each hooked module (derived, for a fast check)."""
+
+    def __post_init__(self) -> None:
+        expected = {module: len(plan) for module, plan in self.ends.items() if plan}
+        object.__setattr__(self, "expected", expected)
 
     @classmethod
     def empty(cls, reference: str) -> CallPlan:
@@ -242,13 +259,17 @@ def _fill(template: Any, values: list[Any]) -> Any:
     return template
 
 
+_NO_STARTS: dict[nn.Module, int] = {}
+_NO_INPUTS: dict[DepthIdx, CallInputs] = {}
+_NO_GRADS: dict[DepthIdx, GradSlot] = {}
+
+
 class PassState:
     """Everything that lives for one pass of the net."""
 
     __slots__ = (
         "counts",
         "dont_record",
-        "grad",
         "grad_sink",
         "grads",
         "inputs",
@@ -265,9 +286,8 @@ class PassState:
         self,
         plan: CallPlan,
         postproc: Postprocessor | Sequence[Postprocessor] | None,
-        *,
-        dont_record: bool,
-        training: bool,
+        dont_record: bool,  # noqa: FBT001 (positional: built on every pass)
+        training: bool,  # noqa: FBT001 (positional: built on every pass)
         grad_sink: Callable[[DepthIdx], Callable[[Any], None] | None] | None = None,
     ) -> None:
         self.plan = plan
@@ -275,22 +295,24 @@ class PassState:
         self.post_index = 0
         self.dont_record = dont_record
         self.training = training
-        self.grad = torch.is_grad_enabled()
         self.grad_sink = grad_sink
         self.counts: dict[nn.Module, int] = {}
-        self.starts: dict[nn.Module, int] = {}
         self.records: dict[DepthIdx, Any] = {}
-        self.inputs: dict[DepthIdx, CallInputs] = {}
-        self.grads: dict[DepthIdx, GradSlot] = {}
         # (label, kind, [(tensor, version)]) checked at the end of the pass to
         # detect in-place modifications of records.
         self.versions: list[tuple[DepthIdx, str, list[tuple[Tensor, int]]]] = []
+        # Rarely used: shared empty dicts until written (see `on_input`).
+        self.starts: dict[nn.Module, int] = _NO_STARTS
+        self.inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
+        self.grads: dict[DepthIdx, GradSlot] = _NO_GRADS
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Handle the start of a call of a module whose inputs are captured."""
         plan = self.plan.starts.get(module)
         if plan is None:
             return
+        if self.starts is _NO_STARTS:
+            self.starts, self.inputs = {}, {}
         k = self.starts.get(module, 0)
         self.starts[module] = k + 1
         if k >= len(plan):
@@ -299,7 +321,7 @@ class PassState:
                 f"at least {k + 1} times",
                 len(plan),
                 training=self.training,
-                grad=self.grad,
+                grad=torch.is_grad_enabled(),
             )
         label = plan[k]
         if label is None or self.dont_record:
@@ -323,7 +345,7 @@ class PassState:
                 f"at least {k + 1} times",
                 len(plan),
                 training=self.training,
-                grad=self.grad,
+                grad=torch.is_grad_enabled(),
             )
         spec = plan[k]
         if spec is None:
@@ -331,7 +353,7 @@ class PassState:
         options = self.plan.options
         record = None
         if spec.output and not self.dont_record:
-            record = options.apply(output)
+            record = options.apply(output) if options.transforms else output
             self.records[spec.label] = record
         result = None
         if spec.output and self.postproc is not None:
@@ -373,6 +395,8 @@ class PassState:
             )
             raise RuntimeError(msg)
         sink = self.grad_sink(label) if self.grad_sink is not None else None
+        if self.grads is _NO_GRADS:
+            self.grads = {}
         self.grads[label] = GradSlot(output, self.plan.options, sink)
 
     def too_few_message(self, given: int) -> str:
@@ -393,6 +417,8 @@ class PassState:
         the reference Recorder accepted them); extra calls raise in the hook.
         """
         counts = self.counts
+        if counts == self.plan.expected:  # the usual case, checked in C
+            return
         for module, plan in self.plan.ends.items():
             observed = counts.get(module, 0)
             expected = len(plan)
@@ -403,7 +429,7 @@ class PassState:
                 f"{observed} time{'s' if observed != 1 else ''}",
                 expected,
                 training=self.training,
-                grad=self.grad,
+                grad=torch.is_grad_enabled(),
             )
             missing = sorted(spec.label for spec in plan[observed:] if spec is not None)
             if missing:
@@ -423,16 +449,16 @@ def _tensors(value: Any) -> list[Tensor]:
 
 
 def _versions(record: Any) -> list[tuple[Tensor, int]]:
+    if isinstance(record, Tensor):  # the common case, without the tree walk
+        try:
+            return [(record, record._version)]  # noqa: SLF001 (version counter)
+        except RuntimeError:  # inference tensors have no version counter
+            return []
     return [
         (tensor, tensor._version)  # noqa: SLF001 (version counter)
         for tensor in _tensors(record)
         if not tensor.is_inference()  # inference tensors have no version counter
     ]
-
-
-def changed(versions: list[tuple[Tensor, int]]) -> bool:
-    """Return whether any tensor's version counter moved since it was read."""
-    return any(tensor._version != version for tensor, version in versions)  # noqa: SLF001 (version counter)
 
 
 def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
@@ -457,21 +483,15 @@ def _make_hooks(
     token: object,
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Return the forward pre-hook and hook that serve one recorder's passes."""
-    get = ACTIVE_PASSES.get
+    active = ACTIVE
 
     def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-        states = get()
-        if states is None:
-            return
-        state = states.get(token)
+        state = active.states.get(token)
         if state is not None:
             state.on_input(module, args, kwargs)
 
     def hook(module: nn.Module, _args: Any, output: Any) -> Any:
-        states = get()
-        if states is None:
-            return None
-        state = states.get(token)
+        state = active.states.get(token)
         if state is None:
             return None
         return state.on_output(module, output)

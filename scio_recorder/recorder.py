@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ._hooks import (
-    ACTIVE_PASSES,
+    ACTIVE,
     CallInputs,
     CallPlan,
     CallPlanError,
@@ -50,7 +50,6 @@ from ._hooks import (
     PassState,
     Postprocessor,
     RecordOptions,
-    changed,
 )
 from .layers import DepthIdx, Layer, LayerTable, build_table
 from .scope import Scope, ScopeState
@@ -399,27 +398,23 @@ class Recorder(nn.Module):
 
         """
         net = self._net_direct
-        states = ACTIVE_PASSES.get()
+        states = ACTIVE.states
+        key = self._token
+        outer = states.get(key)
         plan = self._plan
-        if states is None and not plan.ends:  # nothing recorded: no pass state
+        if outer is None and not plan.ends:  # nothing recorded: no pass state
             latest = self._latest
             latest.activations, latest.inputs, latest.grads = {}, {}, {}
             return net(*args, **kwargs)
-        scope = None
-        if states is not None:
-            outer = states.get(self._token)
-            if isinstance(outer, ScopeState):
-                scope = outer
+        scope = outer if isinstance(outer, ScopeState) else None
         state = PassState(
             plan,
             activation_postproc,
-            dont_record=dont_record,
-            training=net.training,
-            grad_sink=None if scope is None else scope.grad_sink,
+            dont_record,
+            net.training,
+            None if scope is None else scope.grad_sink,
         )
-        token = ACTIVE_PASSES.set(
-            {self._token: state} if states is None else {**states, self._token: state}
-        )
+        states[key] = state
         try:
             out = net(*args, **kwargs)
             state.check_counts()
@@ -427,7 +422,10 @@ class Recorder(nn.Module):
             self._clear()
             raise
         finally:
-            ACTIVE_PASSES.reset(token)
+            if outer is None:
+                del states[key]
+            else:
+                states[key] = outer
         self._publish(state)
         if scope is not None:
             scope.feed(state)
@@ -450,19 +448,25 @@ class Recorder(nn.Module):
 
     def _check_versions(self, state: PassState) -> None:
         for label, kind, tensors in state.versions:
-            if (kind, label) in self._warned_inplace or not changed(tensors):
-                continue
-            self._warned_inplace.add((kind, label))
-            row = self._table[label]
-            what = "output" if kind == "activations" else "inputs"
-            msg = (
-                f"The record of layer {row.describe()} was modified in place "
-                "after it was recorded (e.g. by a later `inplace=True` "
-                f"operation): `rnet.{kind}[{label}]` no longer holds that "
-                f"layer's {what}. Use `rnet.record(..., clone=True)` to keep an "
-                "exact copy. Shown once per layer and recorder."
-            )
-            warnings.warn(msg, InPlaceWarning, stacklevel=_user_stacklevel())
+            for tensor, version in tensors:
+                if tensor._version != version:  # noqa: SLF001 (version counter)
+                    self._warn_inplace(label, kind)
+                    break
+
+    def _warn_inplace(self, label: DepthIdx, kind: str) -> None:
+        if (kind, label) in self._warned_inplace:
+            return
+        self._warned_inplace.add((kind, label))
+        row = self._table[label]
+        what = "output" if kind == "activations" else "inputs"
+        msg = (
+            f"The record of layer {row.describe()} was modified in place "
+            "after it was recorded (e.g. by a later `inplace=True` "
+            f"operation): `rnet.{kind}[{label}]` no longer holds that "
+            f"layer's {what}. Use `rnet.record(..., clone=True)` to keep an "
+            "exact copy. Shown once per layer and recorder."
+        )
+        warnings.warn(msg, InPlaceWarning, stacklevel=_user_stacklevel())
 
     def scope(
         self,

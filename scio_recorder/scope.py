@@ -13,8 +13,8 @@ forward hook marks that the call completed, and a last forward hook with
 ``always_call=True`` closes it, checking the call plan when the call completed
 and discarding the partial pass when it raised. Leaving the block removes the
 three hooks, also after an exception. Passes are found through the same
-context variable as explicit passes, so only the thread (context) that opened
-the scope is recorded.
+thread-local mapping as explicit passes, so only the thread that opened the
+scope is recorded.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
-from ._hooks import ACTIVE_PASSES, PassState
+from ._hooks import ACTIVE, PassState
 
 if TYPE_CHECKING:
-    import contextvars
     from types import TracebackType
 
     from torch.utils.hooks import RemovableHandle
@@ -120,7 +119,7 @@ class Scope:
         self._samples: dict[DepthIdx, int] = {}
         self._open = False
         self._handles: list[RemovableHandle] = []
-        self._token: contextvars.Token[Any] | None = None
+        self._previous: Any = None
         self._state: ScopeState | None = None
 
     # -- context -----------------------------------------------------------
@@ -132,11 +131,9 @@ class Scope:
             raise RuntimeError(msg)
         recorder = self._recorder
         state = ScopeState(self)
-        states = ACTIVE_PASSES.get()
         key = recorder._token  # noqa: SLF001 (the scope is part of the recorder)
-        self._token = ACTIVE_PASSES.set(
-            {key: state} if states is None else {**states, key: state}
-        )
+        self._previous = ACTIVE.states.get(key)
+        ACTIVE.states[key] = state
         self._state = state
         net = recorder.net
         self._handles = [
@@ -160,19 +157,20 @@ class Scope:
             handle.remove()
         self._handles = []
         self._recorder._scopes.remove(self)  # noqa: SLF001 (the scope is part of the recorder)
-        # Remove our state only: scopes of other recorders may have been
-        # entered after this one and still be open (exits out of order).
-        states = ACTIVE_PASSES.get() or {}
-        remaining = {k: v for k, v in states.items() if v is not self._state}
-        ACTIVE_PASSES.set(remaining or None)
-        self._token = None
+        # Remove our state only (scopes of other recorders, under other keys,
+        # may still be open: exits out of order are fine).
+        states = ACTIVE.states
+        key = self._recorder._token  # noqa: SLF001 (the scope is part of the recorder)
+        if states.get(key) is self._state:
+            if self._previous is None:
+                del states[key]
+            else:
+                states[key] = self._previous
+        self._previous = None
         self._state = None
 
     def _mine(self) -> ScopeState | None:
-        states = ACTIVE_PASSES.get()
-        if states is None:
-            return None
-        state = states.get(self._recorder._token)  # noqa: SLF001 (the scope is part of the recorder)
+        state = ACTIVE.states.get(self._recorder._token)  # noqa: SLF001 (the scope is part of the recorder)
         return state if state is self._state else None
 
     def _open_pass(self, module: nn.Module, _args: Any) -> None:
@@ -186,9 +184,9 @@ class Scope:
         state.current = PassState(
             self._recorder._plan,  # noqa: SLF001 (the scope is part of the recorder)
             None,
-            dont_record=False,
-            training=module.training,
-            grad_sink=state.grad_sink,
+            False,  # noqa: FBT003 (dont_record)
+            module.training,
+            state.grad_sink,
         )
         state.completed = False
 
