@@ -170,6 +170,7 @@ class Scenario:
     setup: Callable[[], None] = lambda: None
     teardown: Callable[[], None] = lambda: None
     hand: str | None = None  # the hand-written scenario to compare with
+    baseline: str = "plain"  # the hook-free scenario to compare with
     describe: str = ""
     recorded: Callable[[], set[Any]] = set  # what the last call recorded
     expect: set[Any] = field(default_factory=set)  # what a call should record
@@ -282,7 +283,108 @@ def build_scenarios(case: Case, rnet: Recorder) -> list[Scenario]:
                 expect=set(modules),
             ),
         ]
+    scenarios += capture_scenarios(case, rnet, recordable, named)
     return scenarios
+
+
+def capture_scenarios(
+    case: Case, rnet: Recorder, recordable: list[Any], named: dict[str, nn.Module]
+) -> list[Scenario]:
+    """Inputs and output gradients of the "one" layer, vs hand-written hooks.
+
+    Gradient scenarios time a forward and a backward pass with gradients
+    enabled, against ``plain_grad`` (the same without hooks).
+    """
+    net, x = case.net, case.x
+    label = next(row.label for row in recordable if row.name == case.one)
+    module = named[case.one]
+    handles: list[Any] = []
+    store: dict[str, Any] = {}
+
+    def stop() -> None:
+        rnet.record()
+        for handle in handles:
+            handle.remove()
+        handles.clear()
+        store.clear()
+
+    def hand_input() -> None:
+        def pre_hook(_module: nn.Module, args: Any, kwargs: Any) -> None:
+            store["inputs"] = (args, kwargs)
+
+        handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+    def hand_grad() -> None:
+        def keep(grad: torch.Tensor) -> None:
+            store["grad"] = grad
+
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            output.register_hook(keep)
+
+        handles.append(module.register_forward_hook(hook))
+
+    def forward_backward(call: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.enable_grad():
+                out = call()
+                out.sum().backward()
+            net.zero_grad(set_to_none=True)
+            return out.detach()
+
+        return run
+
+    inputs = [
+        Scenario(
+            "recorder_input_one",
+            lambda: rnet(x),
+            setup=lambda: rnet.record(inputs=label),
+            teardown=stop,
+            hand="hand_input_one",
+            describe=f"rnet(x) recording the inputs of {label} = `{case.one}`",
+            recorded=lambda: set(rnet.inputs),
+            expect={label},
+        ),
+        Scenario(
+            "hand_input_one",
+            lambda: net(x),
+            setup=hand_input,
+            teardown=stop,
+            describe="net(x), a hand-written pre-hook storing (args, kwargs)",
+            recorded=lambda: set(store),
+            expect={"inputs"},
+        ),
+    ]
+    if case.name == "transformer":  # a backward pass there dwarfs everything
+        return inputs
+    return [
+        *inputs,
+        Scenario(
+            "plain_grad",
+            forward_backward(lambda: net(x)),
+            describe="net(x).sum().backward(), gradients enabled",
+        ),
+        Scenario(
+            "recorder_grad_one",
+            forward_backward(lambda: rnet(x)),
+            setup=lambda: rnet.record(grads=label),
+            teardown=stop,
+            hand="hand_grad_one",
+            baseline="plain_grad",
+            describe=f"the same through rnet, recording the gradient of {label}",
+            recorded=lambda: set(rnet.gradients),
+            expect={label},
+        ),
+        Scenario(
+            "hand_grad_one",
+            forward_backward(lambda: net(x)),
+            setup=hand_grad,
+            teardown=stop,
+            baseline="plain_grad",
+            describe="the same on net, a hand-written hook adding a tensor hook",
+            recorded=lambda: set(store),
+            expect={"grad"},
+        ),
+    ]
 
 
 # ------------------------------------------------------------------- helpers
@@ -453,8 +555,8 @@ def format_report(
     for model, result in results.items():
         scenarios = result["scenarios"]
         medians = {s.name: quartiles(s.samples_ns)[1] for s in scenarios}
-        plain = medians["plain"]
         for scenario in scenarios:
+            plain = medians[scenario.baseline]
             q1, median, q3 = quartiles(scenario.samples_ns)
             to_hand = f"{median / medians[scenario.hand]:.3f}" if scenario.hand else "—"
             lines.append(
