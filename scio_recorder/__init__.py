@@ -21,6 +21,7 @@ torch.Size([2, 4])
 
 from ._hooks import CallInputs, CallPlanError, Postprocessor
 from .calls import CallRecorder
+from .collect import CollectResult, Estimate, collect, estimate
 from .group import RecorderGroup
 from .io import RecordInfo, Records, load_records, save_records
 from .layers import DepthIdx, Layer, LayerTable
@@ -33,7 +34,9 @@ __all__ = [
     "CallInputs",
     "CallPlanError",
     "CallRecorder",
+    "CollectResult",
     "DepthIdx",
+    "Estimate",
     "InPlaceWarning",
     "Layer",
     "LayerTable",
@@ -46,6 +49,8 @@ __all__ = [
     "Scope",
     "Selection",
     "children",
+    "collect",
+    "estimate",
     "load_records",
     "make_reducer",
     "modules",

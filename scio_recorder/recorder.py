@@ -22,6 +22,7 @@ __all__ = [
     "CallPlanError",
     "InPlaceWarning",
     "Postprocessor",
+    "RecordOptions",
     "Recorder",
     "Selection",
 ]
@@ -613,6 +614,11 @@ class Recorder(nn.Module):
         before the backward whose gradients you want (GradNorm-style scores).
         """
         return {name: param.grad for name, param in self._params.items()}
+
+    @property
+    def record_options(self) -> RecordOptions:
+        """The ``clone``/``detach``/``device``/``dtype`` options of ``record``."""
+        return self._plan.options
 
     @property
     def selection(self) -> Selection:

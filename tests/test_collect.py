@@ -1,0 +1,731 @@
+"""Tests of scio_recorder.collect: reductions, spilling, resume, progress."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from scio_recorder import InPlaceWarning, Recorder
+from scio_recorder.collect import (
+    MANIFEST,
+    CollectResult,
+    Estimate,
+    collect,
+    estimate,
+)
+from scio_recorder.io import save_records
+from scio_recorder.reduce import (
+    Count,
+    CountResult,
+    Covariance,
+    Gram,
+    MinMax,
+    Moments,
+    MomentsResult,
+    PerClass,
+    Quantiles,
+    SharedCovariance,
+)
+
+F64 = torch.float64
+
+
+# --------------------------------------------------------------------- helpers
+def deep_net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(3, 4),
+        nn.Tanh(),
+        nn.Linear(4, 4),
+        nn.ReLU(),
+        nn.Linear(4, 3),
+        nn.Tanh(),
+        nn.Linear(3, 3),
+        nn.Sigmoid(),
+        nn.Linear(3, 2),
+        nn.Identity(),
+    )
+
+
+@functools.cache
+def shared_rnet() -> Recorder:
+    """One recorder reused across hypothesis examples (collect restores it)."""
+    return Recorder(deep_net(), input_size=(1, 3))
+
+
+def layer_outputs(net: nn.Sequential, x: torch.Tensor) -> list[torch.Tensor]:
+    """The output of every layer of a Sequential, as its forward computes it."""
+    outs = []
+    with torch.no_grad():
+        for layer in net:
+            x = layer(x)
+            outs.append(x)
+    return outs
+
+
+def make_batches(sizes: list[int], features: int = 3, classes: int = 3, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(n, features, generator=gen),
+            torch.randint(0, classes, (n,), generator=gen),
+        )
+        for n in sizes
+    ]
+
+
+def per_batch_features(net: nn.Sequential, batches) -> list[list[torch.Tensor]]:
+    """features[layer][batch], computed batch by batch as collect sees them."""
+    per_batch = [layer_outputs(net, x) for x, _ in batches]
+    return [[outs[i] for outs in per_batch] for i in range(len(net))]
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-9) -> None:
+    torch.testing.assert_close(a.to(F64), b.to(F64), rtol=tol, atol=tol, equal_nan=True)
+
+
+class Flaky:
+    """Yields batches; raises ``error`` when batch ``at`` is requested (once)."""
+
+    def __init__(self, batches, at: int, error: BaseException) -> None:
+        self.batches = batches
+        self.at = at
+        self.error = error
+        self.armed = True
+
+    def __iter__(self):
+        for i, batch in enumerate(self.batches):
+            if i == self.at and self.armed:
+                self.armed = False
+                raise self.error
+            yield batch
+
+
+class FailingMoments(Moments):
+    """Moments that raise once, in the update of the batch numbered ``left``."""
+
+    left: dict[str, Any] = {"n": None, "error": RuntimeError}  # noqa: RUF012
+
+    def update(self, value, target=None):
+        left = FailingMoments.left
+        if left["n"] is not None:
+            if left["n"] == 0:
+                left["n"] = None
+                msg = "injected failure in a reducer"
+                raise left["error"](msg)
+            left["n"] -= 1
+        super().update(value, target)
+
+
+class Spy(Count):
+    """Count that notes whether its records require grad."""
+
+    seen: list[bool] = []  # noqa: RUF012
+
+    def update(self, value, target=None):
+        Spy.seen.append(value.requires_grad)
+        super().update(value, target)
+
+
+def count_calls(net: nn.Module) -> list[int]:
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    net.register_forward_hook(hook)
+    return calls
+
+
+def equal_results(a: Any, b: Any) -> bool:
+    """Exact equality of results: tensors, dataclasses, dicts, lists."""
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0))
+        )
+    if hasattr(a, "__dataclass_fields__"):
+        return type(a) is type(b) and all(
+            equal_results(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
+        )
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal_results(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(map(equal_results, a, b))
+    return a == b
+
+
+# ------------------------------------------------ reductions equal the oracle
+KEEP = {
+    (1, 1): "concat",
+    (1, 2): "moments",
+    (1, 3): Covariance(),
+    (1, 4): Gram(),
+    (1, 5): MinMax(),
+    (1, 6): Quantiles([0.0, 0.3, 0.5, 1.0]),
+    (1, 7): SharedCovariance(num_classes=3),
+    (1, 8): PerClass(Moments, num_classes=3),
+    (1, 9): "count",
+    (1, 10): "all",
+}
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=5))
+def test_every_reduction_equals_the_direct_computation(sizes):
+    rnet = shared_rnet()
+    batches = make_batches(sizes)
+    result = collect(rnet, batches, KEEP, target=1)
+    feats = per_batch_features(rnet.net, batches)
+    full = [torch.cat(f) for f in feats]
+    y = torch.cat([t for _, t in batches])
+    n = sum(sizes)
+    assert result.samples == n
+    assert result.batches == len(sizes)
+
+    assert torch.equal(result[(1, 1)], full[0])
+
+    mom = result[(1, 2)]
+    x = full[1].to(F64)
+    assert mom.count == n
+    assert_close(mom.mean, x.mean(0))
+    assert_close(mom.var_population, x.var(0, correction=0))
+    if n > 1:
+        assert_close(mom.var, x.var(0))
+
+    cov = result[(1, 3)]
+    x = full[2].to(F64)
+    assert_close(cov.mean, x.mean(0))
+    assert_close(cov.cov_population, torch.cov(x.T, correction=0).reshape(4, 4))
+
+    x = full[3].to(F64)
+    assert_close(result[(1, 4)].sum, x.T @ x)
+
+    mm = result[(1, 5)]
+    assert torch.equal(mm.min, full[4].amin(0))
+    assert torch.equal(mm.max, full[4].amax(0))
+
+    q = torch.tensor([0.0, 0.3, 0.5, 1.0], dtype=F64)
+    assert_close(result[(1, 6)], torch.quantile(full[5].to(F64), q, dim=0))
+
+    shared = result[(1, 7)]
+    x = full[6].to(F64)
+    within = torch.zeros(3, 3, dtype=F64)
+    for c in range(3):
+        part = x[y == c]
+        assert shared.class_counts[c] == part.shape[0]
+        if part.shape[0]:
+            assert_close(shared.means[c], part.mean(0))
+            centred = part - part.mean(0)
+            within += centred.T @ centred
+    assert_close(shared.cov, within / n)
+
+    per_class = result[(1, 8)]
+    x = full[7].to(F64)
+    assert sorted(per_class) == sorted(set(y.tolist()))
+    for c, res in per_class.items():
+        assert res.count == int((y == c).sum())
+        assert_close(res.mean, x[y == c].mean(0))
+
+    assert result[(1, 9)] == CountResult(records=len(sizes), samples=n)
+    kept = result[(1, 10)]
+    assert len(kept) == len(sizes)
+    assert all(torch.equal(a, b) for a, b in zip(kept, feats[9], strict=True))
+
+
+def test_selectors_names_and_labels_of():
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    result = collect(rnet, make_batches([4, 4]), {nn.Tanh: "moments", "0": "concat"})
+    assert list(result) == [(1, 1), (1, 2), (1, 6)]
+    assert result.labels_of[nn.Tanh] == ((1, 2), (1, 6))
+    assert result.labels_of["0"] == ((1, 1),)
+    assert isinstance(result[(1, 2)], MomentsResult)
+    assert "CollectResult(samples=8, batches=2" in repr(result)
+
+
+def test_per_class_statistics_with_dict_batches():
+    net = nn.Sequential(nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        {"x": torch.randn(6, 3, generator=gen), "y": torch.tensor([0, 1, 1, 2, 0, 1])}
+        for _ in range(3)
+    ]
+    result = collect(
+        rnet,
+        batches,
+        {(1, 1): PerClass(Covariance, num_classes=3)},
+        input="x",
+        target="y",
+    )
+    with torch.no_grad():
+        x = torch.cat([net(b["x"]) for b in batches]).to(F64)
+    y = torch.cat([b["y"] for b in batches])
+    for c in range(3):
+        res = result[(1, 1)][c]
+        assert res.count == int((y == c).sum())
+        assert_close(res.mean, x[y == c].mean(0))
+        assert_close(res.cov, torch.cov(x[y == c].T))
+
+
+def test_input_forms():
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 2)
+            self.b = nn.Linear(3, 2)
+
+        def forward(self, x, z):
+            return self.a(x) + self.b(z)
+
+    net = TwoInputs()
+    rnet = Recorder(net, input_data=[torch.zeros(1, 3), torch.zeros(1, 3)])
+    xs, zs = torch.randn(5, 3), torch.randn(5, 3)
+    keep = {"a": "concat", "b": "concat"}
+    by_tuple = collect(rnet, [(xs, zs, 0)], keep, input=lambda b: (b[0], b[1]))
+    by_kwargs = collect(rnet, [(xs, zs)], keep, input=lambda b: {"x": b[0], "z": b[1]})
+    with torch.no_grad():
+        assert torch.equal(by_tuple[(1, 1)], net.a(xs))
+        assert torch.equal(by_kwargs[(1, 2)], net.b(zs))
+
+    single = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    whole = collect(single, [xs], {(1, 1): "concat"}, input=None)
+    assert whole[(1, 1)].shape == (5, 2)
+    with pytest.raises(TypeError, match="input=None"):
+        collect(single, [xs], {(1, 1): "concat"})
+    with pytest.raises(ValueError, match="cannot take item 3"):
+        collect(single, [(xs,)], {(1, 1): "concat"}, input=3)
+    with pytest.raises(KeyError, match="no such key"):
+        collect(single, [{"x": xs}], {(1, 1): "concat"}, input="image")
+
+
+def test_device_and_to_options():
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    batches = make_batches([3, 2])
+    a = collect(rnet, batches, {(1, 1): "moments"}, device="cpu", to="cpu", target=1)
+    b = collect(rnet, batches, {(1, 1): "moments"})
+    assert equal_results(a[(1, 1)], b[(1, 1)])
+
+
+# ------------------------------------------------------------------- spilling
+@pytest.mark.parametrize("width", [64, 4])
+def test_spill_with_tiny_budget_equals_in_memory(width, tmp_path):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, width), nn.ReLU())
+    rnet = Recorder(net, input_size=(1, 3))
+    batches = make_batches([8] * 12)
+    keep = {(1, 1): "concat", (1, 2): "concat"}
+    ram = collect(rnet, batches, keep)
+    budget = 1024
+    spilled = collect(rnet, batches, keep, memory_budget=budget)
+    batch_bytes = 2 * 8 * width * 4
+    for label in keep:
+        assert isinstance(spilled[label], torch.Tensor)
+        assert torch.equal(spilled[label], ram[label])
+    assert spilled.peak_bytes <= budget + batch_bytes
+    assert ram.peak_bytes == 12 * batch_bytes
+
+    on_disk = collect(rnet, batches, keep, memory_budget=budget, spill_dir=tmp_path)
+    for label in keep:
+        assert torch.equal(on_disk[label], ram[label])
+        path = on_disk.files[label]
+        assert path.parent == tmp_path
+        assert path.stat().st_size == ram[label].numel() * 4
+    assert on_disk.peak_bytes <= batch_bytes  # checkpoints spill every batch
+    assert "mmap" in repr(on_disk)
+    # the mapping is private: writing to the result does not touch the file
+    before = path.read_bytes()
+    on_disk[(1, 2)][0, 0] = 1234.0
+    assert path.read_bytes() == before
+
+
+def test_streaming_memory_does_not_grow():
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 5)), input_size=(1, 3))
+    keep = {(1, 1): "covariance"}
+
+    def state_bytes(result: CollectResult) -> int:
+        state = result.reducers[(1, 1)].state()
+        return sum(t.numel() * t.element_size() for t in state.values())
+
+    small = collect(rnet, make_batches([4] * 2), keep)
+    large = collect(rnet, make_batches([4] * 40), keep)
+    assert state_bytes(small) == state_bytes(large)
+    assert large.peak_bytes == 0
+
+
+# ------------------------------------------------------- interrupt and resume
+RESUME_KEEP = {
+    (1, 1): "concat",
+    (1, 2): FailingMoments(),
+    (1, 3): SharedCovariance(num_classes=3),
+    (1, 4): Quantiles([0.1, 0.9], exact=False, k=8),
+    (1, 5): "concat",
+}
+
+
+def uninterrupted(batches):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    return collect(rnet, batches, RESUME_KEEP, target=1)
+
+
+def assert_same(a: CollectResult, b: CollectResult) -> None:
+    assert list(a) == list(b)
+    for label in a:
+        assert equal_results(a[label], b[label]), label
+    assert (a.samples, a.batches) == (b.samples, b.batches)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("where", ["loader", "input", "reducer"])
+@pytest.mark.parametrize("every", [None, 3])
+def test_interrupt_then_resume_equals_uninterrupted(tmp_path, error, where, every):
+    batches = make_batches([5, 3, 4, 5, 2, 5, 1, 4])
+    expected = uninterrupted(batches)
+    net = deep_net()
+    rnet = Recorder(net, input_size=(1, 3))
+    calls = count_calls(net)
+    at = 5
+    source: Any = batches
+    get_input: Any = 0
+    if where == "loader":
+        source = Flaky(batches, at, error("injected failure in the loader"))
+    elif where == "input":
+        state = {"n": 0}
+
+        def get_input(batch):
+            state["n"] += 1
+            if state["n"] == at + 1:
+                msg = "injected failure in the input"
+                raise error(msg)
+            return batch[0]
+
+    else:
+        FailingMoments.left.update(n=at, error=error)
+
+    kwargs = {"target": 1, "spill_dir": tmp_path, "checkpoint_every": every}
+    with pytest.raises(error, match="injected"):
+        collect(rnet, source, RESUME_KEEP, input=get_input, **kwargs)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    # between batches everything completed is checkpointed; within a batch's
+    # reduction, the last checkpoint stands
+    saved = manifest["batches"]
+    assert saved == (at if where != "reducer" else (at if every is None else 3))
+    assert not manifest["complete"]
+    ran = at + (where == "reducer")  # the failing reducer ran after the pass
+    assert calls[0] == ran
+
+    resumed = collect(rnet, source, RESUME_KEEP, input=get_input, **kwargs)
+    assert calls[0] == ran + len(batches) - saved  # skipped batches are not run
+    assert_same(resumed, expected)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["complete"]
+    assert manifest["batches"] == len(batches)
+    with safetensors.safe_open(tmp_path / manifest["states"], "pt") as file:
+        assert file.metadata()["batches"] == str(len(batches))
+
+
+def test_finished_run_is_not_recomputed(tmp_path):
+    batches = make_batches([4, 4, 4])
+    net = deep_net()
+    rnet = Recorder(net, input_size=(1, 3))
+    calls = count_calls(net)
+    first = collect(
+        rnet, batches, RESUME_KEEP, target=1, spill_dir=tmp_path, durable=True
+    )
+    assert calls[0] == 3
+    again = collect(rnet, batches, RESUME_KEEP, target=1, spill_dir=tmp_path)
+    assert calls[0] == 3
+    assert_same(first, again)
+    fresh = collect(
+        rnet, batches, RESUME_KEEP, target=1, spill_dir=tmp_path, resume=False
+    )
+    assert calls[0] == 6
+    assert_same(first, fresh)
+    assert torch.equal(first[(1, 1)], fresh[(1, 1)])  # old mapping still valid
+
+
+def test_manifest_mismatch_names_the_difference(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([3, 3])
+    collect(rnet, batches, {(1, 1): "concat", (1, 2): "moments"}, spill_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"reducers of 1-2.*Covariance") as info:
+        collect(
+            rnet, batches, {(1, 1): "concat", (1, 2): "covariance"}, spill_dir=tmp_path
+        )
+    assert "another `spill_dir`" in str(info.value)
+    assert "resume=False" in str(info.value)
+    with pytest.raises(ValueError, match="input: saved 0, now 'x'"):
+        collect(
+            rnet,
+            [{"x": x} for x, _ in batches],
+            {(1, 1): "concat", (1, 2): "moments"},
+            input="x",
+            spill_dir=tmp_path,
+        )
+    result = collect(
+        rnet,
+        batches,
+        {(1, 1): "concat", (1, 2): "covariance"},
+        spill_dir=tmp_path,
+        resume=False,
+    )
+    assert result[(1, 2)].count == 6
+
+
+def test_resume_with_other_batches_is_refused(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([4, 4, 4, 4])
+    with pytest.raises(RuntimeError):
+        collect(
+            rnet,
+            Flaky(batches, 3, RuntimeError()),
+            {(1, 1): "concat"},
+            spill_dir=tmp_path,
+        )
+    with pytest.raises(ValueError, match="the batches differ"):
+        collect(
+            rnet, make_batches([3, 3, 3, 3]), {(1, 1): "concat"}, spill_dir=tmp_path
+        )
+    with pytest.raises(ValueError, match="yielded 2 batches"):
+        collect(rnet, batches[:2], {(1, 1): "concat"}, spill_dir=tmp_path)
+    result = collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+    assert result[(1, 1)].shape == (16, 4)
+
+
+def test_truncated_spill_file_is_refused(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([4, 4, 4])
+    with pytest.raises(RuntimeError):
+        collect(
+            rnet,
+            Flaky(batches, 2, RuntimeError()),
+            {(1, 1): "concat"},
+            spill_dir=tmp_path,
+        )
+    (tmp_path / "concat-1-1.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="incomplete"):
+        collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+
+
+# ------------------------------------------------------------------- progress
+def test_progress_silent_when_not_a_tty(capsys):
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    collect(rnet, make_batches([3, 3]), {(1, 1): "moments"})
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_forced(capsys):
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    collect(rnet, make_batches([3, 3]), {(1, 1): "moments"}, progress=True)
+    err = capsys.readouterr().err
+    assert "sample" in err
+    assert "6" in err
+
+
+def test_progress_without_tqdm(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` fail
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    collect(rnet, make_batches([3, 3]), {(1, 1): "moments"}, progress=True)
+    assert "6 sample" in capsys.readouterr().err
+
+
+def test_estimate_is_logged_with_a_budget(caplog):
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    data = torch.utils.data.TensorDataset(torch.randn(10, 3))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    with caplog.at_level(logging.INFO, logger="scio_recorder.collect"):
+        result = collect(rnet, loader, {(1, 1): "concat"}, memory_budget=16)
+    assert "kept 8 B/sample (80 B for 10 samples)" in caplog.text
+    assert "exceed the memory budget" in caplog.text
+    assert result.estimate is not None
+    assert result.estimate.num_samples == 10
+
+
+# ------------------------------------------------------------------- estimate
+def test_estimate_matches_hand_computation():
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(512, 10))
+    rnet = Recorder(net, input_size=(1, 3, 10, 10))
+    est = estimate(
+        rnet, {(1, 1): "concat", (1, 4): "moments", (1, 3): Covariance()}, 100
+    )
+    assert isinstance(est, Estimate)
+    assert est.per_sample == {(1, 1): 8 * 8 * 8 * 4, (1, 3): 512 * 4, (1, 4): 10 * 4}
+    assert est.bytes_per_sample == 2048 + 2048 + 40
+    assert est.total == 100 * (2048 + 2048 + 40)
+    assert est.stored_total == 100 * 2048
+    rows = {row.label: row for row in est.labels}
+    assert rows[(1, 1)].shape == (8, 8, 8)
+    assert rows[(1, 4)].state_bytes == 2 * 10 * 8
+    assert rows[(1, 3)].state_bytes == 8 * (512 + 512 * 512)
+    assert "1-1    0     concat" in str(est)
+
+
+def test_estimate_uses_the_reference_dtype():
+    net = nn.Sequential(nn.Linear(5, 4)).double()
+    rnet = Recorder(net, input_data=torch.zeros(1, 5, dtype=torch.float64))
+    est = estimate(rnet, {(1, 1): "concat"}, 3)
+    assert est.labels[0].itemsize == 8
+    assert est.per_sample == {(1, 1): 32}
+    assert estimate(rnet, {(1, 1): "concat"}).total is None
+
+
+# -------------------------------------------------------- selection, autograd
+def select_everything(rnet: Recorder) -> None:
+    rnet.record((1, 3), inputs=(1, 1), grads=(1, 3), params="0", clone=True, dtype=F64)
+
+
+def test_selection_restored_after_collect():
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    select_everything(rnet)
+    before, options = rnet.selection, rnet._plan.options
+    collect(rnet, make_batches([2]), {(1, 5): "concat"})
+    assert rnet.selection == before
+    assert rnet._plan.options == options
+    out = rnet(torch.randn(2, 3))
+    assert rnet.activations[(1, 3)].dtype == F64
+    assert out.shape == (2, 2)
+
+
+def test_selection_restored_after_an_error():
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    select_everything(rnet)
+    before, options = rnet.selection, rnet._plan.options
+    with pytest.raises(RuntimeError, match="boom"):
+        collect(
+            rnet,
+            Flaky(make_batches([2, 2]), 1, RuntimeError("boom")),
+            {(1, 5): "concat"},
+        )
+    assert rnet.selection == before
+    assert rnet._plan.options == options
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_grad_flag(grad):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    Spy.seen = []
+    collect(rnet, make_batches([2, 2]), {(1, 1): Spy()}, grad=grad)
+    assert Spy.seen == [grad, grad]
+
+
+def test_clone_keeps_outputs_modified_in_place_later():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True))
+    rnet = Recorder(net, input_size=(1, 3))
+    x = torch.randn(6, 3)
+    result = collect(rnet, [x], {(1, 1): "concat"}, input=None, clone=True)
+    with torch.no_grad():
+        assert torch.equal(result[(1, 1)], net[0](x))
+    assert (result[(1, 1)] < 0).any()
+    with pytest.warns(InPlaceWarning):
+        collect(rnet, [x], {(1, 1): "concat"}, input=None)
+
+
+# ---------------------------------------------------------------- errors
+def test_argument_errors(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([2])
+    with pytest.raises(ValueError, match="selected by both"):
+        collect(rnet, batches, {(1, 1): "concat", nn.Linear: "moments"})
+    with pytest.raises(ValueError, match="needs per-sample class labels"):
+        collect(rnet, batches, {(1, 1): SharedCovariance()})
+    with pytest.raises(ValueError, match="collect also accepts 'concat'"):
+        collect(rnet, batches, {(1, 1): "median"})
+    with pytest.raises(TypeError, match="instance"):
+        collect(rnet, batches, {(1, 1): Moments})
+    with pytest.raises(ValueError, match="not found"):
+        collect(rnet, batches, {(5, 5): "concat"})
+    with pytest.raises(ValueError, match="is empty"):
+        collect(rnet, batches, {})
+    with pytest.raises(ValueError, match="gather"):
+        collect(rnet, batches, {(1, 1): "concat"}, gather=1)
+    with pytest.raises(ValueError, match="needs a `spill_dir`"):
+        collect(rnet, batches, {(1, 1): "concat"}, checkpoint_every=2)
+    with pytest.raises(ValueError, match="no batch"):
+        collect(rnet, [], {(1, 1): "concat"})
+    with pytest.raises(TypeError, match="cannot give its state"):
+        collect(rnet, batches * 2, {(1, 1): lambda a, b: [a, b]}, spill_dir=tmp_path)
+
+
+# ---------------------------------------------------------------- save / load
+def test_save_and_load_round_trip(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    result = collect(rnet, make_batches([4, 5]), KEEP, target=1)
+    path = result.save(tmp_path / "results.safetensors")
+    loaded = CollectResult.load(path, rnet)
+    assert (loaded.samples, loaded.batches) == (9, 2)
+    for label in KEEP:
+        assert equal_results(loaded[label], result[label]), label
+    other = Recorder(nn.Sequential(nn.ReLU()), input_size=(1, 3))
+    with pytest.raises(ValueError, match="given table"):
+        CollectResult.load(path, other)
+
+
+def test_load_refuses_plain_records(tmp_path):
+    path = save_records(tmp_path / "r.safetensors", {"x": torch.ones(1)})
+    with pytest.raises(ValueError, match="load_records"):
+        CollectResult.load(path)
+
+
+def test_unknown_dataclasses_load_as_dicts(tmp_path):
+    @dataclasses.dataclass
+    class Mine:
+        total: torch.Tensor
+
+    result = CollectResult({(1, 1): Mine(torch.ones(2))}, samples=1, batches=1)
+    path = result.save(tmp_path / "r.safetensors")
+    plain = CollectResult.load(path)[(1, 1)]
+    assert isinstance(plain, dict)
+    assert torch.equal(plain["total"], torch.ones(2))
+    rebuilt = CollectResult.load(path, types=[Mine])[(1, 1)]
+    assert isinstance(rebuilt, Mine)
+
+
+def test_unreadable_manifest(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        collect(rnet, make_batches([2]), {(1, 1): "concat"}, spill_dir=tmp_path)
+    result = collect(
+        rnet, make_batches([2]), {(1, 1): "concat"}, spill_dir=tmp_path, resume=False
+    )
+    assert result[(1, 1)].shape == (2, 4)
+    assert json.loads((tmp_path / MANIFEST).read_text())["complete"]
+
+
+def test_progress_disabled(capsys):
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+    collect(rnet, make_batches([3]), {(1, 1): "moments"}, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_docs_examples_run(tmp_path, monkeypatch):
+    """The examples of docs/collect.md before its distributed section run."""
+    text = (Path(__file__).parents[1] / "docs" / "collect.md").read_text("utf-8")
+    local = text[: text.index("## Distributed runs")]
+    blocks = re.findall(r"^```python\n(.*?)^```", local, re.MULTILINE | re.DOTALL)
+    assert len(blocks) >= 5
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "docs_collect"}
+    for block in blocks:
+        exec(compile(block, "docs/collect.md", "exec"), namespace)  # noqa: S102
+    assert namespace["result"][(1, 3)].shape == (1000, 4)
+    assert (tmp_path / "runs" / "train-feats" / MANIFEST).is_file()
