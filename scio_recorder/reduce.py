@@ -1281,6 +1281,71 @@ class PerClass(_Base):
             self._reducer(label).load_state(sub)
 
 
+class _RunningMinMax(_Base, _FeatureShape):
+    """Shared state of :class:`MinMax` and :class:`FeatureMapGram`.
+
+    Running elementwise minimum and maximum of per-sample values, with the
+    sample count; subclasses say how a batch becomes those values.
+    """
+
+    _name = "MinMax"
+    _state_dtype: torch.dtype | None = None  # dtype of a loaded state
+
+    def _reset(self) -> None:
+        self._n = 0
+        self._shape = None
+        self._min: Tensor | None = None
+        self._max: Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """Samples seen."""
+        return self._n
+
+    def _combine(self, n: int, lo: Tensor, hi: Tensor) -> None:
+        if self._min is None or self._max is None:
+            self._min, self._max = lo, hi
+        else:
+            self._min = torch.minimum(self._min, lo.to(self._min.device))
+            self._max = torch.maximum(self._max, hi.to(self._max.device))
+        self._n += n
+
+    def merge(self, other: Self) -> None:
+        """Absorb ``other``."""
+        self._check_peer(other)
+        self._peer_shape(other, self._name)
+        if other._min is not None and other._max is not None:
+            self._combine(other._n, other._min.clone(), other._max.clone())
+
+    def _min_max(self) -> tuple[Tensor, Tensor]:
+        if self._min is None or self._max is None:
+            msg = f"{self._name}: no sample seen yet"
+            raise ValueError(msg)
+        return self._min.clone(), self._max.clone()
+
+    def state(self) -> dict[str, Tensor]:
+        """Return ``count``, ``feature_shape``, ``min``, ``max``."""
+        out = {"count": _count_tensor(self._n)}
+        if self._shape is not None:
+            out["feature_shape"] = _shape_tensor(self._shape)
+        if self._min is not None and self._max is not None:
+            out["min"] = self._min
+            out["max"] = self._max
+        return out
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Replace the state by ``state``."""
+        self._reset()
+        self._n = int(_get(state, "count", self._name))
+        if "feature_shape" in state:
+            self._shape = torch.Size(state["feature_shape"].tolist())
+        if self._n:
+            lo, hi = _get(state, "min", self._name), _get(state, "max", self._name)
+            if self._state_dtype is not None:
+                lo, hi = lo.to(self._state_dtype), hi.to(self._state_dtype)
+            self._min, self._max = lo, hi
+
+
 @dataclasses.dataclass(frozen=True)
 class MinMaxResult:
     """The result of :class:`MinMax`, per feature, in the input dtype.
@@ -1302,7 +1367,7 @@ class MinMaxResult:
     """Per-feature maximum over samples."""
 
 
-class MinMax(_Base, _FeatureShape):
+class MinMax(_RunningMinMax):
     """Per-feature minimum and maximum over samples.
 
     Examples
@@ -1320,25 +1385,6 @@ class MinMax(_Base, _FeatureShape):
     def __init__(self) -> None:
         self._reset()
 
-    def _reset(self) -> None:
-        self._n = 0
-        self._shape = None
-        self._min: Tensor | None = None
-        self._max: Tensor | None = None
-
-    @property
-    def count(self) -> int:
-        """Samples seen."""
-        return self._n
-
-    def _combine(self, n: int, lo: Tensor, hi: Tensor) -> None:
-        if self._min is None or self._max is None:
-            self._min, self._max = lo, hi
-        else:
-            self._min = torch.minimum(self._min, lo.to(self._min.device))
-            self._max = torch.maximum(self._max, hi.to(self._max.device))
-        self._n += n
-
     def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (checked; target unused)
         """Feed a batch (dim 0: samples); ``target`` is ignored."""
         x = _batch(value, "MinMax")
@@ -1347,39 +1393,9 @@ class MinMax(_Base, _FeatureShape):
             return
         self._combine(x.shape[0], x.amin(0), x.amax(0))
 
-    def merge(self, other: Self) -> None:
-        """Absorb ``other``."""
-        self._check_peer(other)
-        self._peer_shape(other, "MinMax")
-        if other._min is not None and other._max is not None:
-            self._combine(other._n, other._min.clone(), other._max.clone())
-
     def result(self) -> MinMaxResult:
         """Return the per-feature minimum and maximum."""
-        if self._min is None or self._max is None:
-            msg = "MinMax: no sample seen yet"
-            raise ValueError(msg)
-        return MinMaxResult(self._min.clone(), self._max.clone())
-
-    def state(self) -> dict[str, Tensor]:
-        """Return ``count``, ``feature_shape``, ``min``, ``max``."""
-        out = {"count": _count_tensor(self._n)}
-        if self._shape is not None:
-            out["feature_shape"] = _shape_tensor(self._shape)
-        if self._min is not None and self._max is not None:
-            out["min"] = self._min
-            out["max"] = self._max
-        return out
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Replace the state by ``state``."""
-        self._reset()
-        self._n = int(_get(state, "count", "MinMax"))
-        if "feature_shape" in state:
-            self._shape = torch.Size(state["feature_shape"].tolist())
-        if self._n:
-            self._min = _get(state, "min", "MinMax")
-            self._max = _get(state, "max", "MinMax")
+        return MinMaxResult(*self._min_max())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1502,7 +1518,7 @@ class FeatureMapGramResult:
     """Entrywise maximum over samples of the per-sample Gram matrices."""
 
 
-class FeatureMapGram(_Base, _FeatureShape):
+class FeatureMapGram(_RunningMinMax):
     """Entrywise min and max over samples of per-sample feature-map Grams.
 
     A record ``[B, C, *spatial]`` gives, per sample, ``F = x.reshape(C, -1)``
@@ -1534,6 +1550,9 @@ class FeatureMapGram(_Base, _FeatureShape):
 
     """
 
+    _name = "FeatureMapGram"
+    _state_dtype = _F64
+
     def __init__(self, power: int = 1, *, row_sums: bool = False) -> None:
         if isinstance(power, bool) or not isinstance(power, int) or power < 1:
             msg = f"FeatureMapGram: power must be an integer >= 1, got {power!r}"
@@ -1544,25 +1563,6 @@ class FeatureMapGram(_Base, _FeatureShape):
 
     def _config(self) -> tuple[Any, ...]:
         return (self.power, self.row_sums)
-
-    def _reset(self) -> None:
-        self._n = 0
-        self._shape = None
-        self._min: Tensor | None = None
-        self._max: Tensor | None = None
-
-    @property
-    def count(self) -> int:
-        """Samples seen."""
-        return self._n
-
-    def _combine(self, n: int, lo: Tensor, hi: Tensor) -> None:
-        if self._min is None or self._max is None:
-            self._min, self._max = lo, hi
-        else:
-            self._min = torch.minimum(self._min, lo.to(self._min.device))
-            self._max = torch.maximum(self._max, hi.to(self._max.device))
-        self._n += n
 
     def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (checked; target unused)
         """Feed a batch ``[B, C, *spatial]``; ``target`` is ignored."""
@@ -1583,39 +1583,9 @@ class FeatureMapGram(_Base, _FeatureShape):
             gram = gram.sign() * gram.abs().pow(1.0 / self.power)
         self._combine(x.shape[0], gram.amin(0), gram.amax(0))
 
-    def merge(self, other: Self) -> None:
-        """Absorb ``other``."""
-        self._check_peer(other)
-        self._peer_shape(other, "FeatureMapGram")
-        if other._min is not None and other._max is not None:
-            self._combine(other._n, other._min.clone(), other._max.clone())
-
     def result(self) -> FeatureMapGramResult:
         """Return count and the entrywise min and max Gram matrices."""
-        if self._min is None or self._max is None:
-            msg = "FeatureMapGram: no sample seen yet"
-            raise ValueError(msg)
-        return FeatureMapGramResult(self._n, self._min.clone(), self._max.clone())
-
-    def state(self) -> dict[str, Tensor]:
-        """Return ``count``, ``feature_shape``, ``min``, ``max``."""
-        out = {"count": _count_tensor(self._n)}
-        if self._shape is not None:
-            out["feature_shape"] = _shape_tensor(self._shape)
-        if self._min is not None and self._max is not None:
-            out["min"] = self._min
-            out["max"] = self._max
-        return out
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Replace the state by ``state``."""
-        self._reset()
-        self._n = int(_get(state, "count", "FeatureMapGram"))
-        if "feature_shape" in state:
-            self._shape = torch.Size(state["feature_shape"].tolist())
-        if self._n:
-            self._min = _get(state, "min", "FeatureMapGram").to(_F64)
-            self._max = _get(state, "max", "FeatureMapGram").to(_F64)
+        return FeatureMapGramResult(self._n, *self._min_max())
 
 
 class Concat(_Base, _FeatureShape):
