@@ -265,22 +265,18 @@ _NO_GRADS: dict[DepthIdx, GradSlot] = {}
 
 
 class PassState:
-    """Everything that lives for one pass of the net."""
+    """Everything that lives for one pass of the net.
 
-    __slots__ = (
-        "counts",
-        "dont_record",
-        "grad_sink",
-        "grads",
-        "inputs",
-        "plan",
-        "post_index",
-        "postproc",
-        "records",
-        "starts",
-        "training",
-        "versions",
-    )
+    Built on every pass, so only what every pass needs is set in
+    ``__init__``; the rest starts as class-level defaults (shared empty dicts
+    are replaced, never written, see ``on_input`` and ``watch_grad``).
+    """
+
+    post_index = 0
+    grad_sink: Callable[[DepthIdx], Callable[[Any], None] | None] | None = None
+    starts: dict[nn.Module, int] = _NO_STARTS
+    inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
+    grads: dict[DepthIdx, GradSlot] = _NO_GRADS
 
     def __init__(
         self,
@@ -292,19 +288,15 @@ class PassState:
     ) -> None:
         self.plan = plan
         self.postproc = postproc
-        self.post_index = 0
         self.dont_record = dont_record
         self.training = training
-        self.grad_sink = grad_sink
+        if grad_sink is not None:
+            self.grad_sink = grad_sink
         self.counts: dict[nn.Module, int] = {}
         self.records: dict[DepthIdx, Any] = {}
-        # (label, kind, [(tensor, version)]) checked at the end of the pass to
-        # detect in-place modifications of records.
-        self.versions: list[tuple[DepthIdx, str, list[tuple[Tensor, int]]]] = []
-        # Rarely used: shared empty dicts until written (see `on_input`).
-        self.starts: dict[nn.Module, int] = _NO_STARTS
-        self.inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
-        self.grads: dict[DepthIdx, GradSlot] = _NO_GRADS
+        # (label, kind, tensor, version), one per recorded tensor, checked at
+        # the end of the pass to detect in-place modifications of records.
+        self.versions: list[tuple[DepthIdx, str, Tensor, int]] = []
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Handle the start of a call of a module whose inputs are captured."""
@@ -330,38 +322,50 @@ class PassState:
         record = CallInputs(tuple(options.apply(args)), dict(options.apply(kwargs)))
         self.inputs[label] = record
         if not options.clone:
-            self.versions.append((label, "inputs", _versions(record)))
+            self.versions += _versions(label, "inputs", record)
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
-        """Handle the end of a call of a hooked ``module``; see ``_make_hook``."""
-        plan = self.plan.ends.get(module)
-        if plan is None:  # hooked after this pass started
+        """Handle the end of a call of a hooked ``module``; see ``_make_hook``.
+
+        On every recorded call: kept lean (locals, tuple unpacking, the
+        single-tensor case inline).
+        """
+        plan = self.plan
+        specs = plan.ends.get(module)
+        if specs is None:  # hooked after this pass started
             return None
-        k = self.counts.get(module, 0)
-        self.counts[module] = k + 1
-        if k >= len(plan):
-            raise self.plan.mismatch(
+        counts = self.counts
+        k = counts.get(module, 0)
+        counts[module] = k + 1
+        if k >= len(specs):
+            raise plan.mismatch(
                 module,
                 f"at least {k + 1} times",
-                len(plan),
+                len(specs),
                 training=self.training,
                 grad=torch.is_grad_enabled(),
             )
-        spec = plan[k]
+        spec = specs[k]
         if spec is None:
             return None
-        options = self.plan.options
+        label, wants_output, wants_grad = spec
+        if not wants_output:
+            if not self.dont_record:
+                self.watch_grad(module, label, output)
+            return None
+        options = plan.options
         record = None
-        if spec.output and not self.dont_record:
+        if not self.dont_record:
             record = options.apply(output) if options.transforms else output
-            self.records[spec.label] = record
-        result = None
-        if spec.output and self.postproc is not None:
-            result = self.postprocess(output)
+            self.records[label] = record
+        result = None if self.postproc is None else self.postprocess(output)
         if record is not None and not options.clone:
-            self.versions.append((spec.label, "activations", _versions(record)))
-        if spec.grad and not self.dont_record:
-            self.watch_grad(module, spec.label, output if result is None else result)
+            if isinstance(record, Tensor) and not record.is_inference():
+                self.versions.append((label, "activations", record, record._version))  # noqa: SLF001 (version counter)
+            else:
+                self.versions += _versions(label, "activations", record)
+        if wants_grad and not self.dont_record:
+            self.watch_grad(module, label, output if result is None else result)
         return result
 
     def postprocess(self, output: Any) -> Any:
@@ -378,8 +382,8 @@ class PassState:
             result = func(output)
         if self.versions:  # in-place edits by postprocessors are the user's
             self.versions = [
-                (label, kind, [(t, t._version) for t, _ in tensors])  # noqa: SLF001 (version counter)
-                for label, kind, tensors in self.versions
+                (label, kind, t, t._version)  # noqa: SLF001 (version counter)
+                for label, kind, t, _ in self.versions
             ]
         return result
 
@@ -448,14 +452,12 @@ def _tensors(value: Any) -> list[Tensor]:
     return found
 
 
-def _versions(record: Any) -> list[tuple[Tensor, int]]:
-    if isinstance(record, Tensor):  # the common case, without the tree walk
-        try:
-            return [(record, record._version)]  # noqa: SLF001 (version counter)
-        except RuntimeError:  # inference tensors have no version counter
-            return []
+def _versions(
+    label: DepthIdx, kind: str, record: Any
+) -> list[tuple[DepthIdx, str, Tensor, int]]:
+    """Return the version entries of every tensor of ``record``."""
     return [
-        (tensor, tensor._version)  # noqa: SLF001 (version counter)
+        (label, kind, tensor, tensor._version)  # noqa: SLF001 (version counter)
         for tensor in _tensors(record)
         if not tensor.is_inference()  # inference tensors have no version counter
     ]

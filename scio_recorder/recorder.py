@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_impl
 
 from ._hooks import (
     ACTIVE,
@@ -176,6 +177,32 @@ class Recorder(nn.Module):
         self._plan = CallPlan.empty(self._table.mode_description)
         self._scopes: list[Scope] = []
         self._warned_inplace: set[tuple[str, DepthIdx]] = set()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
+
+        ``nn.Module.__call__`` handles hooks, tracing and compilation; when
+        none of these apply to the recorder itself, it only calls ``forward``,
+        at a cost (two Python frames and a dozen checks) comparable to a small
+        layer's whole forward. Any hook on the recorder, global module hooks,
+        JIT tracing, ``torch.fx`` tracing (which patches
+        ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual.
+        """
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or nn.Module.__call__ is not _MODULE_CALL
+            or _GLOBAL_HOOKS[0]
+            or _GLOBAL_HOOKS[1]
+            or _GLOBAL_HOOKS[2]
+            or _GLOBAL_HOOKS[3]
+            or self.__dict__.get("_compiled_call_impl") is not None
+            or torch._C._get_tracing_state()  # noqa: SLF001 (what torch checks)
+        ):
+            return _MODULE_CALL(self, *args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     # -- selection -------------------------------------------------------
 
@@ -405,7 +432,8 @@ class Recorder(nn.Module):
         plan = self._plan
         if outer is None and not plan.ends:  # nothing recorded: no pass state
             latest = self._latest
-            latest.activations, latest.inputs, latest.grads = {}, {}, {}
+            if latest.activations or latest.inputs or latest.grads:
+                latest.activations, latest.inputs, latest.grads = {}, {}, {}
             return net(*args, **kwargs)
         scope = outer if isinstance(outer, ScopeState) else None
         state = PassState(
@@ -437,22 +465,19 @@ class Recorder(nn.Module):
         latest.activations, latest.inputs, latest.grads = {}, {}, {}
 
     def _publish(self, state: PassState) -> None:
-        """Make ``state``'s records the latest pass's (called after success)."""
-        latest = self._latest
-        latest.activations, latest.inputs, latest.grads = (
-            state.records,
-            state.inputs,
-            state.grads,
-        )
-        if state.versions:
-            self._check_versions(state)
+        """Make ``state``'s records the latest pass's (called after success).
 
-    def _check_versions(self, state: PassState) -> None:
-        for label, kind, tensors in state.versions:
-            for tensor, version in tensors:
-                if tensor._version != version:  # noqa: SLF001 (version counter)
-                    self._warn_inplace(label, kind)
-                    break
+        Then compare the version counter of every recorded tensor with the one
+        it had when recorded: a change means an in-place operation overwrote
+        the record afterwards.
+        """
+        latest = self._latest
+        latest.activations = state.records
+        latest.inputs = state.inputs
+        latest.grads = state.grads
+        for label, kind, tensor, version in state.versions:
+            if tensor._version != version:  # noqa: SLF001 (version counter)
+                self._warn_inplace(label, kind)
 
     def _warn_inplace(self, label: DepthIdx, kind: str) -> None:
         if (kind, label) in self._warned_inplace:
@@ -712,6 +737,13 @@ class Recorder(nn.Module):
         )
 
 
+_MODULE_CALL = nn.Module.__call__
+_GLOBAL_HOOKS = (
+    _module_impl._global_forward_pre_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_forward_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_backward_pre_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_backward_hooks,  # noqa: SLF001 (what torch checks)
+)
 _TORCH_MODULE_FILE = os.path.normcase(inspect.getfile(nn.Module))
 _PACKAGE_DIR = os.path.normcase(Path(__file__).parent)
 
