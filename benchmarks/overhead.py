@@ -65,9 +65,11 @@ MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's maximum on 64-bit systems
 TRIM_THRESHOLD = 512 * 1024 * 1024
 
 ALL_MODELS = ("mlp", "cnn", "transformer")
-DEFAULT_ROUNDS = 21
+DEFAULT_ROUNDS = 41
 QUICK_ROUNDS = 3
-DEFAULT_BATCH_MS = 20.0  # minimum duration of one timed batch of calls
+# Short batches, many rounds: shared machines change speed by up to 2x for
+# seconds at a time, so each round's scenarios must run close together.
+DEFAULT_BATCH_MS = 5.0  # minimum duration of one timed batch of calls
 QUICK_BATCH_MS = 5.0
 
 
@@ -451,6 +453,17 @@ def timed(scenario: Scenario, n: int) -> float:
     return float(run_in(scenario, functools.partial(time_batch, scenario.call, n)))
 
 
+def paired_ratio(scenario: Scenario, other: Scenario) -> float:
+    """Median over rounds of this scenario's time over ``other``'s, same round.
+
+    Both ran within one round, close together: pairing them cancels the slow
+    drifts of a shared machine's speed that a ratio of medians would keep.
+    """
+    return statistics.median(
+        a / b for a, b in zip(scenario.samples_ns, other.samples_ns, strict=True)
+    )
+
+
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
     if len(samples) < 2:
         return samples[0], samples[0], samples[0]
@@ -547,21 +560,25 @@ def format_report(
 ) -> str:
     lines = [*header, ""]
     lines.append(
-        "| model | scenario | median µs | IQR µs | ratio to plain "
-        "| ratio to hand-written |"
+        "| model | scenario | median µs | IQR µs | ratio to plain* "
+        "| ratio to hand-written* |"
     )
     lines.append("|---|---|---:|---:|---:|---:|")
     notes = []
     for model, result in results.items():
         scenarios = result["scenarios"]
-        medians = {s.name: quartiles(s.samples_ns)[1] for s in scenarios}
+        by_name = {s.name: s for s in scenarios}
         for scenario in scenarios:
-            plain = medians[scenario.baseline]
             q1, median, q3 = quartiles(scenario.samples_ns)
-            to_hand = f"{median / medians[scenario.hand]:.3f}" if scenario.hand else "—"
+            to_plain = paired_ratio(scenario, by_name[scenario.baseline])
+            to_hand = (
+                f"{paired_ratio(scenario, by_name[scenario.hand]):.3f}"
+                if scenario.hand
+                else "—"
+            )
             lines.append(
                 f"| {model} | {scenario.name} | {median / 1e3:,.1f} "
-                f"| {(q3 - q1) / 1e3:,.1f} | {median / plain:.3f} | {to_hand} |"
+                f"| {(q3 - q1) / 1e3:,.1f} | {to_plain:.3f} | {to_hand} |"
             )
         notes.append(
             f"- {model}: {result['n_calls']} call(s) per batch, "
@@ -658,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
             "sample is the mean time per call over a batch of calls lasting about "
             f"{batch_ms:g} ms or one call; median and interquartile range over "
             "rounds" + (" (--quick: a smoke run, not a measurement)" * args.quick)
+        ),
+        (
+            "- *ratios are paired: the median over rounds of (this scenario's "
+            "time / the other's time in the same round); gradient scenarios "
+            "compare with `plain_grad`"
         ),
     ]
     results: dict[str, dict[str, Any]] = {}

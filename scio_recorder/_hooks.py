@@ -153,10 +153,14 @@ class CallPlan:
     outputs_per_pass: int
     expected: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """Calls per pass of each hooked module (derived, for a fast check)."""
+    expected_starts: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
+    """Call starts per pass of each pre-hooked module (derived)."""
 
     def __post_init__(self) -> None:
         expected = {module: len(plan) for module, plan in self.ends.items() if plan}
         object.__setattr__(self, "expected", expected)
+        starts = {module: len(plan) for module, plan in self.starts.items() if plan}
+        object.__setattr__(self, "expected_starts", starts)
 
     @classmethod
     def empty(cls, reference: str) -> CallPlan:
@@ -319,7 +323,9 @@ class PassState:
         if label is None or self.dont_record:
             return
         options = self.plan.options
-        record = CallInputs(tuple(options.apply(args)), dict(options.apply(kwargs)))
+        if options.transforms:
+            args, kwargs = options.apply(args), options.apply(kwargs)
+        record = CallInputs(tuple(args), dict(kwargs))
         self.inputs[label] = record
         if not options.clone:
             self.versions += _versions(label, "inputs", record)
@@ -421,8 +427,19 @@ class PassState:
         the reference Recorder accepted them); extra calls raise in the hook.
         """
         counts = self.counts
-        if counts == self.plan.expected:  # the usual case, checked in C
-            return
+        plan_ = self.plan
+        if counts == plan_.expected and self.starts == plan_.expected_starts:
+            return  # the usual case, checked in C
+        for module, expected in plan_.expected_starts.items():
+            observed = self.starts.get(module, 0)
+            if observed != expected and not (self.dont_record and observed < expected):
+                raise plan_.mismatch(
+                    module,
+                    f"{observed} time{'s' if observed != 1 else ''}",
+                    expected,
+                    training=self.training,
+                    grad=torch.is_grad_enabled(),
+                )
         for module, plan in self.plan.ends.items():
             observed = counts.get(module, 0)
             expected = len(plan)
@@ -528,7 +545,7 @@ class HookSet:
         self._handles.extend(
             module.register_forward_hook(self._hook) for module in modules
         )
-        self.modules = tuple(modules)
+        self.modules = tuple(dict.fromkeys([*modules, *inputs]))
 
     def add(self, handle: RemovableHandle) -> None:
         """Keep ``handle`` to remove it with the others."""

@@ -430,7 +430,7 @@ class Recorder(nn.Module):
         key = self._token
         outer = states.get(key)
         plan = self._plan
-        if outer is None and not plan.ends:  # nothing recorded: no pass state
+        if outer is None and not plan.ends and not plan.starts:  # nothing recorded
             latest = self._latest
             if latest.activations or latest.inputs or latest.grads:
                 latest.activations, latest.inputs, latest.grads = {}, {}, {}
@@ -829,15 +829,16 @@ def _make_plan(
     describe: dict[nn.Module, str] = {}
     for row in (*outputs, *grads, *inputs):
         module = row.module
-        if module in ends:
+        if module in describe:
             continue
-        ends[module] = tuple(
-            EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
-            if call.label in out_labels or call.label in grad_labels
-            else None
-            for call in table.call_plan(module)
-        )
         calls = table.calls_of(module)
+        if any(call.label in out_labels or call.label in grad_labels for call in calls):
+            ends[module] = tuple(
+                EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
+                if call.label in out_labels or call.label in grad_labels
+                else None
+                for call in table.call_plan(module)
+            )
         if any(call.label in in_labels for call in calls):
             starts[module] = tuple(
                 call.label if call.label in in_labels else None for call in calls
