@@ -330,7 +330,7 @@ class PassState:
         if not options.clone:
             self.versions += _versions(label, "inputs", record)
 
-    def on_output(self, module: nn.Module, output: Any) -> Any:
+    def on_output(self, module: nn.Module, output: Any) -> Any:  # noqa: C901 (the hot path, kept in one frame on purpose)
         """Handle the end of a call of a hooked ``module``; see ``_make_hook``.
 
         On every recorded call: kept lean (locals, tuple unpacking, the
@@ -343,15 +343,16 @@ class PassState:
         counts = self.counts
         k = counts.get(module, 0)
         counts[module] = k + 1
-        if k >= len(specs):
+        try:
+            spec = specs[k]
+        except IndexError:
             raise plan.mismatch(
                 module,
                 f"at least {k + 1} times",
                 len(specs),
                 training=self.training,
                 grad=torch.is_grad_enabled(),
-            )
-        spec = specs[k]
+            ) from None
         if spec is None:
             return None
         label, wants_output, wants_grad = spec
@@ -366,8 +367,13 @@ class PassState:
             self.records[label] = record
         result = None if self.postproc is None else self.postprocess(output)
         if record is not None and not options.clone:
-            if isinstance(record, Tensor) and not record.is_inference():
-                self.versions.append((label, "activations", record, record._version))  # noqa: SLF001 (version counter)
+            if isinstance(record, Tensor):
+                try:
+                    version = record._version  # noqa: SLF001 (version counter)
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
+                else:
+                    self.versions.append((label, "activations", record, version))
             else:
                 self.versions += _versions(label, "activations", record)
         if wants_grad and not self.dont_record:
