@@ -220,7 +220,11 @@ class GradSlot:
             leaves.append(tensor)
             return _Leaf(len(leaves) - 1)
 
-        self.template = map_tensors(output, index)
+        if isinstance(output, Tensor):  # the common case, without a tree walk
+            leaves.append(output)
+            self.template: Any = _Leaf(0)
+        else:
+            self.template = map_tensors(output, index)
         self.grads: list[Tensor | None] = [None] * len(leaves)
         for i, leaf in enumerate(leaves):
             if leaf.requires_grad:
@@ -328,7 +332,16 @@ class PassState:
         record = CallInputs(tuple(args), dict(kwargs))
         self.inputs[label] = record
         if not options.clone:
-            self.versions += _versions(label, "inputs", record)
+            versions = self.versions
+            for item in (*record.args, *record.kwargs.values()):
+                if isinstance(item, Tensor):  # the common case, without a tree walk
+                    try:
+                        version = item._version  # noqa: SLF001 (version counter)
+                    except RuntimeError:  # inference tensors have no version counter
+                        continue
+                    versions.append((label, "inputs", item, version))
+                else:
+                    versions += _versions(label, "inputs", item)
 
     def on_output(self, module: nn.Module, output: Any) -> Any:  # noqa: C901 (the hot path, kept in one frame on purpose)
         """Handle the end of a call of a hooked ``module``; see ``_make_hook``.
@@ -401,7 +414,11 @@ class PassState:
 
     def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
         """Capture the gradient that will flow back into ``output``."""
-        if not any(t.requires_grad for t in _tensors(output)):
+        if not (
+            output.requires_grad
+            if isinstance(output, Tensor)
+            else any(t.requires_grad for t in _tensors(output))
+        ):
             msg = (
                 f"Cannot capture the gradient of {self.plan.describe[module]} at "
                 f"label {label[0]}-{label[1]}: its output does not require grad "
