@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import re
-import time
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -28,7 +27,6 @@ from scio_recorder.recipes import (
 ROOT = Path(__file__).parents[1]
 RECIPE = ROOT / "docs" / "recipes" / "mahalanobis.md"
 NOTEBOOK = ROOT / "notebooks" / "mahalanobis.ipynb"
-BUDGET_S = 30.0
 
 
 def recipe_blocks() -> list[str]:
@@ -48,7 +46,7 @@ def recipe_code() -> str:
 
 @pytest.fixture(scope="module")
 def recipe_run():
-    """Run the recipe's code once: its namespace, printed lines and duration.
+    """Run the recipe's code once: its namespace and printed lines.
 
     On one torch thread: on a busy machine (CI, other jobs), threads that spin
     waiting for each other can make a tiny training loop ten times slower.
@@ -59,18 +57,16 @@ def recipe_run():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        start = time.perf_counter()
         with contextlib.redirect_stdout(out):
             exec(code, namespace)  # noqa: S102 (the documentation's own code)
-        elapsed = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
-    return namespace, out.getvalue().splitlines(), elapsed
+    return namespace, out.getvalue().splitlines()
 
 
-def test_recipe_runs_end_to_end_within_budget(recipe_run):
-    namespace, printed, elapsed = recipe_run
-    assert elapsed < BUDGET_S, f"the recipe took {elapsed:.1f} s"
+def test_recipe_runs_end_to_end(recipe_run):
+    """The recipe trains, calibrates and separates OoD data as its text says."""
+    namespace, printed = recipe_run
     assert namespace["train_accuracy"] > 0.9
     assert namespace["test_accuracy"] > 0.9
     assert namespace["auroc_noise"] > 0.9
@@ -88,7 +84,7 @@ def test_recipe_comments_match_printed_lines(recipe_run):
     the torch version (training amplifies rounding), so they are compared
     within 2 % or 2 units in their last place; everything else exactly.
     """
-    _, printed, _ = recipe_run
+    _, printed = recipe_run
     lines = recipe_code().splitlines()
     expected = [
         line.strip()[2:]
