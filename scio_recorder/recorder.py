@@ -27,6 +27,7 @@ __all__ = [
     "Selection",
 ]
 
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -712,6 +713,36 @@ class Recorder(nn.Module):
     def hooked_modules(self) -> tuple[nn.Module, ...]:
         """The modules that currently carry a hook of this recorder."""
         return self._hooks.modules
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
+        """Return a recorder of a deep copy of the net, with its own hooks.
+
+        The default copy would carry this recorder's hooks onto the copied
+        modules, where they would keep serving this recorder. Here the hooks
+        are lifted while the net, the table and the selection are copied
+        (module references follow the copy), then placed again on both.
+        Records of the latest pass are not copied.
+        """
+        self._hooks.remove()
+        try:
+            new = type(self).__new__(type(self))
+            memo[id(self)] = new
+            fresh = {"_hooks", "_token", "_latest", "_scopes", "_warned_inplace"}
+            for name, value in self.__dict__.items():
+                if name not in fresh:
+                    object.__setattr__(new, name, copy.deepcopy(value, memo))
+            token = object()
+            hooks = HookSet(new, token)
+            object.__setattr__(new, "_token", token)
+            object.__setattr__(new, "_hooks", hooks)
+            object.__setattr__(new, "_latest", _Latest())
+            object.__setattr__(new, "_scopes", [])
+            object.__setattr__(new, "_warned_inplace", set())
+            plan: CallPlan = new.__dict__["_plan"]
+            hooks.place(list(plan.ends), list(plan.starts))
+        finally:
+            self._hooks.place(list(self._plan.ends), list(self._plan.starts))
+        return new
 
     def __repr__(self) -> str:
         """Return the torchinfo table and the recorded labels."""

@@ -886,3 +886,28 @@ def test_every_public_attribute_is_in_all():
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public == set(scio_recorder.__all__)
+
+
+def test_deepcopy_gives_an_independent_recorder_of_a_copied_net():
+    """``copy.deepcopy(rnet)`` records its own copy of the net, with its own hooks."""
+    import copy  # noqa: PLC0415 (only this test needs it)
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 1), inputs=(1, 3))
+    clone = copy.deepcopy(rnet)
+    x = torch.randn(2, 3)
+    out, out_clone = rnet(x), clone(x)
+    assert clone.net is not net
+    assert clone.table[(1, 1)].module is clone.net[0]
+    assert [len(m._forward_hooks) for m in net] == [1, 0, 0]
+    assert [len(m._forward_hooks) for m in clone.net] == [1, 0, 0]
+    assert [len(m._forward_pre_hooks) for m in clone.net] == [0, 0, 1]
+    torch.testing.assert_close(out_clone, out)
+    torch.testing.assert_close(clone.activations[(1, 1)], net[0](x))
+    assert clone.activations[(1, 1)] is not rnet.activations[(1, 1)]
+    assert list(clone.inputs) == [(1, 3)]
+    del clone
+    gc.collect()
+    assert [len(m._forward_hooks) for m in net] == [1, 0, 0]
+    assert torch.equal(rnet(x), out)
