@@ -1,0 +1,410 @@
+"""Checkpoints of a collect run in ``spill_dir``, and resuming from them.
+
+Holds :class:`Checkpoints` (the manifest, the reducer states, the commit
+order that makes a checkpoint atomic, the checks made before resuming), the
+run's fingerprint (a deterministic description of the labels, reducers and
+batch specs, compared with the saved one), atomic file writes, and the
+flattening of reducer states into one safetensors dict (also what the
+distributed merge sends, see :mod:`scio_recorder._distributed`).
+
+Why: a long run interrupted by a crash or a kill must resume, rerun with the
+same arguments, exactly where its last checkpoint left it, and must refuse
+to resume a run made with other arguments.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "STATE_FILES",
+    "Checkpoints",
+    "Saved",
+    "describe_reducer",
+    "describe_spec",
+    "describe_value",
+    "fingerprint_of",
+    "flat_states",
+    "fsync",
+    "library_version",
+    "load_states",
+    "write_atomic",
+]
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from ._specs import CONCAT
+from .reduce import Reducer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from ._specs import BatchSpec, Slot
+
+# The logger of the public module: one logger for everything a run reports.
+logger = logging.getLogger("scio_recorder.collect")
+
+MANIFEST = "collect-manifest.json"
+"""The manifest file written in ``spill_dir``."""
+
+FORMAT = 1
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+STATE_FILES = ("states-0.safetensors", "states-1.safetensors")
+
+
+def describe_value(value: object, depth: int = 0) -> str:  # noqa: PLR0911 (one branch per kind)
+    """Describe a configuration value deterministically (no addresses)."""
+    if depth > 4:  # noqa: PLR2004 (enough for nested reducers)
+        return "..."
+    if isinstance(value, Tensor):
+        data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+        return f"Tensor({list(value.shape)}, {value.dtype}, sha256:{digest})"
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, list | tuple):
+        items = ", ".join(describe_value(v, depth + 1) for v in value)
+        return f"[{items}]" if isinstance(value, list) else f"({items})"
+    if isinstance(value, dict):
+        items = ", ".join(
+            f"{k!r}: {describe_value(v, depth + 1)}"
+            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))
+        )
+        return "{" + items + "}"
+    if isinstance(value, Reducer):
+        return describe_reducer(value, depth + 1)
+    owner = getattr(value, "__self__", None)
+    if owner is not None and callable(value):  # a bound method
+        name = getattr(value, "__name__", "?")
+        return f"{describe_value(owner, depth + 1)}.{name}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    return ADDRESS.sub("", repr(value))
+
+
+def describe_reducer(reducer: Reducer | None, depth: int = 0) -> str:
+    """Describe a reducer's class and configuration, for the fingerprint."""
+    if reducer is None:
+        return CONCAT
+    cls = type(reducer)
+    fields = getattr(reducer, "__dict__", None)
+    if not isinstance(fields, dict):
+        return f"{cls.__module__}.{cls.__qualname__}({ADDRESS.sub('', repr(reducer))})"
+    parts = ", ".join(
+        f"{k}={describe_value(v, depth)}" for k, v in sorted(fields.items())
+    )
+    return f"{cls.__module__}.{cls.__qualname__}({parts})"
+
+
+def describe_spec(spec: BatchSpec) -> str:
+    if spec is None or isinstance(spec, int | str):
+        return repr(spec)
+    return describe_value(spec)
+
+
+def fingerprint_of(
+    slots: list[Slot], input_spec: BatchSpec, target_spec: BatchSpec
+) -> dict[str, Any]:
+    return {
+        "library_version": library_version(),
+        "labels": {
+            slot.key: f"`{slot.row.name}` ({type(slot.row.module).__name__}, "
+            f"call {slot.row.call_index})"
+            for slot in slots
+        },
+        "reducers": {slot.key: describe_reducer(slot.template) for slot in slots},
+        "input": describe_spec(input_spec),
+        "target": describe_spec(target_spec),
+    }
+
+
+def library_version() -> str:
+    package = sys.modules.get(__package__ or "scio_recorder")
+    version = getattr(package, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version("scio-recorder")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def write_atomic(path: Path, write: Callable[[Path], object], *, durable: bool) -> None:
+    """Write ``path`` through a temporary file and :func:`os.replace`."""
+    handle, name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        write(temporary)
+        if durable:
+            fsync(temporary)
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def fsync(path: Path) -> None:
+    with path.open("rb") as file:
+        os.fsync(file.fileno())
+
+
+def flat_states(
+    slots: list[Slot], devices: dict[str, torch.device] | None = None
+) -> dict[str, Tensor]:
+    """Return the reducers' states as one flat dict, keys ``"<label>/<key>"``.
+
+    ``devices`` (if given) receives the device of each label's state.
+    """
+    out: dict[str, Tensor] = {}
+    for slot in slots:
+        if slot.reducer is None:
+            continue
+        try:
+            state = slot.reducer.state()
+        except TypeError as error:
+            msg = (
+                f"The reducer of layer {slot.key} cannot give its state as "
+                f"tensors ({error}), which checkpoints (`spill_dir`) and "
+                "distributed merges (`gather`) need. Use another reducer, or "
+                "no `spill_dir` and `gather=None`."
+            )
+            raise TypeError(msg) from error
+        for key, value in state.items():
+            if devices is not None:
+                devices.setdefault(slot.key, value.device)
+            out[f"{slot.key}/{key}"] = value.detach().to(
+                "cpu", memory_format=torch.contiguous_format, copy=True
+            )
+    return out
+
+
+def load_states(
+    slots: list[Slot], states: Mapping[str, Tensor], device: torch.device | None
+) -> None:
+    """Load flat states into fresh reducers of ``slots`` (replacing theirs)."""
+    grouped: dict[str, dict[str, Tensor]] = {}
+    for key, value in states.items():
+        label, _, rest = key.partition("/")
+        grouped.setdefault(label, {})[rest] = (
+            value if device is None else value.to(device)
+        )
+    for slot in slots:
+        if slot.template is None:
+            continue
+        reducer = slot.template.fresh()
+        state = grouped.get(slot.key, {})
+        reducer.load_state(state)
+        slot.reducer = reducer
+        slot.pending = state if device is None else None
+
+
+@dataclasses.dataclass
+class Saved:
+    batches: int = 0
+    samples: int = 0
+    complete: bool = False
+
+
+class Checkpoints:
+    """The manifest and the reducer states in ``spill_dir``."""
+
+    def __init__(
+        self, folder: Path, fingerprint: dict[str, Any], *, durable: bool
+    ) -> None:
+        self.folder = folder
+        self.fingerprint = fingerprint
+        self.durable = durable
+        self.manifest = folder / MANIFEST
+        self.states: str | None = None
+        self.saved = Saved()
+
+    def _read(self, *, strict: bool) -> dict[str, Any] | None:
+        if not self.manifest.is_file():
+            return None
+        try:
+            data = json.loads(self.manifest.read_text(encoding="utf-8"))
+        except ValueError as error:
+            if not strict:
+                return None
+            msg = (
+                f"The manifest '{self.manifest}' is not valid JSON ({error}). Pass "
+                "`resume=False` to start over, or use another `spill_dir`."
+            )
+            raise ValueError(msg) from error
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            if not strict:
+                return None
+            msg = (
+                f"'{self.manifest}' is not a manifest this version of "
+                "scio_recorder reads. Pass `resume=False` to start over, or use "
+                "another `spill_dir`."
+            )
+            raise ValueError(msg)
+        return data
+
+    def open(
+        self,
+        slots: list[Slot],
+        *,
+        resume: bool,
+        device: torch.device | None,
+    ) -> Saved:
+        """Resume the saved run (checked), or clear it and start afresh."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        data = self._read(strict=resume)
+        if data is not None and resume:
+            self._check(data)
+            self._resume(data, slots, device)
+        else:
+            self._clear(data)
+        return self.saved
+
+    def _check(self, data: dict[str, Any]) -> None:
+        saved = data.get("fingerprint")
+        if saved == self.fingerprint:
+            return
+        if not isinstance(saved, dict):
+            saved = {}
+        lines: list[str] = []
+        for key in sorted(set(saved) | set(self.fingerprint)):
+            old, new = saved.get(key), self.fingerprint.get(key)
+            if old == new:
+                continue
+            if isinstance(old, dict) and isinstance(new, dict):
+                lines.extend(
+                    f"- {key} of {sub}: saved {plain(old.get(sub))}, "
+                    f"now {plain(new.get(sub))}"
+                    for sub in sorted(set(old) | set(new))
+                    if old.get(sub) != new.get(sub)
+                )
+            else:
+                lines.append(f"- {key}: saved {plain(old)}, now {plain(new)}")
+        msg = (
+            f"'{self.folder}' holds a collect run with other arguments:\n"
+            + "\n".join(lines)
+            + "\nUse another `spill_dir`, or pass `resume=False` to start over "
+            "(this deletes the saved run)."
+        )
+        raise ValueError(msg)
+
+    def _resume(
+        self, data: dict[str, Any], slots: list[Slot], device: torch.device | None
+    ) -> None:
+        try:
+            batches, samples = int(data["batches"]), int(data["samples"])
+            complete = bool(data["complete"])
+            states_name = data["states"]
+            concat = data["concat"]
+        except (KeyError, TypeError, ValueError) as error:
+            msg = (
+                f"The manifest '{self.manifest}' is malformed ({error!r}). Pass "
+                "`resume=False` to start over."
+            )
+            raise ValueError(msg) from error
+        if states_name is not None:
+            if states_name not in STATE_FILES:
+                msg = (
+                    f"The manifest '{self.manifest}' names the states file "
+                    f"{states_name!r}, not one this version writes. Pass "
+                    "`resume=False` to start over."
+                )
+                raise ValueError(msg)
+            path = self.folder / str(states_name)
+            if not path.is_file():
+                msg = (
+                    f"The reducer states '{path}' named by the manifest are "
+                    "missing. Pass `resume=False` to start over."
+                )
+                raise ValueError(msg)
+            load_states(slots, safetensors.torch.load_file(str(path)), device)
+            self.states = str(states_name)
+        for slot in slots:
+            if slot.store is not None and slot.key in concat:
+                slot.store.attach(concat[slot.key], self.folder)
+        self._remove_stale()
+        self.saved = Saved(batches, samples, complete)
+        logger.info(
+            "collect: resuming from '%s' after %d batches (%d samples)",
+            self.folder,
+            batches,
+            samples,
+        )
+
+    def _remove_stale(self) -> None:
+        """Remove temporary files left by an interrupted manifest write."""
+        for path in self.folder.iterdir():
+            if path.name.startswith(f".{MANIFEST}.") and path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+
+    def _clear(self, data: dict[str, Any] | None) -> None:
+        self.manifest.unlink(missing_ok=True)
+        if data is not None:
+            concat = data.get("concat")
+            if isinstance(concat, dict):
+                for entry in concat.values():
+                    name = entry.get("file") if isinstance(entry, dict) else None
+                    if isinstance(name, str) and "/" not in name and "\\" not in name:
+                        (self.folder / name).unlink(missing_ok=True)
+        for name in STATE_FILES:
+            (self.folder / name).unlink(missing_ok=True)
+        self._remove_stale()
+
+    def save(
+        self, slots: list[Slot], batches: int, samples: int, *, complete: bool
+    ) -> None:
+        """Spill the rows, write the states, then the manifest (the commit).
+
+        States alternate between two files: the one written is never the one
+        the manifest on disk names, so an interrupted checkpoint leaves the
+        previous one intact.
+        """
+        for slot in slots:
+            if slot.store is not None:
+                slot.store.spill(durable=self.durable)
+        states = flat_states(slots)
+        name = STATE_FILES[1] if self.states == STATE_FILES[0] else STATE_FILES[0]
+        path = self.folder / name
+        metadata = {"batches": str(batches), "samples": str(samples)}
+        safetensors.torch.save_file(states, str(path), metadata)
+        if self.durable:
+            fsync(path)
+        manifest = {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint,
+            "batches": batches,
+            "samples": samples,
+            "complete": complete,
+            "states": name,
+            "concat": {
+                slot.key: slot.store.entry() for slot in slots if slot.store is not None
+            },
+        }
+        text = json.dumps(manifest, indent=1, sort_keys=True)
+        write_atomic(
+            self.manifest,
+            lambda path: path.write_text(text, "utf-8"),
+            durable=self.durable,
+        )
+        self.states = name
+        self.saved = Saved(batches, samples, complete)
+
+
+def plain(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
