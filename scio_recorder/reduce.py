@@ -274,32 +274,10 @@ def make_reducer(spec: str | Callable[[Any, Any], Any] | Reducer) -> Reducer:
     raise TypeError(msg)
 
 
-# The implementations live in private modules; this is their public home.
-for _public in (
-    Concat,
-    Count,
-    CountResult,
-    Covariance,
-    CovarianceResult,
-    FeatureMapGram,
-    FeatureMapGramResult,
-    Fold,
-    Gram,
-    GramResult,
-    Keep,
-    Max,
-    Min,
-    MinMax,
-    MinMaxResult,
-    Moments,
-    MomentsResult,
-    PerClass,
-    Quantiles,
-    RecordMean,
-    SharedCovariance,
-    SharedCovarianceResult,
-    Sum,
-    quantile_rank_bound,
-):
-    _public.__module__ = __name__
-del _public
+# The implementations live in private modules; this is their public home
+# (saved result types and checkpoint fingerprints name this path).
+for _name in __all__:
+    _public = globals()[_name]
+    if getattr(_public, "__module__", "").startswith("scio_recorder._"):
+        _public.__module__ = __name__
+del _name, _public
