@@ -61,7 +61,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .layers import DepthIdx
+from .layers import DepthIdx, label_str
 from .recorder import Recorder
 
 if TYPE_CHECKING:
@@ -818,7 +818,7 @@ def _resolve(path: PathLike, *, writing: bool) -> Path:
 def _key_prefix(key: object) -> str:
     """Return the tensor key of the record saved under ``key``."""
     if isinstance(key, tuple) and len(key) == 2 and all(map(_is_index, key)):  # noqa: PLR2004 (a pair)
-        return f"{key[0]}-{key[1]}"
+        return label_str(key)
     if isinstance(key, str):
         return _STRING_PREFIX + _escape(key)
     msg = (
@@ -834,7 +834,7 @@ def _is_index(value: object) -> bool:
 
 def _key_str(key: RecordKey) -> str:
     """Show a key in messages: ``1-3`` for a label, ``'name'`` for a string."""
-    return f"{key[0]}-{key[1]}" if isinstance(key, tuple) else repr(key)
+    return label_str(key) if isinstance(key, tuple) else repr(key)
 
 
 def _escape(name: str) -> str:

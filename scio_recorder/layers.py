@@ -35,7 +35,7 @@ Recorder agree.
 
 from __future__ import annotations
 
-__all__ = ["DepthIdx", "Layer", "LayerTable", "build_table"]
+__all__ = ["DepthIdx", "Layer", "LayerTable", "build_table", "label_str", "parse_label"]
 
 import dataclasses
 import warnings
@@ -54,6 +54,32 @@ if TYPE_CHECKING:
 
 DepthIdx: TypeAlias = tuple[int, int]
 """A layer label ``(depth, idx)``, printed ``depth-idx`` in the table."""
+
+
+def label_str(label: DepthIdx) -> str:
+    """Return ``label`` as printed in the table.
+
+    Examples
+    --------
+    >>> label_str((1, 3))
+    '1-3'
+
+    """
+    return f"{label[0]}-{label[1]}"
+
+
+def parse_label(text: str) -> DepthIdx:
+    """Return the label printed as ``text`` (the inverse of :func:`label_str`).
+
+    Examples
+    --------
+    >>> parse_label("1-3")
+    (1, 3)
+
+    """
+    depth, _, idx = text.partition("-")
+    return int(depth), int(idx)
+
 
 Mode: TypeAlias = Literal["train", "eval"]
 
@@ -115,7 +141,7 @@ class Layer:
     @property
     def label_str(self) -> str:
         """The label as printed in the table, e.g. ``"1-3"``."""
-        return f"{self.label[0]}-{self.label[1]}"
+        return label_str(self.label)
 
     def describe(self) -> str:
         """Describe the row in words for messages, e.g. ``1-3 (Linear `2`)``."""

@@ -500,6 +500,8 @@ class Recorder(nn.Module):
         reduce: Any = "all",
         *,
         condition: Callable[[], object] | None = None,
+        inputs: Any = "all",
+        input_args: int | str | Sequence[int | str] | None = None,
     ) -> Scope:
         """Accumulate the records of every pass while a ``with`` block is open.
 
@@ -512,21 +514,43 @@ class Recorder(nn.Module):
         Parameters
         ----------
         reduce : str, callable or Reducer, or a dict of them per label
+            How outputs (and output gradients) are reduced across passes.
             ``"all"`` keeps every record (one per pass); ``"sum"``, ``"mean"``,
             ``"max"``, ``"min"`` reduce elementwise across passes; a function
             ``(acc, new) -> acc`` folds; a :class:`~scio_recorder.reduce.Reducer`
-            is used as given (a fresh copy per label). A dict maps labels to
-            any of these (others keep ``"all"``).
+            is used as given (a fresh copy per label). A dict maps labels or
+            qualified names to any of these (others keep ``"all"``).
         condition : callable, optional
-            ``condition() -> bool`` checked at each record: records are kept
-            only when it returns true (torchfunc's ``condition``).
+            ``condition() -> bool``, asked once per completed pass: the pass's
+            outputs, inputs and gradients are kept only when it returns true
+            (torchfunc's ``condition``). ``scope.passes`` counts every pass,
+            ``scope.kept`` the kept ones.
+        inputs : str, callable or Reducer, or a dict of them per label
+            How the inputs of layers recorded with ``record(inputs=...)`` are
+            reduced across passes, in the same forms as ``reduce``
+            (torchfunc's ``ForwardPre(reduction=...)``). ``"all"`` (the
+            default) keeps every call's whole ``CallInputs``; anything else
+            reduces one argument per call, so memory does not grow with the
+            number of passes.
+        input_args : int, str or a sequence of them, optional
+            Which arguments ``inputs`` reduces: positional indices and
+            keyword names. ``None`` (the default): the first tensor argument.
+            A sequence reduces each and makes ``scope.inputs[label]`` a dict
+            argument -> result.
 
         Returns
         -------
         Scope
             A context manager; after (or during) the block, ``scope[label]``
             is the reduced result, ``scope.count[label]`` the number of
-            records reduced.
+            records reduced, ``scope.inputs[label]`` the inputs.
+
+        Raises
+        ------
+        ValueError, TypeError
+            For an unknown reduction or a bad ``input_args`` (when the scope
+            is made), or an argument that a call does not receive (at that
+            pass).
 
         Examples
         --------
@@ -534,20 +558,19 @@ class Recorder(nn.Module):
         >>> from torch import nn
         >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
         >>> rnet = Recorder(net, input_size=(1, 3))
-        >>> rnet.record((1, 1))
-        >>> with rnet.scope("sum") as scope:
+        >>> rnet.record((1, 1), inputs=(1, 2))
+        >>> with rnet.scope("sum", inputs="mean") as scope:
         ...     _ = net(torch.ones(1, 3))  # direct calls are recorded too
         ...     _ = rnet(torch.ones(1, 3))
         >>> expected = 2 * net[0](torch.ones(1, 3))
         >>> torch.allclose(scope[(1, 1)], expected.double())  # sums are float64
         True
-        >>> scope.passes, scope.count[(1, 1)]
-        (2, 2)
+        >>> scope.passes, scope.count[(1, 1)], scope.inputs[(1, 2)].shape
+        (2, 2, torch.Size([1, 2]))
 
         """
-        return Scope(self, reduce, condition)
+        return Scope(self, reduce, condition, inputs, input_args)
 
-    # -- views -------------------------------------------------------------
     # -- views -------------------------------------------------------------
 
     @property

@@ -15,18 +15,29 @@ and discarding the partial pass when it raised. Leaving the block removes the
 three hooks, also after an exception. Passes are found through the same
 thread-local mapping as explicit passes, so only the thread that opened the
 scope is recorded.
+
+``condition()`` is asked once per completed pass, when the pass is fed; its
+answer is kept on a small ticket that the pass's gradient sinks share, so the
+gradients that ``backward()`` delivers later follow the same decision as the
+outputs and inputs of that pass.
+
+The scope needs of its recorder only a few attributes, named by the
+:class:`ScopeOwner` protocol, so this module does not import the recorder
+(which imports it): no import circle.
 """
 
 from __future__ import annotations
 
-__all__ = ["Scope", "ScopeState"]
+__all__ = ["Scope", "ScopeOwner", "ScopeState"]
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
-from ._hooks import ACTIVE, PassState
+from ._hooks import ACTIVE, CallInputs, PassState
+from .reduce import Keep, make_reducer
+from .select import resolve
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -34,21 +45,56 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from typing_extensions import Self
 
-    from .layers import DepthIdx
-    from .recorder import Recorder
+    from ._hooks import CallPlan
+    from .layers import DepthIdx, LayerTable
     from .reduce import Reducer
     from .select import Selector
+
+InputArg = int | str
+"""A positional index or a keyword name of a call's inputs."""
+
+
+class ScopeOwner(Protocol):
+    """What a :class:`Scope` uses of its :class:`~scio_recorder.Recorder`."""
+
+    _token: object
+    _plan: CallPlan
+    _scopes: list[Scope]
+
+    @property
+    def net(self) -> nn.Module:
+        """The wrapped network."""
+        ...
+
+    @property
+    def table(self) -> LayerTable:
+        """The layer table."""
+        ...
+
+    def _clear(self) -> None: ...
+
+    def _publish(self, state: PassState) -> None: ...
+
+
+class _Ticket:
+    """Whether the scope keeps one pass; shared by that pass's gradient sinks."""
+
+    __slots__ = ("keep",)
+
+    def __init__(self) -> None:
+        self.keep: bool | None = None  # decided when the pass is fed
 
 
 class ScopeState:
     """The handler of a recorder with an open scope and no explicit pass."""
 
-    __slots__ = ("completed", "current", "scope")
+    __slots__ = ("completed", "current", "scope", "ticket")
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
         self.current: PassState | None = None
         self.completed = False
+        self.ticket: _Ticket | None = None  # of the pass in progress
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Forward a call start to the pass in progress, if any."""
@@ -62,12 +108,23 @@ class ScopeState:
         return self.current.on_output(module, output)
 
     def grad_sink(self, label: DepthIdx) -> Callable[[Any], None]:
-        """Return where the gradient of ``label`` goes when it arrives."""
-        return lambda grad: self.scope.feed_grad(label, grad)
+        """Return where the gradient of ``label`` goes when it arrives.
+
+        Called while the pass runs; the sink holds that pass's ticket, which
+        :meth:`feed` fills with the condition's answer.
+        """
+        ticket = self.ticket
+        if ticket is None:
+            ticket = self.ticket = _Ticket()
+        scope = self.scope
+        return lambda grad: scope.feed_grad(label, grad, ticket)
 
     def feed(self, state: PassState) -> None:
-        """Feed a completed explicit pass to the scope."""
-        self.scope.feed(state)
+        """Feed a completed pass to the scope; settle its gradients' ticket."""
+        ticket, self.ticket = self.ticket, None
+        keep = self.scope.feed(state)
+        if ticket is not None:
+            ticket.keep = keep
 
 
 class Scope:
@@ -78,14 +135,21 @@ class Scope:
     Attributes
     ----------
     passes : int
-        Number of passes fed (those that passed the call-plan check).
+        Number of passes fed (those that passed the call-plan check), kept
+        or not.
+    kept : int
+        Number of those passes that ``condition`` kept (all of them without
+        a condition).
     count : Mapping
         Label -> number of output records reduced.
     samples : Mapping
         Label -> number of samples seen (sum of the first dimension of the
         output records that are tensors).
     inputs : Mapping
-        Label -> list of ``CallInputs`` of every pass (inputs are kept whole).
+        Label -> the inputs of every kept pass: with ``inputs="all"`` (the
+        default) the list of ``CallInputs``; otherwise the reduced result of
+        the chosen argument, or a dict argument -> result when
+        ``input_args`` names several.
     gradients : Mapping
         Label -> reduced output gradients, fed as ``backward()`` delivers
         them while the scope is open.
@@ -93,29 +157,23 @@ class Scope:
 
     def __init__(
         self,
-        recorder: Recorder,
+        recorder: ScopeOwner,
         reduce: Any,
         condition: Callable[[], object] | None,
+        inputs: Any = "all",
+        input_args: InputArg | Sequence[InputArg] | None = None,
     ) -> None:
         """Prepare a scope of ``recorder``; see :meth:`Recorder.scope`."""
-        from .reduce import make_reducer  # noqa: PLC0415 (reduce imports torch only)
-
         self._recorder = recorder
-        self._make = make_reducer
-        if isinstance(reduce, Mapping):
-            self._specs: dict[Any, Any] = dict(reduce)
-            self._default: Any = "all"
-        else:
-            self._specs = {}
-            self._default = reduce
-        make_reducer(self._default)  # fail early on a bad spec
-        for spec in self._specs.values():
-            make_reducer(spec)
+        self._specs, self._default = _split_specs(reduce)
+        self._input_specs, self._input_default = _split_specs(inputs)
+        self._input_args, self._input_many = _check_input_args(input_args)
         self._condition = condition
         self.passes = 0
+        self.kept = 0
         self._outputs: dict[DepthIdx, Reducer] = {}
         self._grads: dict[DepthIdx, Reducer] = {}
-        self._inputs: dict[DepthIdx, list[Any]] = {}
+        self._inputs: dict[DepthIdx, dict[Any, Reducer]] = {}
         self._samples: dict[DepthIdx, int] = {}
         self._open = False
         self._handles: list[RemovableHandle] = []
@@ -202,48 +260,89 @@ class Scope:
         current, completed = state.current, state.completed
         state.current, state.completed = None, False
         if not completed:  # the call raised: drop the pass
+            state.ticket = None
             self._recorder._clear()  # noqa: SLF001 (the scope is part of the recorder)
             return
         try:
             current.check_counts()
         except BaseException:
+            state.ticket = None
             self._recorder._clear()  # noqa: SLF001 (the scope is part of the recorder)
             raise
         self._recorder._publish(current)  # noqa: SLF001 (the scope is part of the recorder)
-        self.feed(current)
+        state.feed(current)
 
     # -- feeding -----------------------------------------------------------
 
-    def _reducer(self, store: dict[DepthIdx, Reducer], label: DepthIdx) -> Reducer:
-        reducer = store.get(label)
-        if reducer is None:
-            row = self._recorder.table[label]
-            spec = self._specs.get(label, self._specs.get(row.name, self._default))
-            reducer = self._make(spec)
-            if reducer is spec:  # a reducer given as a template: one per label
-                reducer = reducer.fresh()
-            store[label] = reducer
+    def _reducer(
+        self,
+        label: DepthIdx,
+        specs: Mapping[Any, Any],
+        default: Any,
+    ) -> Reducer:
+        row = self._recorder.table[label]
+        spec = specs.get(label, specs.get(row.name, default))
+        reducer = make_reducer(spec)
+        if reducer is spec:  # a reducer given as a template: one per label
+            reducer = reducer.fresh()
         return reducer
 
-    def _keep(self) -> bool:
-        return self._condition is None or bool(self._condition())
+    def _output_reducer(
+        self, store: dict[DepthIdx, Reducer], label: DepthIdx
+    ) -> Reducer:
+        reducer = store.get(label)
+        if reducer is None:
+            reducer = store[label] = self._reducer(label, self._specs, self._default)
+        return reducer
 
-    def feed(self, state: PassState) -> None:
-        """Feed the records of a completed pass."""
+    def feed(self, state: PassState) -> bool:
+        """Feed the records of a completed pass; return whether it was kept.
+
+        ``condition()`` is asked here, once per pass.
+        """
         self.passes += 1
-        if not self._keep():
-            return
+        if self._condition is not None and not self._condition():
+            return False
+        self.kept += 1
         for label, record in state.records.items():
-            self._reducer(self._outputs, label).update(record)
+            self._output_reducer(self._outputs, label).update(record)
             if isinstance(record, Tensor) and record.dim() > 0:
                 self._samples[label] = self._samples.get(label, 0) + record.shape[0]
         for label, inputs in state.inputs.items():
-            self._inputs.setdefault(label, []).append(inputs)
+            self._feed_inputs(label, inputs)
+        return True
 
-    def feed_grad(self, label: DepthIdx, grad: Any) -> None:
-        """Feed the gradient of ``label`` (ignored once the scope is closed)."""
-        if self._open and self._keep():
-            self._reducer(self._grads, label).update(grad)
+    def _feed_inputs(self, label: DepthIdx, inputs: CallInputs) -> None:
+        store = self._inputs.get(label)
+        if store is None:
+            store = self._inputs[label] = {}
+            template = self._reducer(label, self._input_specs, self._input_default)
+            if self._input_args is None or _keeps_all(template):
+                store[None] = template
+            else:
+                for arg in self._input_args:
+                    store[arg] = template.fresh()
+        for arg, reducer in store.items():
+            if arg is None:
+                value: Any = inputs if _keeps_all(reducer) else _first_tensor(inputs)
+            else:
+                value = _argument(inputs, arg)
+            if value is _MISSING:
+                msg = _missing_message(self._recorder.table[label].describe(), arg)
+                raise ValueError(msg)
+            reducer.update(value)
+
+    def feed_grad(
+        self, label: DepthIdx, grad: Any, ticket: _Ticket | None = None
+    ) -> None:
+        """Feed the gradient of ``label`` (ignored once the scope is closed).
+
+        ``ticket`` carries the decision taken for the pass the gradient
+        belongs to; a gradient of a pass the condition dropped is dropped.
+        """
+        if not self._open or (ticket is not None and ticket.keep is False):
+            return
+        self._output_reducer(self._grads, label).update(grad)
 
     # -- results -----------------------------------------------------------
 
@@ -280,9 +379,22 @@ class Scope:
         return dict(self._samples)
 
     @property
-    def inputs(self) -> dict[DepthIdx, list[Any]]:
-        """Label -> the ``CallInputs`` of every pass, in order."""
-        return {label: list(items) for label, items in self._inputs.items()}
+    def inputs(self) -> dict[DepthIdx, Any]:
+        """Label -> the inputs of every kept pass, kept whole or reduced.
+
+        With ``inputs="all"`` (the default): the list of ``CallInputs`` of
+        every kept pass, in order. With a reduction: its result for the
+        chosen argument, or a dict argument -> result when ``input_args``
+        names several.
+        """
+        out: dict[DepthIdx, Any] = {}
+        for label, store in self._inputs.items():
+            if None in store:
+                out[label] = store[None].result()
+            else:
+                results = {arg: r.result() for arg, r in store.items()}
+                out[label] = results if self._input_many else results.popitem()[1]
+        return out
 
     @property
     def gradients(self) -> dict[DepthIdx, Any]:
@@ -313,8 +425,6 @@ class Scope:
         4
 
         """
-        from .select import resolve  # noqa: PLC0415 (avoid an import cycle)
-
         recorder = self._recorder
         rows = [
             row
@@ -328,3 +438,77 @@ class Scope:
         if not all(isinstance(result, list) for result in results):
             return results
         return [item for items in zip(*results, strict=True) for item in items]
+
+
+# ------------------------------------------------------------------ helpers
+_MISSING = object()
+
+
+def _split_specs(spec: Any) -> tuple[dict[Any, Any], Any]:
+    """Split a reduce spec into a per-label/name dict and a default; check all."""
+    if isinstance(spec, Mapping):
+        specs: dict[Any, Any] = dict(spec)
+        default: Any = "all"
+    else:
+        specs, default = {}, spec
+    make_reducer(default)  # fail early on a bad spec
+    for one in specs.values():
+        make_reducer(one)
+    return specs, default
+
+
+def _check_input_args(
+    args: InputArg | Sequence[InputArg] | None,
+) -> tuple[tuple[InputArg, ...] | None, bool]:
+    """Return the arguments to reduce, and whether several were asked for."""
+    if args is None:
+        return None, False
+    several = isinstance(args, Sequence) and not isinstance(args, str)
+    many: Sequence[InputArg] = args if several else (args,)  # type: ignore[assignment]
+    for arg in many:
+        if isinstance(arg, bool) or not isinstance(arg, int | str):
+            msg = (
+                f"input_args takes positional indices (int) and keyword names "
+                f"(str), got {arg!r}; e.g. `input_args=0` or `input_args=(0, 'mask')`."
+            )
+            raise TypeError(msg)
+    return tuple(many), several
+
+
+def _keeps_all(reducer: Reducer) -> bool:
+    """Whether ``reducer`` keeps records whole (``"all"``/``"keep"``)."""
+    return type(reducer) is Keep
+
+
+def _first_tensor(inputs: CallInputs) -> Any:
+    for value in (*inputs.args, *inputs.kwargs.values()):
+        if isinstance(value, Tensor):
+            return value
+    return _MISSING
+
+
+def _argument(inputs: CallInputs, arg: InputArg) -> Any:
+    if isinstance(arg, str):
+        return inputs.kwargs.get(arg, _MISSING)
+    if -len(inputs.args) <= arg < len(inputs.args):
+        return inputs.args[arg]
+    return _MISSING
+
+
+def _missing_message(layer: str, arg: InputArg | None) -> str:
+    if arg is None:
+        return (
+            f"Cannot reduce the inputs of {layer}: the call has no tensor "
+            "argument. Name the argument with `input_args=` or keep the inputs "
+            'whole with `inputs="all"`.'
+        )
+    where = (
+        f"keyword argument {arg!r}"
+        if isinstance(arg, str)
+        else f"positional argument {arg}"
+    )
+    return (
+        f"Cannot reduce the inputs of {layer}: the call has no {where}. Name "
+        "an argument the module receives with `input_args=` (ints for "
+        "positional arguments, strings for keyword ones)."
+    )

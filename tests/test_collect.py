@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -538,13 +537,6 @@ def test_progress_forced(capsys):
     err = capsys.readouterr().err
     assert "sample" in err
     assert "6" in err
-
-
-def test_progress_without_tqdm(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` fail
-    rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
-    collect(rnet, make_batches([3, 3]), {(1, 1): "moments"}, progress=True)
-    assert "6 sample" in capsys.readouterr().err
 
 
 def test_estimate_is_logged_with_a_budget(caplog):

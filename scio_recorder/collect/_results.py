@@ -29,21 +29,23 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from . import reduce as _reduce
+from scio_recorder import reduce as _reduce
+from scio_recorder._public import public_module
+from scio_recorder.io import load_records, save_records
+from scio_recorder.layers import DepthIdx, label_str, parse_label
+from scio_recorder.recorder import Recorder
+
 from ._checkpoint import FORMAT
-from ._specs import label_str, parse_label
-from .io import load_records, save_records
-from .layers import DepthIdx
-from .recorder import Recorder
 
 if TYPE_CHECKING:
     import os
     from pathlib import Path
 
+    from scio_recorder.layers import LayerTable
+    from scio_recorder.reduce import Reducer
+    from scio_recorder.select import Selector
+
     from ._estimate import Estimate
-    from .layers import LayerTable
-    from .reduce import Reducer
-    from .select import Selector
 
 TYPE_KEY = "__collect_type__"
 META_PREFIX = "collect."
@@ -222,7 +224,7 @@ class CollectResult(Mapping[DepthIdx, Any]):
             )
             raise ValueError(msg)
         known = {
-            f"{t.__module__}:{t.__qualname__}": t
+            f"{public_module(t)}:{t.__qualname__}": t
             for t in (*result_types(), *types)
             if dataclasses.is_dataclass(t)
         }
@@ -257,7 +259,7 @@ def encode(value: Any) -> Any:
     """Turn a result into what :func:`~scio_recorder.io.save_records` stores."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         cls = type(value)
-        out: dict[str, Any] = {TYPE_KEY: f"{cls.__module__}:{cls.__qualname__}"}
+        out: dict[str, Any] = {TYPE_KEY: f"{public_module(cls)}:{cls.__qualname__}"}
         for field in dataclasses.fields(value):
             out[field.name] = encode(getattr(value, field.name))
         return out

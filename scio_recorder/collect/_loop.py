@@ -34,10 +34,11 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from scio_recorder.recorder import Recorder
+
     from ._checkpoint import Checkpoints, Saved
     from ._progress import Bar
     from ._specs import BatchSpec, Slot
-    from .recorder import Recorder
 
 # The logger of the public module: one logger for everything a run reports.
 logger = logging.getLogger("scio_recorder.collect")

@@ -57,24 +57,25 @@ Conventions
 
 Where the code lives
 --------------------
-This module is the public home of every reducer: it defines the
-:class:`Reducer` protocol and :func:`make_reducer`, and re-exports the
-reducers, implemented in private modules by concept:
+This package is the public home of every reducer; import them from here. It
+defines :func:`make_reducer` and re-exports the protocol and the reducers,
+implemented in private modules by concept:
 
-* ``scio_recorder._folds``: :class:`Keep`, :class:`Fold`, :class:`Sum`,
+* ``_base``: the :class:`Reducer` protocol and the plumbing the built-in
+  reducers share (record checks, counts and shapes in states);
+* ``_folds``: :class:`Keep`, :class:`Fold`, :class:`Sum`,
   :class:`RecordMean`, :class:`Max`, :class:`Min`, and :class:`Count`;
-* ``scio_recorder._moments``: :class:`Moments`, :class:`Covariance`,
-  :class:`Gram`;
-* ``scio_recorder._per_class``: :class:`SharedCovariance`, :class:`PerClass`;
-* ``scio_recorder._extremes``: :class:`MinMax`, :class:`FeatureMapGram`;
-* ``scio_recorder._concat``: :class:`Concat`;
-* ``scio_recorder._quantiles``: :class:`Quantiles`,
-  :func:`quantile_rank_bound`;
-* ``scio_recorder._reduce_base``: the plumbing they share.
+* ``_moments``: :class:`Moments`, :class:`Covariance`, :class:`Gram`;
+* ``_per_class``: :class:`SharedCovariance`, :class:`PerClass`;
+* ``_extremes``: :class:`MinMax`, :class:`FeatureMapGram`;
+* ``_concat``: :class:`Concat`;
+* ``_quantiles``: :class:`Quantiles`, :func:`quantile_rank_bound`.
 
-Each re-exported name reports this module as its ``__module__``, so saved
-results, checkpoint fingerprints and pickles name ``scio_recorder.reduce``
-whatever the file that implements them.
+Re-exported names keep the ``__module__`` of the file that defines them (so
+``inspect.getsource`` and tracebacks find them). What is written to disk
+(saved results, checkpoint fingerprints) names the public path,
+``scio_recorder.reduce``, whatever file implements it (see
+``scio_recorder._public.public_module``).
 
 Examples
 --------
@@ -124,8 +125,9 @@ __all__ = [
     "quantile_rank_bound",
 ]
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
+from ._base import Reducer
 from ._concat import Concat
 from ._extremes import FeatureMapGram, FeatureMapGramResult, MinMax, MinMaxResult
 from ._folds import Count, CountResult, Fold, Keep, Max, Min, RecordMean, Sum
@@ -142,61 +144,6 @@ from ._quantiles import Quantiles, quantile_rank_bound
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from torch import Tensor
-    from typing_extensions import Self
-
-
-# --------------------------------------------------------------------- protocol
-@runtime_checkable
-class Reducer(Protocol):
-    """What every reducer provides (a structural protocol: no base class).
-
-    Feed records with :meth:`update`; read :meth:`result` at any time. Two
-    reducers of the same kind and configuration combine with :meth:`merge`;
-    merging is associative and commutative (up to float rounding), so parts
-    of a stream may be reduced anywhere and merged in any order. Order-only
-    exceptions are documented on the reducer (:class:`Keep` and
-    :class:`Concat` keep rows in merge order; the approximate
-    :class:`Quantiles` sketch depends on the order but its error bound does
-    not).
-
-    Examples
-    --------
-    >>> from scio_recorder.reduce import Moments, Reducer, Sum
-    >>> isinstance(Moments(), Reducer), isinstance(Sum(), Reducer)
-    (True, True)
-
-    """
-
-    @property
-    def count(self) -> int:
-        """Samples seen (for the elementwise folds: records seen)."""
-        ...
-
-    def update(self, value: Any, target: Tensor | None = None) -> None:
-        """Feed one record; ``target`` holds per-sample class labels."""
-        ...
-
-    def merge(self, other: Self) -> None:
-        """Absorb ``other``, a reducer of the same kind and configuration."""
-        ...
-
-    def result(self) -> Any:
-        """Return the current result without consuming the state."""
-        ...
-
-    def state(self) -> dict[str, Tensor]:
-        """Return the state as a flat dict of tensors."""
-        ...
-
-    def load_state(self, state: dict[str, Tensor]) -> None:
-        """Replace the state by ``state`` (from :meth:`state`)."""
-        ...
-
-    def fresh(self) -> Self:
-        """Return a new, empty reducer with the same configuration."""
-        ...
 
 
 REDUCTION_NAMES: tuple[str, ...] = ("all", "keep", "sum", "mean", "max", "min")
@@ -272,12 +219,3 @@ def make_reducer(spec: str | Callable[[Any, Any], Any] | Reducer) -> Reducer:
         f"got {type(spec).__name__}"
     )
     raise TypeError(msg)
-
-
-# The implementations live in private modules; this is their public home
-# (saved result types and checkpoint fingerprints name this path).
-for _name in __all__:
-    _public = globals()[_name]
-    if getattr(_public, "__module__", "").startswith("scio_recorder._"):
-        _public.__module__ = __name__
-del _name, _public

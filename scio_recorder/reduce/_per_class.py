@@ -7,9 +7,6 @@ vectorised pass per batch; :class:`PerClass` wraps any reducer, keeping one
 per class label seen.
 
 Import them from :mod:`scio_recorder.reduce`, their public home.
-:class:`PerClass` checks its factory against the
-:class:`~scio_recorder.reduce.Reducer` protocol, which is defined there and
-imported when a :class:`PerClass` is built (``reduce`` imports this module).
 """
 
 from __future__ import annotations
@@ -27,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._reduce_base import (
+from ._base import (
     _F64,
+    Reducer,
     _Base,
     _batch,
     _count_tensor,
@@ -43,8 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from typing_extensions import Self
-
-    from .reduce import Reducer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,8 +273,6 @@ class PerClass(_Base):
     def __init__(
         self, factory: Callable[[], Reducer] | Reducer, num_classes: int | None = None
     ) -> None:
-        from .reduce import Reducer  # noqa: PLC0415 (reduce imports this module)
-
         if isinstance(factory, Reducer) and not isinstance(factory, type):
             self._factory: Callable[[], Reducer] = factory.fresh
         elif callable(factory):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._reduce_base import _F64, _Base, _clone, _count_tensor, _get
+from ._base import _F64, _Base, _clone, _count_tensor, _get
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -1,77 +1,15 @@
-"""Collect layer statistics and features over a whole data set.
+"""The entry points of :mod:`scio_recorder.collect`: :func:`collect`, :func:`estimate`.
 
-:func:`collect` runs a :class:`~scio_recorder.Recorder` over every batch of an
-iterable (a ``DataLoader``, a list, a generator) and feeds what the chosen
-layers output to reducers (:mod:`scio_recorder.reduce`):
-
-* streaming statistics whose memory does not grow with the data set (moments,
-  covariances, per-class statistics, Gram matrices, quantile sketches, ...),
-  exact and in float64;
-* ``"concat"``: the per-sample features themselves, kept on the CPU and
-  spilled to disk beyond a memory budget; the result is one tensor, memory
-  mapped from its file when it was spilled.
-
-With a ``spill_dir`` the run checkpoints as it goes (reducer states, spilled
-rows and a manifest, written atomically), so an interrupted run, rerun with
-the same arguments, resumes after its last checkpoint and gives exactly the
-result of an uninterrupted run. Under :mod:`torch.distributed` each rank
-reduces its shard, then the statistics are merged and the concatenations
-gathered. :func:`estimate` says beforehand how many bytes a run handles.
-
-Why: out-of-distribution scores and probes need statistics or features of a
-few layers over a whole training set, and the loop that computes them is
-easy to get subtly wrong: autograd graphs kept alive, the recorder's
-selection left changed, every feature held in RAM, hours lost to a crash,
-ranks not merged. This module writes that loop once. Semantics and file
-layout are documented in ``docs/collect.md``.
-
-This module holds the public entry points (:func:`collect`, :func:`estimate`,
-the option checks and the assembly of the result) and re-exports the public
-names defined in its private parts:
-
-* :mod:`scio_recorder._specs`: the specs of ``keep`` and their plan, one slot
-  per label (``ReducerSpec``, ``BatchSpec``, ``Gather``, ``CONCAT``,
-  ``STATISTICS``);
-* :mod:`scio_recorder._estimate`: :class:`Estimate`, :class:`LabelEstimate`;
-* :mod:`scio_recorder._loop`: the per-batch loop and the batch plumbing;
-* :mod:`scio_recorder._spill`: concatenations in RAM, raw files, memory maps;
-* :mod:`scio_recorder._checkpoint`: manifest (``MANIFEST``), fingerprint,
-  atomic writes, resuming;
-* :mod:`scio_recorder._distributed`: merging and gathering across ranks;
-* :mod:`scio_recorder._results`: :class:`CollectResult` and its file format;
-* :mod:`scio_recorder._progress`: the progress bar.
-
-Examples
---------
->>> import torch
->>> from torch import nn
->>> from scio_recorder import Recorder
->>> from scio_recorder.collect import collect
->>> _ = torch.manual_seed(0)
->>> net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
->>> rnet = Recorder(net, input_size=(1, 5))
->>> data = [(torch.randn(8, 5), torch.randint(0, 3, (8,))) for _ in range(4)]
->>> result = collect(rnet, data, {(1, 1): "concat", "2": "moments"})
->>> result[(1, 1)].shape, result[(1, 3)].count, result.samples
-(torch.Size([32, 4]), 32, 32)
-
+They check the options, plan one slot per label (``_specs``), run the loop
+(``_loop``) with spilling (``_spill``), checkpoints (``_checkpoint``) and
+merging across ranks (``_distributed``), and assemble a
+:class:`~scio_recorder.collect.CollectResult` (``_results``). The package's
+``__init__`` documents the whole; import from there.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "CONCAT",
-    "MANIFEST",
-    "STATISTICS",
-    "BatchSpec",
-    "CollectResult",
-    "Estimate",
-    "Gather",
-    "LabelEstimate",
-    "ReducerSpec",
-    "collect",
-    "estimate",
-]
+__all__ = ["collect", "estimate"]
 
 import hashlib
 import json
@@ -82,15 +20,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._checkpoint import MANIFEST, Checkpoints, Saved, fingerprint_of
+from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks, rank_and_world
-from ._estimate import Estimate, LabelEstimate, estimate_slots, human
+from ._estimate import Estimate, estimate_slots, human
 from ._loop import Run, batch_getter, total_samples
 from ._progress import bar_description, make_bar
 from ._results import CollectResult
 from ._specs import (
-    CONCAT,
-    STATISTICS,
     BatchSpec,
     Gather,
     ReducerSpec,
@@ -104,13 +40,14 @@ if TYPE_CHECKING:
     import os
     from collections.abc import Iterable, Mapping
 
-    from ._specs import Slot
-    from .layers import DepthIdx
-    from .recorder import Recorder
-    from .reduce import Reducer
-    from .select import Selector
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.reduce import Reducer
+    from scio_recorder.select import Selector
 
-logger = logging.getLogger(__name__)
+    from ._specs import Slot
+
+logger = logging.getLogger("scio_recorder.collect")
 
 
 def _record_options(rnet: Recorder) -> dict[str, Any]:

@@ -28,12 +28,23 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from ._specs import keeps_samples, label_str, short_name
-from .reduce import Count, Covariance, Gram, MinMax, Moments, Reducer, SharedCovariance
+from scio_recorder.layers import label_str
+from scio_recorder.reduce import (
+    Count,
+    Covariance,
+    Gram,
+    MinMax,
+    Moments,
+    Reducer,
+    SharedCovariance,
+)
+
+from ._specs import keeps_samples, short_name
 
 if TYPE_CHECKING:
+    from scio_recorder.layers import DepthIdx, LayerTable
+
     from ._specs import Slot
-    from .layers import DepthIdx, LayerTable
 
 
 @dataclasses.dataclass(frozen=True)

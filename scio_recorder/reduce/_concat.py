@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._reduce_base import _Base, _batch, _count_tensor, _FeatureShape
+from ._base import _Base, _batch, _count_tensor, _FeatureShape
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -21,9 +21,7 @@ __all__ = [
     "ReducerSpec",
     "Slot",
     "keeps_samples",
-    "label_str",
     "needs_target",
-    "parse_label",
     "plan",
     "short_name",
     "template_of",
@@ -36,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from torch import Tensor
 
-from .reduce import (
+from scio_recorder.layers import label_str
+from scio_recorder.reduce import (
     Concat,
     Count,
     Covariance,
@@ -50,13 +49,14 @@ from .reduce import (
     SharedCovariance,
     make_reducer,
 )
-from .select import resolve
+from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
+    from scio_recorder.layers import DepthIdx, Layer
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
     from ._spill import ConcatStore
-    from .layers import DepthIdx, Layer
-    from .recorder import Recorder
-    from .select import Selector
 
 ReducerSpec: TypeAlias = str | Reducer | Callable[[Any, Any], Any]
 """What :func:`~scio_recorder.collect.collect` accepts per selector: ``"concat"``, a
@@ -162,15 +162,6 @@ class Slot:
     @property
     def key(self) -> str:
         return label_str(self.label)
-
-
-def label_str(label: DepthIdx) -> str:
-    return f"{label[0]}-{label[1]}"
-
-
-def parse_label(text: str) -> DepthIdx:
-    depth, _, idx = text.partition("-")
-    return int(depth), int(idx)
 
 
 def plan(

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._specs import label_str
+from scio_recorder.layers import label_str
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .layers import DepthIdx
+    from scio_recorder.layers import DepthIdx
 
 
 def bytes_of(chunk: Tensor) -> Any:

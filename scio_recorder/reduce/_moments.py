@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._reduce_base import (
+from ._base import (
     _F64,
     _Base,
     _batch,

@@ -47,8 +47,10 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from scio_recorder._public import public_module
+from scio_recorder.reduce import Reducer
+
 from ._specs import CONCAT
-from .reduce import Reducer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -75,7 +77,7 @@ def describe_value(value: object, depth: int = 0) -> str:  # noqa: PLR0911 (one 
         digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
         return f"Tensor({list(value.shape)}, {value.dtype}, sha256:{digest})"
     if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
+        return f"{public_module(value)}.{value.__qualname__}"
     if isinstance(value, list | tuple):
         items = ", ".join(describe_value(v, depth + 1) for v in value)
         return f"[{items}]" if isinstance(value, list) else f"({items})"
@@ -92,7 +94,7 @@ def describe_value(value: object, depth: int = 0) -> str:  # noqa: PLR0911 (one 
         name = getattr(value, "__name__", "?")
         return f"{describe_value(owner, depth + 1)}.{name}"
     if callable(value) and hasattr(value, "__qualname__"):
-        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+        return f"{public_module(value)}.{value.__qualname__}"
     return ADDRESS.sub("", repr(value))
 
 
@@ -103,11 +105,13 @@ def describe_reducer(reducer: Reducer | None, depth: int = 0) -> str:
     cls = type(reducer)
     fields = getattr(reducer, "__dict__", None)
     if not isinstance(fields, dict):
-        return f"{cls.__module__}.{cls.__qualname__}({ADDRESS.sub('', repr(reducer))})"
+        return (
+            f"{public_module(cls)}.{cls.__qualname__}({ADDRESS.sub('', repr(reducer))})"
+        )
     parts = ", ".join(
         f"{k}={describe_value(v, depth)}" for k, v in sorted(fields.items())
     )
-    return f"{cls.__module__}.{cls.__qualname__}({parts})"
+    return f"{public_module(cls)}.{cls.__qualname__}({parts})"
 
 
 def describe_spec(spec: BatchSpec) -> str:

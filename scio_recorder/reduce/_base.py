@@ -1,4 +1,8 @@
-"""Plumbing shared by the built-in reducers of :mod:`scio_recorder.reduce`.
+"""The :class:`Reducer` protocol, and the plumbing the built-in reducers share.
+
+The protocol lives here, below every reducer module, so that a module that
+checks against it (``_per_class``) and the public face that re-exports it
+(:mod:`scio_recorder.reduce`) both import it from below: no import circle.
 
 Every built-in reducer checks its records the same way (a tensor with a
 batch dim, detached), stores counts and shapes in its :meth:`state` as int64
@@ -6,7 +10,7 @@ tensors, reads them back with the same error messages, and gets
 :meth:`fresh`, peer checks for :meth:`merge` and ``repr`` from :class:`_Base`;
 those with a per-sample feature shape track it with :class:`_FeatureShape`.
 They live here, in one private module, so that the modules holding the
-reducers (:mod:`scio_recorder._folds`, :mod:`scio_recorder._moments`, ...)
+reducers (``_folds``, ``_moments``, ...)
 share one implementation and import nothing from each other.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "_F64",
+    "Reducer",
     "_Base",
     "_FeatureShape",
     "_batch",
@@ -27,7 +32,7 @@ __all__ = [
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -36,6 +41,59 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from typing_extensions import Self
+
+
+# --------------------------------------------------------------------- protocol
+@runtime_checkable
+class Reducer(Protocol):
+    """What every reducer provides (a structural protocol: no base class).
+
+    Feed records with :meth:`update`; read :meth:`result` at any time. Two
+    reducers of the same kind and configuration combine with :meth:`merge`;
+    merging is associative and commutative (up to float rounding), so parts
+    of a stream may be reduced anywhere and merged in any order. Order-only
+    exceptions are documented on the reducer (:class:`Keep` and
+    :class:`Concat` keep rows in merge order; the approximate
+    :class:`Quantiles` sketch depends on the order but its error bound does
+    not).
+
+    Examples
+    --------
+    >>> from scio_recorder.reduce import Moments, Reducer, Sum
+    >>> isinstance(Moments(), Reducer), isinstance(Sum(), Reducer)
+    (True, True)
+
+    """
+
+    @property
+    def count(self) -> int:
+        """Samples seen (for the elementwise folds: records seen)."""
+        ...
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:
+        """Feed one record; ``target`` holds per-sample class labels."""
+        ...
+
+    def merge(self, other: Self) -> None:
+        """Absorb ``other``, a reducer of the same kind and configuration."""
+        ...
+
+    def result(self) -> Any:
+        """Return the current result without consuming the state."""
+        ...
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the state as a flat dict of tensors."""
+        ...
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        """Replace the state by ``state`` (from :meth:`state`)."""
+        ...
+
+    def fresh(self) -> Self:
+        """Return a new, empty reducer with the same configuration."""
+        ...
+
 
 _F64 = torch.float64
 

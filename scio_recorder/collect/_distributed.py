@@ -36,16 +36,18 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from scio_recorder.reduce import Concat, Reducer
+
 from ._checkpoint import flat_states
 from ._spill import dtype_name, map_file, parse_dtype
-from .reduce import Concat, Reducer
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from scio_recorder.layers import DepthIdx
+
     from ._specs import Gather, Slot
     from ._spill import SpillFolder
-    from .layers import DepthIdx
 
 CHUNK_BYTES = 1 << 26  # distributed transfers move at most 64 MiB at a time
 
