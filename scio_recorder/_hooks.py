@@ -32,6 +32,7 @@ __all__ = [
     "PassState",
     "Postprocessor",
     "RecordOptions",
+    "pick_argument",
 ]
 
 import dataclasses
@@ -88,6 +89,56 @@ class CallInputs(NamedTuple):
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+
+def pick_argument(
+    inputs: CallInputs,
+    arg: int | str | None,
+    layer: str,
+    option: str = "input_args=",
+) -> Any:
+    """Return one argument of a call.
+
+    ``arg`` is a positional index, a keyword name, or ``None`` for the first
+    tensor argument. ``layer`` describes the layer and ``option`` names the
+    option that chooses the argument, for the message raised when the call
+    has no such argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> call = CallInputs((torch.zeros(2), 3), {"mask": None})
+    >>> pick_argument(call, None, "1-1").shape, pick_argument(call, 1, "1-1")
+    (torch.Size([2]), 3)
+    >>> pick_argument(call, "scale", "1-1 (Mix `mix`)")
+    Traceback (most recent call last):
+    ...
+    ValueError: Cannot reduce the inputs of 1-1 (Mix `mix`): the call has no keyword argument 'scale'. Name an argument the module receives with `input_args=` (ints for positional arguments, strings for keyword ones).
+
+    """  # noqa: E501 (doctest output)
+    if arg is None:
+        for value in (*inputs.args, *inputs.kwargs.values()):
+            if isinstance(value, Tensor):
+                return value
+        msg = (
+            f"Cannot reduce the inputs of {layer}: the call has no tensor "
+            f"argument. Name the argument with `{option}`."
+        )
+        raise ValueError(msg)
+    if isinstance(arg, str):
+        if arg in inputs.kwargs:
+            return inputs.kwargs[arg]
+        where = f"keyword argument {arg!r}"
+    elif -len(inputs.args) <= arg < len(inputs.args):
+        return inputs.args[arg]
+    else:
+        where = f"positional argument {arg}"
+    msg = (
+        f"Cannot reduce the inputs of {layer}: the call has no {where}. Name an "
+        f"argument the module receives with `{option}` (ints for positional "
+        "arguments, strings for keyword ones)."
+    )
+    raise ValueError(msg)
 
 
 @dataclasses.dataclass(frozen=True)

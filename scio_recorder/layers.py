@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torchinfo
 import torchinfo.torchinfo as _torchinfo_impl
+from torchinfo.enums import Units
 from torchinfo.formatting import FormattingOptions
 from torchinfo.layer_info import LayerInfo, get_children_layers, prod
 from torchinfo.model_statistics import ModelStatistics
@@ -582,9 +583,23 @@ def _restatistics(summary: ModelStatistics, rows: list[_Row]) -> ModelStatistics
     )
     formatting.params_units = old.params_units
     formatting.macs_units = old.macs_units
-    return ModelStatistics(
-        list(rows), summary.input_size, summary.total_input, formatting
-    )
+    return _Statistics(list(rows), summary.input_size, summary.total_input, formatting)
+
+
+class _Statistics(ModelStatistics):
+    """torchinfo's statistics, printed with the unit names torchinfo means.
+
+    torchinfo 1.8 formats its ``Units`` (a ``str`` enum) with ``f"{units}"``,
+    which prints ``Units.MEGABYTES`` instead of ``M`` from Python 3.11 on
+    (enum formatting changed); the printed footer is mended here so that it
+    reads the same on every Python version.
+    """
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        for unit in Units:
+            text = text.replace(f"({Units.__name__}.{unit.name})", f"({unit.value})")
+        return text
 
 
 def _to_layers(log: _CallLog) -> tuple[Layer, ...]:

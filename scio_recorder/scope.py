@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
-from ._hooks import ACTIVE, CallInputs, PassState
+from ._hooks import ACTIVE, CallInputs, PassState, pick_argument
 from .reduce import Keep, make_reducer
 from .select import resolve
 
@@ -323,14 +323,11 @@ class Scope:
                 for arg in self._input_args:
                     store[arg] = template.fresh()
         for arg, reducer in store.items():
-            if arg is None:
-                value: Any = inputs if _keeps_all(reducer) else _first_tensor(inputs)
+            if arg is None and _keeps_all(reducer):
+                reducer.update(inputs)
             else:
-                value = _argument(inputs, arg)
-            if value is _MISSING:
-                msg = _missing_message(self._recorder.table[label].describe(), arg)
-                raise ValueError(msg)
-            reducer.update(value)
+                layer = self._recorder.table[label]
+                reducer.update(pick_argument(inputs, arg, layer.describe()))
 
     def feed_grad(
         self, label: DepthIdx, grad: Any, ticket: _Ticket | None = None
@@ -441,9 +438,6 @@ class Scope:
 
 
 # ------------------------------------------------------------------ helpers
-_MISSING = object()
-
-
 def _split_specs(spec: Any) -> tuple[dict[Any, Any], Any]:
     """Split a reduce spec into a per-label/name dict and a default; check all."""
     if isinstance(spec, Mapping):
@@ -478,37 +472,3 @@ def _check_input_args(
 def _keeps_all(reducer: Reducer) -> bool:
     """Whether ``reducer`` keeps records whole (``"all"``/``"keep"``)."""
     return type(reducer) is Keep
-
-
-def _first_tensor(inputs: CallInputs) -> Any:
-    for value in (*inputs.args, *inputs.kwargs.values()):
-        if isinstance(value, Tensor):
-            return value
-    return _MISSING
-
-
-def _argument(inputs: CallInputs, arg: InputArg) -> Any:
-    if isinstance(arg, str):
-        return inputs.kwargs.get(arg, _MISSING)
-    if -len(inputs.args) <= arg < len(inputs.args):
-        return inputs.args[arg]
-    return _MISSING
-
-
-def _missing_message(layer: str, arg: InputArg | None) -> str:
-    if arg is None:
-        return (
-            f"Cannot reduce the inputs of {layer}: the call has no tensor "
-            "argument. Name the argument with `input_args=` or keep the inputs "
-            'whole with `inputs="all"`.'
-        )
-    where = (
-        f"keyword argument {arg!r}"
-        if isinstance(arg, str)
-        else f"positional argument {arg}"
-    )
-    return (
-        f"Cannot reduce the inputs of {layer}: the call has no {where}. Name "
-        "an argument the module receives with `input_args=` (ints for "
-        "positional arguments, strings for keyword ones)."
-    )

@@ -22,6 +22,7 @@ from scio_recorder.collect import (
     MANIFEST,
     CollectResult,
     Estimate,
+    InputOf,
     collect,
     estimate,
 )
@@ -721,3 +722,97 @@ def test_docs_examples_run(tmp_path, monkeypatch):
         exec(compile(block, "docs/collect.md", "exec"), namespace)  # noqa: S102
     assert namespace["result"][(1, 3)].shape == (1000, 4)
     assert (tmp_path / "runs" / "train-feats" / MANIFEST).is_file()
+
+
+# ------------------------------------------------------------ layer inputs
+def test_input_of_reduces_what_the_layer_receives():
+    """``InputOf`` statistics equal the same statistics of the inputs by hand."""
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([4, 5, 3])
+    result = collect(
+        rnet,
+        batches,
+        {InputOf("4"): SharedCovariance(num_classes=3), InputOf(nn.Sigmoid): "concat"},
+        target=1,
+    )
+    feats = per_batch_features(rnet.net, batches)
+    y = torch.cat([t for _, t in batches])
+    x = torch.cat(feats[3]).to(F64)  # the input of layer "4" is the output of "3"
+    shared = result[(1, 5)]
+    within = torch.zeros(4, 4, dtype=F64)
+    for c in range(3):
+        part = x[y == c]
+        assert_close(shared.means[c], part.mean(0))
+        within += (part - part.mean(0)).T @ (part - part.mean(0))
+    assert_close(shared.cov, within / x.shape[0])
+    assert torch.equal(result[(1, 8)], torch.cat(feats[6]))
+    assert result.labels_of[InputOf(nn.Sigmoid)] == ((1, 8),)
+    assert rnet.recording == ()  # the selection is restored
+
+
+def test_input_of_a_keyword_argument():
+    class Mix(nn.Module):
+        def forward(self, x, *, scale):
+            return x * scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = Mix()
+
+        def forward(self, x):
+            return self.mix(x, scale=x + 1)
+
+    rnet = Recorder(Net(), input_data=[torch.zeros(2, 3)])
+    data = [torch.randn(4, 3) for _ in range(3)]
+    result = collect(rnet, data, {InputOf("mix", arg="scale"): "concat"}, input=None)
+    assert torch.equal(result[(1, 1)], torch.cat(data) + 1)
+    msg = (
+        "Cannot reduce the inputs of 1-1 (Mix `mix`): the call has no keyword "
+        "argument 'mask'. Name an argument the module receives with "
+        "`InputOf('mix', arg=...)` (ints for positional arguments, strings for "
+        "keyword ones)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        collect(rnet, data, {InputOf("mix", arg="mask"): "concat"}, input=None)
+
+
+def test_output_and_input_of_one_label_are_refused():
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    with pytest.raises(ValueError, match="is selected by both"):
+        collect(rnet, make_batches([2]), {"0": "moments", InputOf("0"): "moments"})
+
+
+def test_input_of_a_bad_arg_is_a_type_error():
+    with pytest.raises(TypeError, match=r"^InputOf: arg must be a positional index"):
+        InputOf("0", arg=1.5)
+
+
+# ------------------------------------------------------------- class labels
+@pytest.mark.parametrize(
+    "reducer",
+    [SharedCovariance(num_classes=3), PerClass(Moments, num_classes=3)],
+    ids=["SharedCovariance", "PerClass"],
+)
+@pytest.mark.parametrize("bad", [7, -1])
+def test_collect_checks_class_labels_before_any_reducer_sees_them(reducer, bad):
+    """A label outside [0, 3) fails with the reducer, the value, the range and
+    the fix; the model records exactly afterwards and keeps no hook."""
+    net = deep_net()
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 2))
+    hooks_before = [len(m._forward_hooks) for m in net.modules()]
+    x = torch.randn(4, 3)
+    batches = [(x, torch.tensor([0, 1, 2, 1])), (x, torch.tensor([0, bad, 2, 1]))]
+    name = type(reducer).__name__
+    msg = (
+        f"keep[(1, 3)]: {name}: class label {bad} is outside [0, 3). Labels must "
+        "be class indices in [0, num_classes): drop those samples, or pass a "
+        "num_classes that covers every class."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        collect(rnet, batches, {(1, 3): reducer}, target=1)
+    assert [len(m._forward_hooks) for m in net.modules()] == hooks_before
+    assert rnet.recording == ((1, 2),)
+    rnet(x)
+    torch.testing.assert_close(rnet.activations[(1, 2)], layer_outputs(net, x)[1])

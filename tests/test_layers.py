@@ -553,3 +553,14 @@ def test_container_row_counts_own_params_once():
     rnet = Recorder(HolderNet(), input_size=X)
     assert line_of(rnet, "1-1").split()[-2:] == ["4", "6.25%"]
     assert line_of(rnet, "1-3").split()[-2:] == ["--", "--"]
+
+
+# ------------------------------------------------------------------- footer
+def test_footer_prints_the_unit_torchinfo_means():
+    """The mult-adds footer names the unit (``M``), not ``Units.MEGABYTES``."""
+    net = nn.Sequential(nn.Linear(500, 400))
+    rnet = Recorder(net, input_size=(1, 500))
+    expected = f"Total mult-adds (M): {500 * 400 / 1e6:,.2f}"
+    for text in (repr(rnet), str(rnet.summary)):
+        assert expected in text
+        assert "Units." not in text

@@ -7,6 +7,7 @@ import io
 import itertools
 import math
 import random
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import scio_recorder.reduce._per_class as per_class_module
 from scio_recorder.reduce import (
     REDUCTION_NAMES,
     Concat,
@@ -828,6 +830,10 @@ def test_update_never_syncs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, sync)
+    # The class-label check reads the labels, on the CPU only (it is skipped
+    # on accelerators: test_label_check_is_skipped_off_the_cpu); these CPU
+    # tensors stand in for accelerator ones, so take it out here.
+    monkeypatch.setattr(per_class_module, "check_class_labels", lambda *_: None)
     for r in reducers:
         for batch in batches:
             r.update(batch, target)
@@ -872,3 +878,49 @@ def test_cuda_update_never_syncs() -> None:
     mean = next(r for r in reducers if isinstance(r, Moments)).result().mean
     assert mean.device.type == "cuda"
     torch.testing.assert_close(mean, torch.cat(batches).double().mean(0))
+
+
+# ------------------------------------------------------------- class labels
+LABEL_REDUCERS = {
+    "PerClass": lambda n: PerClass(Moments, num_classes=n),
+    "SharedCovariance": lambda n: SharedCovariance(num_classes=n),
+}
+
+
+@pytest.mark.parametrize("name", list(LABEL_REDUCERS))
+@pytest.mark.parametrize("bad", [7, 5, -1])
+def test_labels_outside_the_range_name_reducer_value_range_and_fix(name, bad) -> None:
+    """Every per-class reducer refuses a label outside [0, num_classes)."""
+    r = LABEL_REDUCERS[name](5)
+    msg = (
+        f"{name}: class label {bad} is outside [0, 5). Labels must be class "
+        "indices in [0, num_classes): drop those samples, or pass a num_classes "
+        "that covers every class."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        r.update(torch.ones(3, 2), torch.tensor([0, bad, 1]))
+    assert r.count == 0  # nothing was fed
+    r.update(torch.ones(3, 2), torch.tensor([0, 4, 1]))
+    assert r.count == 3
+
+
+@pytest.mark.parametrize("name", list(LABEL_REDUCERS))
+def test_negative_labels_without_num_classes_are_refused(name) -> None:
+    """Without ``num_classes`` a negative label is refused by every reducer."""
+    r = LABEL_REDUCERS[name](None)
+    msg = (
+        f"{name}: class label -1 is negative. Labels must be class indices >= 0: "
+        "drop those samples (e.g. an ignore index such as -1), or map them to a "
+        "class of their own."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        r.update(torch.ones(3, 2), torch.tensor([0, -1, 1]))
+    assert r.count == 0
+
+
+def test_label_check_is_skipped_off_the_cpu() -> None:
+    """With ``num_classes`` on a non-CPU device (meta here) update reads no label."""
+    r = SharedCovariance(num_classes=3)
+    x = torch.randn(5, 2, device="meta")
+    r.update(x, torch.tensor([0, 1, 7, 0, 1], device="meta"))  # no data to read
+    assert r.state()["class_counts"].device.type == "meta"

@@ -690,3 +690,193 @@ def test_backward_after_the_block_feeds_nothing(rnet, net, batches):
     out.sum().backward()
     assert scope.gradients == {}
     assert rnet.gradients[(1, 1)] is not None  # the latest pass still has it
+
+
+# ====================================================== condition, once a pass
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["net(x)", "rnet(x)"])
+def test_stateful_condition_is_asked_once_per_pass_with_gradients(
+    rnet, net, batches, direct
+):
+    """With ``grads=``, ``condition()`` is still asked once a pass, and the
+    gradients follow the decision taken for their own pass."""
+    answers = [True, False, True, False, True]
+    asked = []
+
+    def condition():
+        asked.append(answers[len(asked)])
+        return asked[-1]
+
+    rnet.record("0", grads="2")
+    xs = [torch.randn(4, 3) for _ in answers]
+    with rnet.scope("all", condition=condition) as scope:
+        for x in xs:
+            out = net(x) if direct else rnet(x)
+            out.sum().backward()
+    assert len(asked) == len(answers)
+    assert scope.passes == 5
+    assert scope.kept == 3
+    kept_x = [x for x, keep in zip(xs, answers, strict=True) if keep]
+    assert len(scope[(1, 1)]) == 3
+    for record, x in zip(scope[(1, 1)], kept_x, strict=True):
+        torch.testing.assert_close(record, small_by_hand(net, x)[(1, 1)])
+    # d(sum(out))/d(out) is all ones, one record per kept pass
+    grads = scope.gradients[(1, 3)]
+    assert len(grads) == 3
+    assert all(torch.equal(g, torch.ones(4, 2)) for g in grads)
+
+
+def test_gradients_of_two_passes_then_one_backward_follow_their_pass(rnet, net):
+    """Two passes, then one backward: each gradient follows its own pass."""
+    answers = iter([False, True])
+    rnet.record(grads="2")
+    with rnet.scope("all", condition=lambda: next(answers)) as scope:
+        a = rnet(torch.randn(2, 3))
+        b = rnet(torch.randn(2, 3))
+        (a.sum() + 3 * b.sum()).backward()
+    (grad,) = scope.gradients[(1, 3)]
+    torch.testing.assert_close(grad, torch.full((2, 2), 3.0))
+    assert (scope.passes, scope.kept) == (2, 1)
+
+
+def test_kept_equals_passes_without_condition(rnet, net, batches):
+    rnet.record("0")
+    with rnet.scope("sum") as scope:
+        for x in batches:
+            net(x)
+    assert scope.passes == scope.kept == len(batches)
+
+
+# ===================================================== inputs reduced on the fly
+
+
+def inputs_by_hand(net, batches):
+    """The input of ``net[2]`` (label 1-3) at each pass."""
+    return [small_by_hand(net, x)[(1, 2)] for x in batches]
+
+
+@pytest.mark.parametrize("spec", ["sum", "mean", "max", "min"])
+def test_inputs_reduced_over_50_passes_equal_the_kept_inputs_reduced_by_hand(net, spec):
+    """50 passes reduced on the fly equal the same reduction of the kept inputs."""
+    batches = [torch.randn(4, 3) for _ in range(50)]
+    reduced = Recorder(net, input_size=(1, 3))
+    reduced.record(inputs="2")
+    kept = Recorder(net, input_size=(1, 3))
+    kept.record(inputs="2")
+    with reduced.scope(inputs=spec) as a, kept.scope() as b:
+        for x in batches:
+            net(x)
+    whole = torch.stack([call.args[0] for call in b.inputs[(1, 3)]])
+    expected = {
+        "sum": whole.double().sum(0),
+        "mean": whole.double().mean(0),
+        "max": whole.amax(0),
+        "min": whole.amin(0),
+    }[spec]
+    # Both sides reduce the very same float32 tensors; sums and means are
+    # accumulated in float64 in another order than torch's: float64 rounding
+    # over 50 terms of O(1) stays far below 1e-12.
+    torch.testing.assert_close(a.inputs[(1, 3)], expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        whole, torch.stack(inputs_by_hand(net, batches))
+    )  # and the kept inputs are the layer's inputs
+
+
+def test_reduced_inputs_memory_does_not_grow_with_passes(net):
+    """A reduced scope holds one accumulator per label, whatever the passes."""
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record(inputs="2")
+
+    def held_bytes(scope):
+        return sum(
+            t.numel() * t.element_size()
+            for store in scope._inputs.values()
+            for r in store.values()
+            for t in r.state().values()
+        )
+
+    sizes = []
+    with rnet.scope(inputs="sum") as scope:
+        for passes in (1, 10, 50):
+            while scope.passes < passes:
+                net(torch.randn(4, 3))
+            sizes.append(held_bytes(scope))
+    assert sizes[0] == sizes[1] == sizes[2] > 0
+    with rnet.scope() as whole:  # "all" grows, for contrast
+        for _ in range(3):
+            net(torch.randn(4, 3))
+    assert len(whole.inputs[(1, 3)]) == 3
+
+
+def test_inputs_reduced_by_named_positional_and_keyword_arguments():
+    """``input_args`` names positional and keyword arguments; each is reduced."""
+
+    class Mix(nn.Module):
+        def forward(self, x, y, *, scale):
+            return x * scale + y
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = Mix()
+
+        def forward(self, x):
+            return self.mix(x, x + 1, scale=2 * x)
+
+    net = Net()
+    rnet = Recorder(net, input_data=[torch.zeros(2, 3)])
+    rnet.record(inputs="mix")
+    xs = [torch.randn(2, 3) for _ in range(4)]
+    with rnet.scope(inputs={"mix": "sum"}, input_args=(1, "scale")) as scope:
+        for x in xs:
+            rnet(x)
+    got = scope.inputs[(1, 1)]
+    assert set(got) == {1, "scale"}
+    torch.testing.assert_close(got[1], sum((x + 1).double() for x in xs))
+    torch.testing.assert_close(got["scale"], sum((2 * x).double() for x in xs))
+    with rnet.scope(inputs="max", input_args="scale") as single:
+        for x in xs:
+            rnet(x)
+    torch.testing.assert_close(
+        single.inputs[(1, 1)], torch.stack([2 * x for x in xs]).amax(0)
+    )
+
+
+def test_input_reduction_defaults_to_the_first_tensor_argument(rnet, net, batches):
+    rnet.record(inputs="2")
+    with rnet.scope(inputs=Sum()) as scope:
+        for x in batches:
+            net(x)
+    expected = sum(h.double() for h in inputs_by_hand(net, batches))
+    torch.testing.assert_close(scope.inputs[(1, 3)], expected)
+
+
+def test_input_argument_missing_is_a_clear_error_and_leaves_no_hook(rnet, net):
+    rnet.record(inputs="2")
+    before = net_hooks(net)
+    msg = (
+        "Cannot reduce the inputs of 1-3 (Linear `2`): the call has no keyword "
+        "argument 'mask'. Name an argument the module receives with "
+        "`input_args=` (ints for positional arguments, strings for keyword ones)."
+    )
+    with (
+        pytest.raises(ValueError, match=f"^{re.escape(msg)}$"),
+        rnet.scope(inputs="sum", input_args="mask"),
+    ):
+        net(torch.randn(2, 3))
+    assert net_hooks(net) == before
+    x = torch.randn(2, 3)
+    rnet(x)
+    torch.testing.assert_close(
+        rnet.inputs[(1, 3)].args[0], small_by_hand(net, x)[(1, 2)]
+    )
+
+
+def test_bad_input_args_fail_when_the_scope_is_made(rnet):
+    msg = (
+        "input_args takes positional indices (int) and keyword names (str), got "
+        "1.5; e.g. `input_args=0` or `input_args=(0, 'mask')`."
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+        rnet.scope(inputs="sum", input_args=(0, 1.5))

@@ -67,6 +67,7 @@ __all__ = [
     "CollectResult",
     "Estimate",
     "Gather",
+    "InputOf",
     "LabelEstimate",
     "ReducerSpec",
     "collect",
@@ -77,4 +78,4 @@ from ._checkpoint import MANIFEST
 from ._collect import collect, estimate
 from ._estimate import Estimate, LabelEstimate
 from ._results import CollectResult
-from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, ReducerSpec
+from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, InputOf, ReducerSpec

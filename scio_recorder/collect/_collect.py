@@ -367,7 +367,11 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     try:
         changed = False
         try:
-            rnet.record(*(slot.label for slot in slots), clone=clone)
+            rnet.record(
+                *(slot.label for slot in slots if not slot.of_input),
+                inputs=[slot.label for slot in slots if slot.of_input],
+                clone=clone,
+            )
             changed = True
             saved = Saved()
             if checkpoints is not None:

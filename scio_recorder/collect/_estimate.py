@@ -294,7 +294,10 @@ def estimate_slots(
 ) -> Estimate:
     rows = []
     for slot in slots:
-        shape, elements = per_sample_shape(slot.row.output_size)
+        # For an input, torchinfo's input_size lists every tensor argument:
+        # the estimate counts them all (an upper bound when one is kept).
+        size = slot.row.input_size if slot.of_input else slot.row.output_size
+        shape, elements = per_sample_shape(size)
         itemsize = itemsize_of(table, slot.label)
         rows.append(
             LabelEstimate(

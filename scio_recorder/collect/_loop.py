@@ -255,6 +255,11 @@ class Run:
         target = self.get_target(batch) if self.get_target is not None else None
         if target is not None and not isinstance(target, Tensor):
             target = torch.as_tensor(target)
+        if target is not None and target.device.type == "cpu":
+            # Checked here, before the move: on an accelerator the reducers
+            # do not check labels (that would synchronise with the host).
+            for slot in self.slots:
+                slot.check_target(target)
         if self.device is not None:
             args, kwargs = move_to(args, self.device), move_to(kwargs, self.device)
             target = move_to(target, self.device)
@@ -266,11 +271,11 @@ class Run:
         args, kwargs, target = self._inputs(batch)
         with torch.set_grad_enabled(self.grad):
             self.rnet(*args, **kwargs)
-        records = self.rnet.activations
+        records, inputs = self.rnet.activations, self.rnet.inputs
         size = first_batch_size(args, kwargs)
         self.consistent = False
         for slot in self.slots:
-            value = records[slot.label]
+            value = slot.value_of(records, inputs)
             if self.to is not None:
                 value = move_to(value, self.to)
             slot.update(value, target)

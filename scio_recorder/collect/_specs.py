@@ -18,6 +18,7 @@ __all__ = [
     "STATISTICS",
     "BatchSpec",
     "Gather",
+    "InputOf",
     "ReducerSpec",
     "Slot",
     "keeps_samples",
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from torch import Tensor
 
+from scio_recorder._hooks import CallInputs, pick_argument
 from scio_recorder.layers import label_str
 from scio_recorder.reduce import (
     Concat,
@@ -49,6 +51,7 @@ from scio_recorder.reduce import (
     SharedCovariance,
     make_reducer,
 )
+from scio_recorder.reduce._base import check_class_labels
 from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
@@ -85,6 +88,55 @@ STATISTICS: Mapping[str, Callable[[], Reducer]] = MappingProxyType(
 )
 """Names of data-set statistics :func:`~scio_recorder.collect.collect` accepts besides
 ``"concat"`` and the names of :func:`~scio_recorder.reduce.make_reducer`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputOf:
+    """A key of ``collect``'s ``keep``: the *inputs* of the selected layers.
+
+    ``keep={InputOf("fc"): SharedCovariance(10)}`` reduces what the layer
+    ``fc`` receives (e.g. the penultimate features a Mahalanobis detector
+    needs, when ``fc`` is the last ``Linear``) instead of what it outputs.
+    The result is keyed by the layer's label, as for outputs; a label is
+    kept once per run (its output or one of its inputs).
+
+    Parameters
+    ----------
+    selector
+        Anything :meth:`~scio_recorder.Recorder.record` accepts.
+    arg : int or str, optional
+        Which argument: a positional index or a keyword name. ``None`` (the
+        default): the first tensor argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.collect import InputOf, collect
+    >>> net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    >>> rnet = Recorder(net, input_size=(1, 5))
+    >>> data = [torch.randn(8, 5) for _ in range(3)]
+    >>> result = collect(rnet, data, {InputOf("2"): "moments"}, input=None)
+    >>> result[(1, 3)].mean.shape  # the 4 features fed to the last Linear
+    torch.Size([4])
+
+    """
+
+    selector: Any
+    arg: int | str | None = None
+
+    def __post_init__(self) -> None:
+        """Check ``arg``."""
+        arg = self.arg
+        if arg is not None and (
+            isinstance(arg, bool) or not isinstance(arg, int | str)
+        ):
+            msg = (
+                f"InputOf: arg must be a positional index (int), a keyword name "
+                f"(str) or None (the first tensor argument), got {arg!r}"
+            )
+            raise TypeError(msg)
 
 
 def template_of(selector: Selector, spec: object) -> Reducer | None:
@@ -137,6 +189,8 @@ class Slot:
     row: Layer
     selector: Selector
     template: Reducer | None  # None: concatenate
+    of_input: bool = False  # reduce an argument of the call, not its output
+    arg: int | str | None = None  # which argument (None: the first tensor)
     reducer: Reducer | None = None
     store: ConcatStore | None = None
     # a resumed state on the CPU, reloaded on the device of the first record
@@ -159,6 +213,27 @@ class Slot:
             self.pending = None
         self.reducer.update(value, target)
 
+    def value_of(
+        self, outputs: Mapping[DepthIdx, Any], inputs: Mapping[DepthIdx, Any]
+    ) -> Any:
+        """Return this slot's record from a pass's outputs and inputs."""
+        if not self.of_input:
+            return outputs[self.label]
+        call: CallInputs = inputs[self.label]
+        return pick_argument(
+            call,
+            self.arg,
+            self.row.describe(),
+            f"InputOf({self.selector.selector!r}, arg=...)",
+        )
+
+    def check_target(self, target: Tensor) -> None:
+        """Check class labels (on the CPU) for a reducer that takes them."""
+        if needs_target(self.template):
+            num_classes = getattr(self.template, "num_classes", None)
+            who = f"keep[{self.selector!r}]: {short_name(self.template)}"
+            check_class_labels(target, num_classes, who)
+
     @property
     def key(self) -> str:
         return label_str(self.label)
@@ -180,7 +255,9 @@ def plan(
     slots: dict[DepthIdx, Slot] = {}
     labels_of: dict[Selector, tuple[DepthIdx, ...]] = {}
     for selector, spec in keep.items():
-        rows = resolve(rnet.table, rnet.net, [selector])
+        of_input = isinstance(selector, InputOf)
+        inner = selector.selector if isinstance(selector, InputOf) else selector
+        rows = resolve(rnet.table, rnet.net, [inner])
         template = template_of(selector, spec)
         labels_of[selector] = tuple(row.label for row in rows)
         for row in rows:
@@ -188,10 +265,11 @@ def plan(
                 msg = (
                     f"Layer {row.describe()} is selected by both "
                     f"{slots[row.label].selector!r} and {selector!r} in `keep`; "
-                    "each label gets one reducer. Use a narrower selector, or "
-                    "collect twice."
+                    "each label gets one reducer (its output or one of its "
+                    "inputs). Use a narrower selector, or collect twice."
                 )
                 raise ValueError(msg)
-            slots[row.label] = Slot(row.label, row, selector, template)
+            arg = selector.arg if isinstance(selector, InputOf) else None
+            slots[row.label] = Slot(row.label, row, selector, template, of_input, arg)
     order = {label: i for i, label in enumerate(rnet.table)}
     return sorted(slots.values(), key=lambda s: order[s.label]), labels_of

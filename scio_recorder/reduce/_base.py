@@ -28,6 +28,7 @@ __all__ = [
     "_get",
     "_labels",
     "_shape_tensor",
+    "check_class_labels",
 ]
 
 import copy
@@ -149,6 +150,42 @@ def _labels(target: Tensor | None, batch: int, who: str) -> Tensor:
         )
         raise ValueError(msg)
     return target.detach()
+
+
+def check_class_labels(labels: Tensor, num_classes: int | None, who: str) -> None:
+    """Raise unless every label is a class index: ``>= 0``, ``< num_classes``.
+
+    One host read of the smallest and largest label; callers on an
+    accelerator skip it (``collect`` checks targets on the CPU, before they
+    are moved), so that ``update`` adds no host-device synchronisation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_class_labels(torch.tensor([0, 4, 1]), 3, "PerClass")
+    Traceback (most recent call last):
+    ...
+    ValueError: PerClass: class label 4 is outside [0, 3). Labels must be class indices in [0, num_classes): drop those samples, or pass a num_classes that covers every class.
+
+    """  # noqa: E501 (doctest output)
+    if labels.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.stack([labels.min(), labels.max()]).tolist())
+    if num_classes is not None and (low < 0 or high >= num_classes):
+        bad = low if low < 0 else high
+        msg = (
+            f"{who}: class label {bad} is outside [0, {num_classes}). Labels must "
+            "be class indices in [0, num_classes): drop those samples, or pass a "
+            "num_classes that covers every class."
+        )
+        raise ValueError(msg)
+    if low < 0:
+        msg = (
+            f"{who}: class label {low} is negative. Labels must be class indices "
+            ">= 0: drop those samples (e.g. an ignore index such as -1), or map "
+            "them to a class of their own."
+        )
+        raise ValueError(msg)
 
 
 class _Base:

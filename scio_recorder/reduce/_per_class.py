@@ -35,6 +35,7 @@ from ._base import (
     _get,
     _labels,
     _shape_tensor,
+    check_class_labels,
 )
 
 if TYPE_CHECKING:
@@ -90,7 +91,11 @@ class SharedCovariance(_Base, _FeatureShape):
     num_classes : int, optional
         Number of classes; labels must lie in ``[0, num_classes)``. Without
         it the class table grows to the largest label seen, at the cost of
-        one host sync per update.
+        one host sync per update. Labels are checked on the CPU (a label
+        outside the range, or negative, raises ``ValueError`` naming it); on
+        an accelerator with ``num_classes`` they are not checked here, to
+        keep ``update`` free of host syncs (:func:`~scio_recorder.collect.collect`
+        checks targets before moving them).
 
     Examples
     --------
@@ -178,7 +183,10 @@ class SharedCovariance(_Base, _FeatureShape):
         labels = labels.to(device=flat.device, dtype=torch.int64)
         if self.num_classes is not None:
             classes = self.num_classes
+            if labels.device.type == "cpu":  # no host sync on an accelerator
+                check_class_labels(labels, classes, "SharedCovariance")
         else:  # one host sync: the class table grows to the largest label
+            check_class_labels(labels, None, "SharedCovariance")
             classes = int(labels.max()) + 1
             if self._counts is not None:
                 classes = max(classes, self._counts.shape[0])
@@ -258,6 +266,7 @@ class PerClass(_Base):
         ``lambda``); a reducer instance is used through its :meth:`fresh`.
     num_classes : int, optional
         If given, labels outside ``[0, num_classes)`` raise ``ValueError``.
+        Negative labels always raise (labels are class indices).
 
     Examples
     --------
@@ -306,10 +315,8 @@ class PerClass(_Base):
         return self._reducers[label]
 
     def _check_labels(self, labels: list[int]) -> None:
-        for label in labels:
-            if self.num_classes is not None and not 0 <= label < self.num_classes:
-                msg = f"PerClass: label {label} is outside [0, {self.num_classes})"
-                raise ValueError(msg)
+        if labels:
+            check_class_labels(torch.tensor(labels), self.num_classes, "PerClass")
 
     def update(self, value: Any, target: Tensor | None = None) -> None:
         """Split the batch by ``target`` and feed each class's reducer."""
