@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from sklearn.metrics import roc_auc_score
 
 from scio_recorder.recipes import (
     auroc,
@@ -279,6 +280,18 @@ def test_mahalanobis_scores_flatten_feature_maps_and_check_shapes():
 def test_auroc_equals_the_pairwise_definition(pos, neg):
     wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
     assert auroc(pos, neg) == pytest.approx(wins / (len(pos) * len(neg)), abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-3, 3), min_size=1, max_size=30),
+    st.lists(st.integers(-3, 3), min_size=1, max_size=30),
+)
+def test_auroc_equals_scikit_learn_ties_included(pos, neg):
+    """Small integer scores make ties the rule; sklearn is the oracle."""
+    y_true = [1] * len(pos) + [0] * len(neg)
+    want = roc_auc_score(y_true, pos + neg)
+    assert auroc(pos, neg) == pytest.approx(want, abs=1e-12)
 
 
 def test_auroc_accepts_tensors_and_arrays():

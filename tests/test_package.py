@@ -1,0 +1,196 @@
+"""The package's layout: public faces keep `__all__` honest, no import circle.
+
+The import graph is read from the source (every `import` and `from ... import`
+of our own modules, including those under `TYPE_CHECKING` and inside
+functions), so a circle hidden from the interpreter by a lazy import still
+fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import scio_recorder
+
+PACKAGE = Path(scio_recorder.__file__).parent
+ROOT = "scio_recorder"
+
+
+def module_names() -> list[str]:
+    """Every module of the package, packages included, sorted."""
+    found = pkgutil.walk_packages([str(PACKAGE)], prefix=f"{ROOT}.")
+    return sorted([ROOT, *(info.name for info in found)])
+
+
+def public_faces() -> list[str]:
+    """Modules users import: no private segment, `__main__` aside."""
+    return [
+        name
+        for name in module_names()
+        if not any(part.startswith("_") for part in name.split("."))
+    ]
+
+
+def source_of(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None
+    assert spec.origin is not None
+    return Path(spec.origin)
+
+
+def is_package(name: str) -> bool:
+    return source_of(name).name == "__init__.py"
+
+
+def imports_of(name: str, known: set[str]) -> set[str]:
+    """The modules of ours that module ``name`` imports, anywhere in its code."""
+    tree = ast.parse(source_of(name).read_text(encoding="utf-8"))
+    base = name if is_package(name) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                module = node.module or ""
+            # `from pkg import sub` imports the submodule `pkg.sub`
+            targets = [
+                f"{module}.{alias.name}"
+                if f"{module}.{alias.name}" in known
+                else module
+                for alias in node.names
+            ]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """Return one circle of ``graph`` (a list of modules), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (circle := visit(nxt)) is not None:
+                return circle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (circle := visit(node)) is not None:
+            return circle
+    return None
+
+
+def test_no_import_circle():
+    """No module imports (directly or not) a module that imports it back."""
+    known = set(module_names())
+    graph = {name: imports_of(name, known) for name in known}
+    # A package's `__init__` re-exports its private modules, which import
+    # their siblings; an edge from a private module up to its own package's
+    # face would be a circle, and is one: nothing is exempt.
+    assert find_circle(graph) is None, " -> ".join(find_circle(graph) or [])
+
+
+def test_the_circle_finder_finds_a_circle():
+    """The check above is not vacuous."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_circle(graph) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_reduce_and_collect_are_subpackages_that_import_nothing_above_them():
+    """`reduce` depends on nothing of ours; `collect` not on the CLI or plots."""
+    known = set(module_names())
+    for name in known:
+        if name.startswith(f"{ROOT}.reduce"):
+            assert {
+                m for m in imports_of(name, known) if not m.startswith(f"{ROOT}.reduce")
+            } == set(), name
+        if name.startswith(f"{ROOT}.collect"):
+            assert f"{ROOT}.cli" not in imports_of(name, known), name
+    assert is_package(f"{ROOT}.reduce")
+    assert is_package(f"{ROOT}.collect")
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """Each module imports on its own (no import-order dependence)."""
+    code = (
+        "import importlib, subprocess, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    for loaded in [m for m in sys.modules if m.startswith('scio_recorder')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+    )
+    names = [n for n in module_names() if not n.endswith("__main__")]
+    done = subprocess.run(  # noqa: S603 (our own interpreter and modules)
+        [sys.executable, "-c", code, *names],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", public_faces())
+def test_all_of_each_public_module_is_honest(name):
+    """`__all__` lists each name once, each exists, and star-import binds them."""
+    module = importlib.import_module(name)
+    names = getattr(module, "__all__", None)
+    if name.endswith("__main__"):
+        return
+    assert names is not None, f"{name} has no __all__"
+    assert len(set(names)) == len(names)
+    for attr in names:
+        assert hasattr(module, attr), f"{name}.{attr}"
+    namespace: dict[str, object] = {}
+    exec(f"from {name} import *", namespace)  # noqa: S102 (fixed source)
+    del namespace["__builtins__"]
+    assert sorted(namespace) == sorted(names)
+
+
+@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+def test_subpackage_faces_export_every_public_name(name):
+    """No public, non-module attribute of a face is missing from `__all__`."""
+    module = importlib.import_module(name)
+    public = {
+        attr
+        for attr, value in vars(module).items()
+        if not attr.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and attr != "annotations"  # `from __future__ import annotations`
+    }
+    assert public == set(module.__all__)
+
+
+@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+def test_reexports_keep_their_defining_module(name):
+    """Re-exported classes and functions keep `__module__`: getsource works."""
+    module = importlib.import_module(name)
+    for attr in module.__all__:
+        value = getattr(module, attr)
+        if not isinstance(value, type | types.FunctionType):
+            continue
+        assert value.__module__.startswith(f"{name}._"), (attr, value.__module__)
+        assert f"{attr}" in inspect.getsource(value)
