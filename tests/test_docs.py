@@ -1,24 +1,104 @@
-"""The Python examples of the README and the docs run as written."""
+"""Every Python example of the README and the docs runs as written.
 
+The pages are discovered (the README and every ``docs/**/*.md``), so a new
+page is tested without being listed. The ```python blocks of a page run in
+order in one fresh namespace, in an empty working folder, as a reader
+following the page would run them. Two kinds of block are marked on their
+first line, visibly on the page:
+
+* ``# torchrun --nproc_per_node=2 example.py``: a complete script for
+  ``torch.distributed``; it is run by a 2-process gloo launch;
+* ``# not run: <reason>``: a sketch, shown with its reason; it must give one.
+"""
+
+from __future__ import annotations
+
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ["README.md", "docs/capture.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+TORCHRUN = "# torchrun "
+SKIP = "# not run:"
+
+
+def documents() -> list[str]:
+    pages = sorted(
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")
+    )
+    return ["README.md", *pages]
 
 
 def python_blocks(document: str) -> list[str]:
     return BLOCK.findall((ROOT / document).read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("document", DOCUMENTS)
-def test_document_examples_run(document):
-    """Every ```python block of the document runs, in order, in one namespace."""
+def torchrun_blocks() -> list[tuple[str, int, str]]:
+    return [
+        (document, index, block)
+        for document in documents()
+        for index, block in enumerate(python_blocks(document))
+        if block.startswith(TORCHRUN)
+    ]
+
+
+def test_pages_are_discovered():
+    """The discovery finds the pages (and would find a new one)."""
+    found = documents()
+    assert "docs/collect.md" in found
+    assert "docs/recipes/mahalanobis.md" in found
+    assert len(found) == 1 + len(list((ROOT / "docs").rglob("*.md")))
+
+
+@pytest.mark.parametrize("document", documents())
+def test_document_examples_run(document, tmp_path, monkeypatch):
+    """Every ```python block of the page runs, in order, in one namespace."""
     blocks = python_blocks(document)
-    assert blocks, f"{document} has no Python example"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # a module a block writes
     namespace: dict[str, object] = {"__name__": f"docs_{Path(document).stem}"}
-    for block in blocks:
-        exec(compile(block, document, "exec"), namespace)  # noqa: S102 (our own docs)
+    for index, block in enumerate(blocks):
+        if block.startswith(TORCHRUN):
+            continue  # test_torchrun_examples_run
+        if block.startswith(SKIP):
+            reason = block.splitlines()[0].removeprefix(SKIP).strip()
+            assert reason, f"{document} block {index}: `# not run:` needs a reason"
+            continue
+        where = f"{document} (python block {index})"
+        exec(compile(block, where, "exec"), namespace)  # noqa: S102 (our own docs)
+
+
+@pytest.mark.parametrize(
+    ("document", "index", "block"),
+    torchrun_blocks(),
+    ids=[f"{d}-{i}" for d, i, _ in torchrun_blocks()],
+)
+def test_torchrun_examples_run(document, index, block, tmp_path):
+    """A ``# torchrun`` block runs under a 2-process gloo launch."""
+    script = tmp_path / "example.py"
+    script.write_text(block, encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(  # noqa: S603 (our own interpreter and docs)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",  # a free local port for the rendezvous
+            "--nproc_per_node=2",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, f"{document} block {index}:\n{done.stderr[-4000:]}"
