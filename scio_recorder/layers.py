@@ -35,15 +35,27 @@ Recorder agree.
 
 from __future__ import annotations
 
-__all__ = ["DepthIdx", "Layer", "LayerTable", "build_table", "label_str", "parse_label"]
+__all__ = [
+    "DepthIdx",
+    "Layer",
+    "LayerTable",
+    "RaggedDim",
+    "build_table",
+    "label_str",
+    "nested_size",
+    "parse_label",
+]
 
+import contextlib
 import dataclasses
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torchinfo
 import torchinfo.torchinfo as _torchinfo_impl
+from torch import Tensor
 from torchinfo.enums import Units
 from torchinfo.formatting import FormattingOptions
 from torchinfo.layer_info import LayerInfo, get_children_layers, prod
@@ -496,6 +508,86 @@ class _CallLog:
         self.stack.clear()
 
 
+class RaggedDim(int):
+    """A ragged dimension of a nested tensor in a row's sizes, shown ``<=n``.
+
+    Its value is the largest size of that dimension over the nested tensor's
+    components, so byte counts and mult-adds computed from the sizes are
+    those of the padded tensor: upper bounds.
+
+    Examples
+    --------
+    >>> [3, RaggedDim(5), 16]
+    [3, <=5, 16]
+
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<={int(self)}"
+
+    __str__ = __repr__
+
+
+def nested_size(tensor: Tensor) -> list[int]:
+    """Return the sizes of a nested tensor, a ragged dimension as a :class:`RaggedDim`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> nt = torch.nested.nested_tensor([torch.zeros(2, 4), torch.zeros(3, 4)])
+    >>> nested_size(nt)
+    [2, <=3, 4]
+
+    """
+    parts = tensor.unbind()
+    sizes: list[int] = []
+    for dim in range(tensor.dim()):
+        if dim == 0:
+            sizes.append(len(parts))
+            continue
+        lengths = {int(part.shape[dim - 1]) for part in parts}
+        if len(lengths) == 1:
+            sizes.append(lengths.pop())
+        else:
+            sizes.append(RaggedDim(max(lengths, default=0)))
+    return sizes
+
+
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _nested_sizes() -> Iterator[None]:
+    """Let torchinfo size nested tensors, for the duration of one summary.
+
+    torchinfo sizes a call's inputs and outputs with
+    ``LayerInfo.calculate_size``, which fails on a nested tensor (the
+    padded-batch fast path of ``nn.TransformerEncoder`` in eval mode passes
+    them between its layers). During the reference pass only, a nested tensor
+    (or a tuple starting with one, as torchinfo sizes a call's inputs by the
+    first) is sized by :func:`nested_size`; everything else goes to
+    torchinfo's own function, which is put back on exit.
+    """
+    with _LOCK:
+        original = LayerInfo.__dict__["calculate_size"]
+        calculate = original.__func__
+
+        def calculate_size(inputs: Any, batch_dim: int | None) -> tuple[list[int], int]:
+            first = inputs[0] if isinstance(inputs, list | tuple) and inputs else inputs
+            if isinstance(first, Tensor) and first.is_nested:
+                return nested_size(first), first.element_size()
+            size, elem_bytes = calculate(inputs, batch_dim)
+            return size, elem_bytes
+
+        LayerInfo.calculate_size = staticmethod(calculate_size)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            LayerInfo.calculate_size = original  # type: ignore[method-assign]
+
+
 def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     """Run the reference pass of ``net`` and return its labelled rows.
 
@@ -547,7 +639,8 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
     handles = log.install()
     try:
-        summary = torchinfo.summary(net, **kwargs)
+        with _nested_sizes():
+            summary = torchinfo.summary(net, **kwargs)
     finally:
         for handle in handles:
             handle.remove()

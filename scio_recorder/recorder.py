@@ -34,6 +34,7 @@ import inspect
 import os
 import sys
 import warnings
+import weakref
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -595,7 +596,12 @@ class Recorder(nn.Module):
         Keys are in the order outputs were produced. Empty after a failed pass
         or a pass with ``dont_record=True``.
         """
-        return MappingProxyType(self._latest.activations)
+        latest = self._latest
+        if type(latest.activations) is dict:  # first look at this pass
+            latest.activations = _Records(
+                latest.activations, self._table, "activations"
+            )
+        return MappingProxyType(latest.activations)
 
     @property
     def inputs(self) -> MappingProxyType[DepthIdx, CallInputs]:
@@ -615,7 +621,10 @@ class Recorder(nn.Module):
         torch.Size([4, 2])
 
         """
-        return MappingProxyType(self._latest.inputs)
+        latest = self._latest
+        if type(latest.inputs) is dict:  # first look at this pass
+            latest.inputs = _Records(latest.inputs, self._table, "inputs")
+        return MappingProxyType(latest.inputs)
 
     @property
     def gradients(self) -> MappingProxyType[DepthIdx, Any]:
@@ -817,6 +826,58 @@ def _user_stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+class _Records(dict[Any, Any]):
+    """The records of one pass, keyed by label, with a helpful ``KeyError``.
+
+    ``rnet.activations["layer3"]`` (a name where a label is expected) or a
+    label that was not recorded say what to do instead of a bare
+    ``KeyError``. The keys stay labels (the reference contract); the table is
+    held weakly, so a kept mapping does not keep the net alive.
+    """
+
+    __slots__ = ("_kind", "_table")
+
+    def __init__(self, records: dict[Any, Any], table: LayerTable, kind: str) -> None:
+        super().__init__(records)
+        self._table = weakref.ref(table)
+        self._kind = kind
+
+    def __missing__(self, key: object) -> Any:
+        raise KeyError(_missing_record(key, self._table(), self._kind)) from None
+
+
+def _missing_record(key: object, table: LayerTable | None, kind: str) -> str:
+    """Say why ``rnet.<kind>[key]`` is missing, and what to write instead."""
+    where = f"`rnet.{kind}`"
+    if table is None:
+        return f"{key!r} is not a label recorded in this pass of {where}."
+    if isinstance(key, str):
+        labels = [row.label for row in table.rows if row.name == key and row.recordable]
+        if not labels:
+            return (
+                f"{where} is keyed by `(depth, idx)` labels, and no module is "
+                f"named {key!r}: see `print(rnet)` for the labels and names."
+            )
+        calls = ", ".join(map(str, labels))
+        instead = f"`rnet.{kind}[{labels[0]}]`"
+        if kind == "activations":
+            instead = (
+                f"`rnet.activations_of({key!r})` (every recorded call of it) "
+                f"or {instead}"
+            )
+        return (
+            f"{where} is keyed by `(depth, idx)` labels, not names: use "
+            f"{instead}; {key!r} is labelled {calls}."
+        )
+    if isinstance(key, tuple) and key in table:
+        record = f"inputs={key!r}" if kind == "inputs" else repr(key)
+        return (
+            f"Layer {table[key].describe()} has no record in {where} of the "
+            f"latest pass: record it with `rnet.record({record})`, then run a pass."
+        )
+    return f"{key!r} is not a label of this net: see `print(rnet)` for the labels."
 
 
 class _Latest:

@@ -16,7 +16,8 @@ import torchinfo
 import torchinfo.torchinfo as torchinfo_impl
 from torch import nn
 
-from scio_recorder import Recorder
+from scio_recorder import CallPlanError, Recorder
+from scio_recorder.layers import RaggedDim
 from tests.nets import (
     DirectChildNet,
     HolderNet,
@@ -564,3 +565,134 @@ def test_footer_prints_the_unit_torchinfo_means():
     for text in (repr(rnet), str(rnet.summary)):
         assert expected in text
         assert "Units." not in text
+
+
+# ------------------------------------------------- padding masks, nested tensors
+def padded_encoder(
+    *, nested: bool = True
+) -> tuple[nn.TransformerEncoder, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+    x = torch.randn(3, 5, 16)
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    mask[0, 3:] = True  # 3, 4 and 5 real tokens
+    mask[1, 4:] = True
+    return encoder, x, mask
+
+
+def hand_outputs(net, modules, *args, **kwargs):
+    """The outputs of ``modules`` in one pass, taken by plain forward hooks."""
+    got = []
+    handles = [
+        m.register_forward_hook(lambda _m, _i, out: got.append(out)) for m in modules
+    ]
+    try:
+        with torch.no_grad():
+            out = net(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, got
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical, nested tensors component by component."""
+    if a.is_nested or b.is_nested:
+        return a.is_nested == b.is_nested and all(
+            torch.equal(x, y) for x, y in zip(a.unbind(), b.unbind(), strict=True)
+        )
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("form", ["kwargs", "dict"])
+def test_padding_masked_encoder_wraps_and_records_exactly(mode, form):
+    """A padding-masked encoder wraps (eval: nested tensors between layers)
+    and records exactly what plain hooks see, nested records as they are."""
+    encoder, x, mask = padded_encoder()
+    getattr(encoder, mode)()
+    if form == "kwargs":
+        rnet = Recorder(
+            encoder, input_data=[x], src_key_padding_mask=mask,
+            force_static_flow=False, mode=mode,
+        )  # fmt: skip
+    else:
+        rnet = Recorder(
+            encoder, input_data={"src": x, "src_key_padding_mask": mask},
+            force_static_flow=False, mode=mode,
+        )  # fmt: skip
+    row = rnet.table[(2, 1)]
+    if mode == "eval":  # the fast path made nested tensors: shown, not refused
+        assert row.output_size == [3, RaggedDim(5), 16]
+        assert repr(row.output_size) == "[3, <=5, 16]"
+        assert "[3, <=5, 16]" in repr(rnet)
+    else:
+        assert row.output_size == [3, 5, 16]
+    rnet.record((2, 1), (2, 2))
+    layers = list(encoder.layers)
+    with torch.no_grad():
+        torch.manual_seed(1)  # dropout in train mode: the same draws both times
+        out = rnet(x, src_key_padding_mask=mask)
+    torch.manual_seed(1)
+    want, (first, second) = hand_outputs(encoder, layers, x, src_key_padding_mask=mask)
+    assert torch.equal(out, want)
+    assert same(rnet.activations[(2, 1)], first)
+    assert same(rnet.activations[(2, 2)], second)
+    assert rnet.activations[(2, 1)].is_nested == (mode == "eval")
+
+
+def test_padding_masked_encoder_without_nested_tensors():
+    encoder, x, mask = padded_encoder(nested=False)
+    encoder.eval()
+    rnet = Recorder(
+        encoder, input_data=[x], src_key_padding_mask=mask, force_static_flow=False
+    )
+    assert rnet.table[(2, 1)].output_size == [3, 5, 16]
+    rnet.record((2, 2))
+    with torch.no_grad():
+        out = rnet(x, src_key_padding_mask=mask)
+    want, (second,) = hand_outputs(
+        encoder, [encoder.layers[1]], x, src_key_padding_mask=mask
+    )
+    assert torch.equal(out, want)
+    assert torch.equal(rnet.activations[(2, 2)], second)
+
+
+def test_padding_masked_encoder_verifies_the_call_plan():
+    """A pass that calls the recorded layer another number of times raises."""
+    encoder, x, mask = padded_encoder()
+    encoder.eval()
+    rnet = Recorder(
+        encoder, input_data=[x], src_key_padding_mask=mask, force_static_flow=False
+    )
+    rnet.record((2, 2))
+    encoder.layers = encoder.layers[:1]  # the second layer is no longer called
+    with pytest.raises(CallPlanError, match=r"layers\.1"), torch.no_grad():
+        rnet(x, src_key_padding_mask=mask)
+    assert rnet.activations == {}
+
+
+def test_hf_encoder_called_with_an_attention_mask():
+    """A Hugging Face BERT (small config, no download) with an attention mask."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (2, 7))
+    attention = torch.ones(2, 7, dtype=torch.long)
+    attention[0, 5:] = 0
+    inputs = {"input_ids": ids, "attention_mask": attention}
+    rnet = Recorder(model, input_data=inputs, force_static_flow=False)
+    name = "encoder.layer.1.output.dense"
+    rnet.record(name)
+    with torch.no_grad():
+        out = rnet(**inputs)
+    module = model.get_submodule(name)
+    want, (dense,) = hand_outputs(model, [module], **inputs)
+    assert torch.equal(out.last_hidden_state, want.last_hidden_state)
+    (record,) = rnet.activations_of(name)
+    assert torch.equal(record, dense)

@@ -911,3 +911,67 @@ def test_deepcopy_gives_an_independent_recorder_of_a_copied_net():
     gc.collect()
     assert [len(m._forward_hooks) for m in net] == [1, 0, 0]
     assert torch.equal(rnet(x), out)
+
+
+# -- helpful KeyErrors ---------------------------------------------------------
+
+
+def test_activations_by_name_say_to_use_labels_or_activations_of():
+    """``rnet.activations["2"]`` names the accessor and the label to use."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record("2")
+    rnet(torch.ones(1, 3))
+    msg = (
+        "`rnet.activations` is keyed by `(depth, idx)` labels, not names: use "
+        "`rnet.activations_of('2')` (every recorded call of it) or "
+        "`rnet.activations[(1, 3)]`; '2' is labelled (1, 3)."
+    )
+    with pytest.raises(KeyError, match=re.escape(msg)):
+        rnet.activations["2"]
+    assert list(rnet.activations) == [(1, 3)]  # keys stay labels
+    assert "2" not in rnet.activations
+    assert isinstance(rnet.activations, MappingProxyType)
+    (record,) = rnet.activations_of("2")
+    assert record is rnet.activations[(1, 3)]
+
+
+def test_missing_labels_and_unknown_names_say_what_to_do():
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record("2", inputs="0")
+    rnet(torch.ones(1, 3))
+    cases = {
+        (1, 1): "Layer 1-1 (Linear `0`) has no record in `rnet.activations` of the "
+        "latest pass: record it with `rnet.record((1, 1))`, then run a pass.",
+        (7, 7): "(7, 7) is not a label of this net: see `print(rnet)` for the labels.",
+        "fc": "`rnet.activations` is keyed by `(depth, idx)` labels, and no module "
+        "is named 'fc': see `print(rnet)` for the labels and names.",
+    }
+    for key, msg in cases.items():
+        with pytest.raises(KeyError, match=re.escape(msg)):
+            rnet.activations[key]
+    msg = (
+        "`rnet.inputs` is keyed by `(depth, idx)` labels, not names: use "
+        "`rnet.inputs[(1, 1)]`; '0' is labelled (1, 1)."
+    )
+    with pytest.raises(KeyError, match=re.escape(msg)):
+        rnet.inputs["0"]
+    msg = "record it with `rnet.record(inputs=(1, 3))`"
+    with pytest.raises(KeyError, match=re.escape(msg)):
+        rnet.inputs[(1, 3)]
+
+
+def test_a_kept_activations_mapping_does_not_keep_the_net_alive():
+    net = nn.Sequential(nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 1))
+    rnet(torch.ones(1, 3))
+    acts = rnet.activations
+    ref = weakref.ref(net)
+    del net, rnet
+    gc.collect()
+    assert ref() is None
+    assert list(acts) == [(1, 1)]
+    with pytest.raises(KeyError, match="not a label recorded in this pass"):
+        acts["0"]
