@@ -41,6 +41,7 @@ __all__ = [
     "LayerTable",
     "RaggedDim",
     "build_table",
+    "example_inputs",
     "label_str",
     "nested_size",
     "parse_label",
@@ -48,11 +49,13 @@ __all__ = [
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+import torch
 import torchinfo
 import torchinfo.torchinfo as _torchinfo_impl
 from torch import Tensor
@@ -586,6 +589,45 @@ def _nested_sizes() -> Iterator[None]:
             yield
         finally:
             LayerInfo.calculate_size = original  # type: ignore[method-assign]
+
+
+_SUMMARY_OPTIONS = frozenset(inspect.signature(torchinfo.summary).parameters) - {
+    "kwargs"
+}
+
+
+def example_inputs(
+    net: nn.Module, summary_kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Return ``(args, kwargs)`` for a pass like the reference pass.
+
+    ``input_data`` is used as given; ``input_size`` makes random tensors as
+    torchinfo does (same dtypes, batch dim and device); the summary's other
+    keyword arguments that are not torchinfo options go to the net.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> args, kwargs = example_inputs(nn.Linear(4, 2), {"input_size": (3, 4)})
+    >>> [a.shape for a in args], kwargs
+    ([torch.Size([3, 4])], {})
+
+    """
+    device = summary_kwargs.get("device")
+    if device is None:
+        param = next(net.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    x, _ = _torchinfo_impl.process_input(
+        summary_kwargs.get("input_data"),
+        summary_kwargs.get("input_size"),
+        summary_kwargs.get("batch_dim"),
+        torch.device(device),
+        summary_kwargs.get("dtypes"),
+    )
+    kwargs = {k: v for k, v in summary_kwargs.items() if k not in _SUMMARY_OPTIONS}
+    if isinstance(x, Mapping):
+        return (), {**x, **kwargs}
+    return tuple(x or ()), kwargs
 
 
 def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:

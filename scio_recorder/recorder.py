@@ -55,7 +55,8 @@ from ._hooks import (
     Postprocessor,
     RecordOptions,
 )
-from .layers import DepthIdx, Layer, LayerTable, build_table
+from .graph import ExecutionGraph, trace_graph
+from .layers import DepthIdx, Layer, LayerTable, build_table, example_inputs
 from .scope import Scope, ScopeState
 from .select import Selector, as_label, index_like, resolve
 
@@ -169,7 +170,8 @@ class Recorder(nn.Module):
             _check_static_flow(net)
         self._token = object()
         self._hooks = HookSet(self, self._token)
-        self._table = build_table(net, _DEFAULT_SUMMARY_KWARGS | summary_kwargs)
+        self._summary_kwargs = _DEFAULT_SUMMARY_KWARGS | summary_kwargs
+        self._table = build_table(net, self._summary_kwargs)
         self._latest = _Latest()
         # A plain attribute: reading a submodule goes through the slower
         # `nn.Module.__getattr__`, and forward reads it on every pass.
@@ -571,6 +573,86 @@ class Recorder(nn.Module):
 
         """
         return Scope(self, reduce, condition, inputs, input_args)
+
+    def graph(
+        self,
+        *args: Any,
+        depth: int | None = None,
+        roll: bool = False,
+        **kwargs: Any,
+    ) -> ExecutionGraph:
+        """Run one pass of the net on the given inputs; return its execution graph.
+
+        Module calls are nodes labelled like the table, the tensor operations
+        between them (``add``, ``cat``, ``flatten``, ``getitem``, ...) are
+        nodes too, and edges follow the data. Nothing is recorded into
+        :attr:`activations`, the output is not returned, autograd is left as
+        it is (``torch.no_grad()`` works, ``requires_grad`` is never set), no
+        hook, mode or patch remains afterwards, and fused kernels (the
+        ``TransformerEncoder`` fast path) run as in a plain pass. See
+        ``docs/graph.md``.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The net's inputs; none given: the input the table was built
+            from (random tensors of ``input_size``, or ``input_data``).
+        depth : int, optional
+            Module calls deeper than ``depth`` fold into their ancestor at
+            that depth, which keeps its own label. ``None``: down to the
+            leaves (modules that call no submodule). The net's keyword
+            arguments cannot be named ``depth`` or ``roll`` here: call
+            :func:`scio_recorder.graph.trace_graph` for those.
+        roll : bool
+            Repeated calls of one module become one node with a call count.
+
+        Returns
+        -------
+        ExecutionGraph
+            ``.nodes``, ``.edges``, ``.to_dot()``, ``.render(path)``, other
+            views with ``.at_depth(d)`` and ``.rolled()``.
+
+        Raises
+        ------
+        GraphError
+            If the pass raised; chained to that error, it holds the graph up
+            to the failing call in ``.graph`` (that node has ``failed=True``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+        >>> rnet = Recorder(net, input_size=(1, 4))
+        >>> rnet.record((1, 3))
+        >>> graph = rnet.graph(torch.ones(5, 4))
+        >>> [n.title() for n in graph.nodes if n.recorded]
+        ['Linear (2): 1-3']
+        >>> len(graph.nodes), graph.nodes[1].shapes
+        (5, ((5, 3),))
+        >>> print(graph.to_dot().splitlines()[0])
+        digraph execution_graph {
+
+        """
+        if not args and not kwargs:
+            args, kwargs = example_inputs(self._net, self._summary_kwargs)
+        selection = self._selection
+        recorded = {*selection.outputs, *selection.inputs, *selection.grads}
+        states = ACTIVE.states
+        own = states.pop(self._token, None)  # an open scope ignores this pass
+        try:
+            return trace_graph(
+                self._net,
+                self._table,
+                args,
+                kwargs,
+                recorded=recorded,
+                depth=depth,
+                roll=roll,
+            )
+        finally:
+            if own is not None:
+                states[self._token] = own
 
     # -- views -------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""Graphviz output: DOT text (no dependency), and rendering (optional).
+
+DOT is written by hand, so it needs nothing; rendering goes through the
+``graphviz`` Python package (the ``graph`` extra) and Graphviz's ``dot``
+program, both optional: a missing one raises an error that says how to
+install it, and :func:`to_dot` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = ["INSTALL_DOT", "render_dot", "svg_of", "to_dot"]
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._model import Cluster, ExecutionGraph, Node
+
+INSTALL_DOT = (
+    "Rendering needs Graphviz's `dot` program, which was not found: install it "
+    "with `apt-get install graphviz`, `conda install graphviz` or `brew install "
+    "graphviz`. `graph.to_dot()` works without it."
+)
+INSTALL_PACKAGE = (
+    "Rendering needs the `graphviz` Python package: `pip install "
+    "'scio-recorder[graph]'` (and Graphviz's `dot` program). "
+    "`graph.to_dot()` works without it."
+)
+FORMATS = ("svg", "png", "pdf")
+
+_STYLE = {
+    "input": 'shape=ellipse, fillcolor="#e3ecfa"',
+    "output": 'shape=ellipse, fillcolor="#e3ecfa"',
+    "module": 'shape=box, fillcolor="#ffffff"',
+    "function": 'shape=box, fillcolor="#f1f1f1", fontsize=10',
+}
+_RECORDED = 'fillcolor="#ffd966", penwidth=2'
+_FAILED = 'fillcolor="#f4a0a0", color="#c00000", penwidth=2'
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _shape(shape: tuple[Any, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _node_line(index: int, node: Node) -> str:
+    lines = [node.title() + (f" x{node.calls}" if node.calls > 1 else "")]
+    lines += [_shape(s) for s in node.shapes[:3]]
+    if len(node.shapes) > 3:  # noqa: PLR2004 (three shapes are enough to show)
+        lines.append(f"... {len(node.shapes) - 3} more")
+    style = _STYLE[node.kind]
+    if node.failed:
+        style += ", " + _FAILED
+    elif node.recorded:
+        style += ", " + _RECORDED
+    label = "\\n".join(line.replace("\\", "\\\\").replace('"', '\\"') for line in lines)
+    return f'  n{index} [label="{label}", {style}];'
+
+
+def to_dot(graph: ExecutionGraph, *, expand_nested: bool = False) -> str:
+    """Return ``graph`` as DOT source."""
+    out = [
+        "digraph execution_graph {",
+        '  graph [rankdir=TB, fontname="Helvetica", fontsize=11];',
+        '  node [style="rounded,filled", fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=9, color="#555555"];',
+    ]
+    lines = {i: _node_line(i, node) for i, node in enumerate(graph.nodes)}
+    if expand_nested:
+        out += _clusters(graph, lines)
+    else:
+        out += list(lines.values())
+    for edge in graph.edges:
+        out.append(
+            f"  n{edge.source} -> n{edge.target} [label={_quote(_shape(edge.shape))}];"
+        )
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _clusters(graph: ExecutionGraph, lines: dict[int, str]) -> list[str]:
+    """Node lines nested in ``subgraph cluster_*`` blocks, one per container."""
+    members: dict[str | None, list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        members.setdefault(node.scope[-1] if node.scope else None, []).append(index)
+    children: dict[str | None, list[Cluster]] = {}
+    for cluster in graph.clusters.values():
+        children.setdefault(cluster.parent, []).append(cluster)
+
+    def block(key: str | None, indent: str) -> list[str]:
+        out = [indent + lines[i].strip() for i in members.get(key, [])]
+        for cluster in children.get(key, []):
+            name = "cluster_" + "".join(c if c.isalnum() else "_" for c in cluster.key)
+            color = '"#999999"'
+            if cluster.failed:
+                color = '"#c00000"; penwidth=2'
+            elif cluster.recorded:
+                color = '"#d4a000"; penwidth=2'
+            out.append(f"{indent}subgraph {name} {{")
+            out.append(
+                f"{indent}  label={_quote(cluster.title())}; style=dashed; "
+                f"color={color}; fontsize=10;"
+            )
+            out += block(cluster.key, indent + "  ")
+            out.append(f"{indent}}}")
+        return out
+
+    return block(None, "  ")
+
+
+def _graphviz() -> Any:
+    try:
+        return importlib.import_module("graphviz")
+    except ImportError as error:
+        raise RuntimeError(INSTALL_PACKAGE) from error
+
+
+def _pipe(dot: str, fmt: str) -> bytes:
+    graphviz = _graphviz()
+    try:
+        data: bytes = graphviz.Source(dot).pipe(format=fmt)
+    except graphviz.ExecutableNotFound as error:
+        raise RuntimeError(INSTALL_DOT) from error
+    return data
+
+
+def render_dot(dot: str, path: str | Path, fmt: str | None) -> Path:
+    """Render ``dot`` to ``path``; the format is ``fmt`` or the file's suffix."""
+    path = Path(path)
+    fmt = fmt or path.suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        msg = (
+            f"Cannot render to {fmt or 'a file without suffix'!r}: use a path "
+            f"ending in .svg, .png or .pdf, or `format=` one of {FORMATS}; "
+            "`to_dot()` gives the DOT source."
+        )
+        raise ValueError(msg)
+    path.write_bytes(_pipe(dot, fmt))
+    return path
+
+
+def svg_of(dot: str) -> str | None:
+    """Return the SVG of ``dot``, or ``None`` when rendering is not available."""
+    try:
+        return _pipe(dot, "svg").decode("utf-8")
+    except RuntimeError:
+        return None
