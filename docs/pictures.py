@@ -19,7 +19,7 @@ IMAGES = Path(__file__).resolve().parent / "images"
 
 
 def demo_graph() -> Path:
-    """The execution graph of the demo CNN, one layer recorded."""
+    """Render the execution graph of the demo CNN, one layer recorded."""
     torch.manual_seed(0)
     rnet = Recorder(demo_model().eval(), input_size=(1, 3, 32, 32))
     rnet.record("features.3")
