@@ -27,6 +27,7 @@ __all__ = [
     "Selection",
 ]
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -61,10 +62,11 @@ from .scope import Scope, ScopeState
 from .select import Selector, as_label, index_like, resolve
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from torch.nn.parameter import Parameter
     from torchinfo.model_statistics import ModelStatistics
+    from typing_extensions import Self
 
 
 class InPlaceWarning(UserWarning):
@@ -573,6 +575,64 @@ class Recorder(nn.Module):
 
         """
         return Scope(self, reduce, condition, inputs, input_args)
+
+    @contextlib.contextmanager
+    def selecting(  # noqa: PLR0913 (the options of record)
+        self,
+        *selectors: Selector,
+        inputs: Selector | None = None,
+        grads: Selector | None = None,
+        clone: bool = False,
+        detach: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Iterator[Self]:
+        """Record this selection inside a ``with`` block, then restore the previous.
+
+        The previous selection (outputs, inputs, gradients, parameters) and
+        record options come back on exit, also after an exception. Tools
+        that run the recorder for their own purpose (``collect``, the OoD
+        detectors, ``explain``) use it, so that a user's selection survives.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> rnet = Recorder(
+        ...     nn.Sequential(nn.Linear(3, 2), nn.ReLU()), input_size=(1, 3)
+        ... )
+        >>> rnet.record((1, 2))
+        >>> with rnet.selecting((1, 1)):
+        ...     _ = rnet(torch.ones(1, 3))
+        ...     list(rnet.activations)
+        [(1, 1)]
+        >>> rnet.recording
+        ((1, 2),)
+
+        """
+        previous, options = self._selection, self._plan.options
+        self.record(
+            *selectors,
+            inputs=inputs,
+            grads=grads,
+            clone=clone,
+            detach=detach,
+            device=device,
+            dtype=dtype,
+        )
+        try:
+            yield self
+        finally:
+            self.record(
+                *previous.outputs,
+                inputs=list(previous.inputs),
+                grads=list(previous.grads),
+                params=list(previous.params),
+                clone=options.clone,
+                detach=options.detach,
+                device=options.device,
+                dtype=options.dtype,
+            )
 
     def graph(
         self,

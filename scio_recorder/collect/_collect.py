@@ -50,17 +50,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("scio_recorder.collect")
 
 
-def _record_options(rnet: Recorder) -> dict[str, Any]:
-    """Return the recorder's clone/detach/device/dtype options, to restore them."""
-    options = rnet.record_options
-    return {
-        "clone": options.clone,
-        "detach": options.detach,
-        "device": options.device,
-        "dtype": options.dtype,
-    }
-
-
 def estimate(
     rnet: Recorder,
     keep: Mapping[Selector, ReducerSpec],
@@ -363,16 +352,12 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         checkpoints=checkpoints,
         every=checkpoint_every or 1,
     )
-    selection, options = rnet.selection, _record_options(rnet)
     try:
-        changed = False
-        try:
-            rnet.record(
-                *(slot.label for slot in slots if not slot.of_input),
-                inputs=[slot.label for slot in slots if slot.of_input],
-                clone=clone,
-            )
-            changed = True
+        with rnet.selecting(
+            *(slot.label for slot in slots if not slot.of_input),
+            inputs=[slot.label for slot in slots if slot.of_input],
+            clone=clone,
+        ):
             saved = Saved()
             if checkpoints is not None:
                 saved = checkpoints.open(slots, resume=resume, device=out_device)
@@ -382,20 +367,13 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
                 initial=saved.samples,
                 desc=bar_description(est),
             )
-            if run.bar is not None or memory_budget is not None:
-                _announce(est, memory_budget, folder_path)
-            run.run(batches, saved)
-        finally:
-            if changed:
-                rnet.record(
-                    *selection.outputs,
-                    inputs=list(selection.inputs),
-                    grads=list(selection.grads),
-                    params=list(selection.params),
-                    **options,
-                )
-            if run.bar is not None:
-                run.bar.close()
+            try:
+                if run.bar is not None or memory_budget is not None:
+                    _announce(est, memory_budget, folder_path)
+                run.run(batches, saved)
+            finally:
+                if run.bar is not None:
+                    run.bar.close()
         local = {
             slot.label: slot.store.tensor() for slot in slots if slot.store is not None
         }
