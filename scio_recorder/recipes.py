@@ -2,7 +2,8 @@
 
 The recipes run end to end on a laptop CPU in seconds, without downloads:
 :func:`make_blobs_images` builds a toy image classification data set in code,
-:func:`train_classifier` fits a small network on it, and the out-of-distribution
+:func:`train_classifier` fits a small network on it (both live in
+:mod:`scio_recorder.data` and are re-exported here), and the out-of-distribution
 (OoD) detection recipe scores samples with :func:`mahalanobis_scores` from the
 per-class means and shared covariance that
 :class:`~scio_recorder.reduce.SharedCovariance` computes, then rates the
@@ -38,244 +39,16 @@ __all__ = [
 ]
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .data import Pattern, class_colours, make_blobs_images, train_classifier
 
 if TYPE_CHECKING:
     import numpy.typing as npt
-
-Pattern = Literal["blob", "square", "noise"]
-"""The families of images :func:`make_blobs_images` draws."""
-
-_PATTERNS: tuple[str, ...] = ("blob", "square", "noise")
-
-
-def class_colours(num_classes: int) -> Tensor:
-    """Return the colour of each class: evenly spaced hues, zero-mean RGB.
-
-    Class ``c`` has the hue angle ``theta = 2 pi c / num_classes`` and the
-    colour ``(cos theta, cos(theta - 2 pi / 3), cos(theta + 2 pi / 3))``: its
-    channels sum to zero and its norm is ``sqrt(3 / 2)`` for every class, so
-    that classes differ by hue only, not by brightness.
-
-    Parameters
-    ----------
-    num_classes : int
-        Number of classes (at least 1).
-
-    Returns
-    -------
-    Tensor
-        ``[num_classes, 3]``, float32.
-
-    Raises
-    ------
-    ValueError
-        If ``num_classes < 1``.
-
-    Examples
-    --------
-    >>> from scio_recorder.recipes import class_colours
-    >>> class_colours(3)
-    tensor([[ 1.0000, -0.5000, -0.5000],
-            [-0.5000,  1.0000, -0.5000],
-            [-0.5000, -0.5000,  1.0000]])
-
-    """
-    if num_classes < 1:
-        msg = f"num_classes must be at least 1, got {num_classes}"
-        raise ValueError(msg)
-    theta = torch.arange(num_classes, dtype=torch.float64) * (2 * math.pi / num_classes)
-    shifts = torch.tensor([0.0, 2 * math.pi / 3, -2 * math.pi / 3], dtype=torch.float64)
-    return torch.cos(theta[:, None] - shifts[None, :]).to(torch.float32)
-
-
-def make_blobs_images(  # noqa: PLR0913 (keyword-only knobs of a data generator)
-    num_samples: int,
-    num_classes: int = 10,
-    *,
-    image_size: int = 32,
-    pattern: Pattern = "blob",
-    noise: float = 0.2,
-    seed: int = 0,
-) -> tuple[Tensor, Tensor]:
-    """Draw a toy image classification data set: one coloured blob per image.
-
-    Each image of class ``c`` holds one Gaussian blob of the colour
-    :func:`class_colours` gives class ``c`` (so the class is the hue), at a
-    random position (centre uniform in the middle half of the image), with a
-    random width (standard deviation between 8 % and 16 % of the side) and a
-    random amplitude (between 0.8 and 1.2), plus independent Gaussian pixel
-    noise of standard deviation ``noise``. Labels are balanced (each class
-    appears ``num_samples // num_classes`` or one more times) and shuffled.
-
-    Other families, with the same classes, positions, widths and amplitudes,
-    serve as out-of-distribution data:
-
-    * ``pattern="square"``: a uniformly coloured square of side four widths
-      instead of the blob (a held-out shape family, same colours);
-    * ``pattern="noise"``: no object at all, only pixel noise of standard
-      deviation 1 (``noise`` is then ignored); labels carry no information.
-
-    Everything is drawn from a :class:`torch.Generator` seeded with ``seed``,
-    so a call is deterministic: the same arguments give the same tensors.
-
-    Parameters
-    ----------
-    num_samples : int
-        Number of images.
-    num_classes : int, default 10
-        Number of classes.
-    image_size : int, default 32
-        Side of the square images, in pixels.
-    pattern : {"blob", "square", "noise"}, default "blob"
-        The family of images (see above).
-    noise : float, default 0.2
-        Standard deviation of the pixel noise added to blobs and squares.
-    seed : int, default 0
-        Seed of the random generator.
-
-    Returns
-    -------
-    images : Tensor
-        ``[num_samples, 3, image_size, image_size]``, float32.
-    labels : Tensor
-        ``[num_samples]``, int64 class labels in ``[0, num_classes)``.
-
-    Raises
-    ------
-    ValueError
-        If a size is not positive, ``noise`` is negative or ``pattern`` is
-        unknown.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from scio_recorder.recipes import make_blobs_images
-    >>> x, y = make_blobs_images(1000, seed=1)
-    >>> x.shape, x.dtype, y.dtype
-    (torch.Size([1000, 3, 32, 32]), torch.float32, torch.int64)
-    >>> torch.bincount(y).tolist()
-    [100, 100, 100, 100, 100, 100, 100, 100, 100, 100]
-    >>> again, _ = make_blobs_images(1000, seed=1)
-    >>> torch.equal(x, again)
-    True
-    >>> noise, _ = make_blobs_images(1000, pattern="noise")
-    >>> round(noise.std().item(), 2)
-    1.0
-
-    """
-    if num_samples < 0 or num_classes < 1 or image_size < 1:
-        msg = (
-            "make_blobs_images: num_samples must be >= 0, num_classes and "
-            f"image_size >= 1; got {num_samples}, {num_classes}, {image_size}"
-        )
-        raise ValueError(msg)
-    if noise < 0:
-        msg = f"make_blobs_images: noise must be >= 0, got {noise}"
-        raise ValueError(msg)
-    if pattern not in _PATTERNS:
-        msg = f"make_blobs_images: pattern must be one of {_PATTERNS}, got {pattern!r}"
-        raise ValueError(msg)
-    gen = torch.Generator().manual_seed(seed)
-    n = num_samples
-    labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=gen)]
-    centres = (0.25 + 0.5 * torch.rand(n, 2, generator=gen)) * image_size
-    widths = (0.08 + 0.08 * torch.rand(n, 1, 1, generator=gen)) * image_size
-    amplitudes = 0.8 + 0.4 * torch.rand(n, 1, 1, generator=gen)
-    pixel_noise = torch.randn(n, 3, image_size, image_size, generator=gen)
-    if pattern == "noise":
-        return pixel_noise, labels
-
-    grid = torch.arange(image_size, dtype=torch.float32) + 0.5
-    dy = grid[None, :, None] - centres[:, 0, None, None]  # [n, H, 1]
-    dx = grid[None, None, :] - centres[:, 1, None, None]  # [n, 1, W]
-    if pattern == "blob":
-        shape = torch.exp(-(dy**2 + dx**2) / (2 * widths**2))
-    else:  # a square of side 4 widths
-        inside = (dy.abs() <= 2 * widths) & (dx.abs() <= 2 * widths)
-        shape = inside.to(torch.float32)
-    colours = class_colours(num_classes)[labels]  # [n, 3]
-    images = (amplitudes * shape)[:, None] * colours[:, :, None, None]
-    return images + noise * pixel_noise, labels
-
-
-def train_classifier(  # noqa: PLR0913 (keyword-only training knobs)
-    net: nn.Module,
-    images: Tensor,
-    labels: Tensor,
-    *,
-    epochs: int = 5,
-    batch_size: int = 64,
-    lr: float = 1e-2,
-    seed: int = 0,
-) -> float:
-    """Fit ``net`` to ``(images, labels)`` with Adam and the cross-entropy loss.
-
-    A minimal loop for the recipes: mini-batches in an order drawn from a
-    generator seeded with ``seed``, ``epochs`` passes, the network left in
-    evaluation mode at the end.
-
-    Parameters
-    ----------
-    net : nn.Module
-        A classifier returning logits ``[batch, num_classes]``; trained in
-        place.
-    images : Tensor
-        Training inputs, ``[num_samples, ...]``.
-    labels : Tensor
-        Integer class labels, ``[num_samples]``.
-    epochs : int, default 5
-        Passes over the data.
-    batch_size : int, default 64
-        Samples per optimiser step.
-    lr : float, default 1e-2
-        Adam's learning rate.
-    seed : int, default 0
-        Seed of the shuffling order.
-
-    Returns
-    -------
-    float
-        The accuracy of the trained network on the training data (evaluation
-        mode, no gradient).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from torch import nn
-    >>> from scio_recorder.recipes import train_classifier
-    >>> _ = torch.manual_seed(0)
-    >>> x = torch.randn(200, 2)
-    >>> y = (x[:, 0] > 0).long()
-    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
-    >>> train_classifier(net, x, y, epochs=20, batch_size=32) > 0.95
-    True
-    >>> net.training
-    False
-
-    """
-    gen = torch.Generator().manual_seed(seed)
-    optimiser = torch.optim.Adam(net.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
-    net.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(images), generator=gen)
-        for index in torch.split(order, batch_size):
-            optimiser.zero_grad()
-            loss = loss_fn(net(images[index]), labels[index])
-            loss.backward()
-            optimiser.step()
-    net.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(images), 256):
-            logits = net(images[start : start + 256])
-            correct += int((logits.argmax(1) == labels[start : start + 256]).sum())
-    return correct / max(len(images), 1)
 
 
 def mahalanobis_scores(

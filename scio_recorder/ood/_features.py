@@ -1,0 +1,412 @@
+"""Detectors that read a layer's features: Mahalanobis, KNN, ViM.
+
+Features are a layer's output, or by default the input of the last
+``nn.Linear`` the net calls (the penultimate features), flattened per sample.
+Fitting is one :func:`~scio_recorder.collect.collect` pass (two for ViM),
+streaming: class statistics and covariances do not grow with the data (KNN
+keeps its bank of features, which is what it is).
+"""
+
+from __future__ import annotations
+
+__all__ = ["KNN", "Mahalanobis", "ViM", "min_mahalanobis"]
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from scio_recorder.reduce import Covariance, SharedCovariance
+
+from ._base import Detector, Pass, last_linear, one_label
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from typing_extensions import Self
+
+    from scio_recorder.collect import CollectResult
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+_F64 = torch.float64
+
+
+def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
+    """Return ``min_c (f - mu_c)^T P (f - mu_c)`` per sample, in float64.
+
+    One class at a time (memory ``O(N F)``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> means = torch.tensor([[0.0, 0.0], [4.0, 0.0]])
+    >>> min_mahalanobis(torch.tensor([[0.0, 1.0], [3.0, 0.0]]), means, torch.eye(2))
+    tensor([1., 1.], dtype=torch.float64)
+
+    """
+    flat = features.reshape(features.shape[0], -1).to(_F64)
+    means = means.to(device=flat.device, dtype=_F64)
+    precision = precision.to(device=flat.device, dtype=_F64)
+    best = torch.full((flat.shape[0],), math.inf, dtype=_F64, device=flat.device)
+    for mean in means:
+        centred = flat - mean
+        best = torch.minimum(best, ((centred @ precision) * centred).sum(dim=1))
+    return best
+
+
+class _Features(Detector):
+    """A detector reading one layer's output, or the last Linear's input."""
+
+    def __init__(self, rnet: Recorder, layer: Selector | None) -> None:
+        super().__init__(rnet, layer=layer)
+        name = type(self).__name__
+        if layer is None:
+            self.label: DepthIdx = last_linear(rnet, None, name)
+            self.kind = "input"
+        else:
+            self.label = one_label(rnet, layer, name)
+            self.kind = "output"
+
+    def outputs(self) -> tuple[DepthIdx, ...]:
+        return (self.label,) if self.kind == "output" else ()
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        return (self.label,) if self.kind == "input" else ()
+
+    def features(self, result: Pass) -> Tensor:
+        store = result.outputs if self.kind == "output" else result.inputs
+        value = store[self.label]
+        return value.reshape(value.shape[0], -1)
+
+    def config(self) -> dict[str, Any]:
+        return {"layer": list(self.label), "features": self.kind}
+
+
+class Mahalanobis(_Features):
+    """Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
+
+    ``fit`` computes the per-class means ``mu_c`` and the covariance ``S``
+    shared by the classes (tied, ``W / N``) of the features of labelled
+    in-distribution data, streaming; ``score(x) = min_c (f - mu_c)^T S^+ (f -
+    mu_c)``, ``S^+`` the pseudo-inverse (dead features of a ReLU layer have
+    zero variance). The single-layer detector without input preprocessing.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> data = [(torch.randn(16, 3), torch.arange(16) % 2)]
+    >>> maha = Mahalanobis(rnet).fit(data, target=1)
+    >>> maha.means.shape, maha(torch.randn(5, 3)).shape
+    (torch.Size([2, 4]), torch.Size([5]))
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = True
+
+    def __init__(self, rnet: Recorder, layer: Selector | None = None) -> None:
+        """Resolve the features' layer."""
+        super().__init__(rnet, layer)
+        self.classes = torch.zeros(0, dtype=torch.int64)
+        self.means = torch.zeros(0, 0, dtype=_F64)
+        self.precision = torch.zeros(0, 0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Per-class means and the shared covariance."""
+        return {self._keep_key(self.label, self.kind): SharedCovariance()}
+
+    def fit_from(self, result: CollectResult) -> None:
+        """Keep the seen classes' means and the precision matrix."""
+        stats = result[self.label]
+        seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
+        if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
+            only = seen.tolist()
+            msg = (
+                f"Mahalanobis needs at least two classes in the fit data; the "
+                f"targets hold only class {only[0] if only else 'none'}. Check "
+                "`target=` and the batches."
+            )
+            raise ValueError(msg)
+        self.classes = seen
+        self.means = stats.means[seen]
+        self.precision = torch.linalg.pinv(stats.cov, hermitian=True)
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the distance to the closest class mean."""
+        return min_mahalanobis(self.features(result), self.means, self.precision)
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the classes, means and precision."""
+        return {
+            "classes": self.classes,
+            "means": self.means,
+            "precision": self.precision,
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the classes, means and precision."""
+        self.classes, self.means = state["classes"], state["means"]
+        self.precision = state["precision"]
+
+
+class KNN(_Features):
+    """Distance to the k-th nearest training feature (Sun et al., ICML 2022).
+
+    Features are L2-normalised; ``fit`` keeps those of the in-distribution
+    data (a bank of ``N x F`` float32; ``collect`` spills it to disk beyond a
+    ``memory_budget``); ``score(x)`` is the Euclidean distance of ``x``'s
+    normalised features to its ``k``-th nearest in the bank.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+    k : int, default 1
+        pytorch-ood's default; the paper uses 50 on CIFAR-10.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> knn = KNN(Recorder(net, input_size=(1, 3)), k=3)
+    >>> knn.fit([torch.randn(16, 3)], input=None).bank.shape
+    torch.Size([16, 4])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(
+        self, rnet: Recorder, layer: Selector | None = None, *, k: int = 1
+    ) -> None:
+        """Resolve the features' layer; check ``k``."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            msg = f"KNN: k must be an int >= 1, got {k!r}"
+            raise ValueError(msg)
+        super().__init__(rnet, layer)
+        self.k = k
+        self.bank = torch.zeros(0, 0)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Every feature row."""
+        return {self._keep_key(self.label, self.kind): "concat"}
+
+    def fit_from(self, result: CollectResult) -> None:
+        """Keep the normalised features."""
+        rows = result[self.label]
+        bank = torch.nn.functional.normalize(
+            rows.reshape(rows.shape[0], -1).float(), dim=1
+        )
+        self._check_k(bank.shape[0])
+        self.bank = bank
+
+    def _check_k(self, n: int) -> None:
+        if self.k > n:
+            msg = (
+                f"KNN: k={self.k} is more than the {n} fit samples; fit on more "
+                "data or lower k."
+            )
+            raise ValueError(msg)
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the distance to the k-th nearest bank feature."""
+        z = torch.nn.functional.normalize(self.features(result).float(), dim=1)
+        bank = self.bank.to(z.device)
+        distances = torch.cdist(z, bank)
+        return torch.topk(distances, self.k, dim=1, largest=False).values[:, -1]
+
+    def config(self) -> dict[str, Any]:
+        """Return the layer and ``k``."""
+        return {**super().config(), "k": self.k}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the bank."""
+        return {"bank": self.bank}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the bank."""
+        self._check_k(state["bank"].shape[0])
+        self.bank = state["bank"]
+
+
+class _ResidualNorms:
+    """A reducer: sums of max logits and of ViM residual norms (for alpha)."""
+
+    def __init__(
+        self, u: Tensor, residual: Tensor, weight: Tensor, bias: Tensor
+    ) -> None:
+        self.u, self.residual, self.weight, self.bias = u, residual, weight, bias
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums = torch.zeros(2, dtype=_F64)
+        self.n = 0
+
+    @property
+    def count(self) -> int:
+        return self.n
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (the protocol)
+        f = value.detach().reshape(value.shape[0], -1).to(_F64)
+        logits = f @ self.weight.to(f).T + self.bias.to(f)
+        norms = ((f - self.u.to(f)) @ self.residual.to(f)).norm(dim=1)
+        self.sums = self.sums.to(f.device) + torch.stack(
+            [logits.amax(dim=1).sum(), norms.sum()]
+        )
+        self.n += f.shape[0]
+
+    def merge(self, other: _ResidualNorms) -> None:
+        self.sums = self.sums + other.sums.to(self.sums.device)
+        self.n += other.n
+
+    def result(self) -> Tensor:
+        return self.sums / max(self.n, 1)
+
+    def state(self) -> dict[str, Tensor]:
+        return {"sums": self.sums, "count": torch.tensor(self.n)}
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        self.sums, self.n = state["sums"], int(state["count"])
+
+    def fresh(self) -> _ResidualNorms:
+        return _ResidualNorms(self.u, self.residual, self.weight, self.bias)
+
+
+class ViM(Detector):
+    """Virtual-logit matching (Wang et al., CVPR 2022).
+
+    With ``W``, ``b`` the weight and bias of the classification layer ``fc``
+    and ``f`` its input features: the origin ``u = -W^+ b``; ``fit`` takes the
+    principal subspace of the in-distribution features about ``u`` (the top
+    ``d`` eigenvectors of ``E[(f - u)(f - u)^T]``, from a streaming
+    covariance) and ``alpha = mean(max logit) / mean(||(f - u) R||)``, ``R``
+    spanning the residual (the other eigenvectors), in a second pass.
+    ``score(x) = alpha ||(f - u) R|| - logsumexp(f W^T + b)``.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    d : int
+        Dimension of the principal subspace (< the features' dimension).
+    fc : selector, optional
+        The classification ``nn.Linear``; default the last one the net calls.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 2))
+    >>> vim = ViM(Recorder(net, input_size=(1, 3)), d=2)
+    >>> vim.fit([torch.randn(32, 3)], input=None)(torch.randn(4, 3)).shape
+    torch.Size([4])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(self, rnet: Recorder, d: int, *, fc: Selector | None = None) -> None:
+        """Find ``fc`` and check ``d``."""
+        super().__init__(rnet)
+        self.label = last_linear(rnet, fc, "ViM")
+        linear = rnet.table[self.label].module
+        assert isinstance(linear, torch.nn.Linear)  # noqa: S101 (last_linear checks it)
+        weight = linear.weight.detach().to(_F64)
+        bias = linear.bias
+        self.weight: Tensor = weight
+        self.bias: Tensor = (
+            bias.detach().to(_F64)
+            if bias is not None
+            else weight.new_zeros(weight.shape[0])
+        )
+        features = weight.shape[1]
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 < d < features:
+            msg = (
+                f"ViM: d must be an int in [1, {features}) (the input features of "
+                f"{rnet.table[self.label].describe()}), got {d!r}"
+            )
+            raise ValueError(msg)
+        self.d = d
+        self.u = -torch.linalg.pinv(weight) @ self.bias
+        self.residual = torch.zeros(features, 0, dtype=_F64)
+        self.alpha = torch.tensor(float("nan"), dtype=_F64)
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        """Return the input of ``fc``."""
+        return (self.label,)
+
+    def fit(
+        self,
+        batches: Iterable[Any],
+        *,
+        input: Any = 0,  # noqa: A002 (collect's name)
+        target: Any = None,  # noqa: ARG002 (ViM uses no labels)
+        **options: Any,
+    ) -> Self:
+        """Two passes: the principal subspace, then ``alpha``.
+
+        ``batches`` is iterated twice (a list or a ``DataLoader``, not a
+        generator). ``target`` is not used.
+        """
+        from scio_recorder.collect import InputOf, collect  # noqa: PLC0415 (as the base does)
+
+        key = InputOf(self.label)
+        moments = collect(
+            self.rnet, batches, {key: Covariance()}, input=input, **options
+        )
+        stats = moments[self.label]
+        centre = stats.mean.reshape(-1) - self.u
+        second = stats.cov_population + torch.outer(centre, centre)
+        values, vectors = torch.linalg.eigh(second)
+        order = torch.argsort(values, descending=True)
+        self.residual = vectors[:, order[self.d :]]
+        norms = _ResidualNorms(self.u, self.residual, self.weight, self.bias)
+        result = collect(self.rnet, batches, {key: norms}, input=input, **options)
+        mean_logit, mean_norm = result[self.label].tolist()
+        self.alpha = torch.tensor(mean_logit / mean_norm, dtype=_F64)
+        self._fitted = True
+        return self
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the virtual logit minus the energy."""
+        f = result.inputs[self.label]
+        f = f.reshape(f.shape[0], -1).to(_F64)
+        logits = f @ self.weight.to(f).T + self.bias.to(f)
+        vlogit = self.alpha.to(f) * ((f - self.u.to(f)) @ self.residual.to(f)).norm(
+            dim=1
+        )
+        scores: Tensor = vlogit - torch.logsumexp(logits, dim=1)
+        return scores
+
+    def config(self) -> dict[str, Any]:
+        """Return ``fc``'s label and ``d``."""
+        return {"fc": list(self.label), "d": self.d}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the residual basis and alpha."""
+        return {"residual": self.residual, "alpha": self.alpha.reshape(1)}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the residual basis and alpha."""
+        self.residual, self.alpha = state["residual"], state["alpha"].reshape(())
