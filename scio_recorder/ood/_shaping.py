@@ -135,6 +135,22 @@ class _Shaping(Detector):
     def edit_label(self) -> DepthIdx:
         return self.label
 
+    def edit(self, output: Tensor) -> Tensor:
+        """Return the shaped output; refuse an output that is not one tensor."""
+        if not isinstance(output, Tensor):
+            row = self.rnet.table[self.label]
+            msg = (
+                f"{type(self).__name__}: layer {row.describe()} outputs a "
+                f"{type(output).__name__}, not one tensor; choose a layer whose "
+                "output is a tensor."
+            )
+            raise TypeError(msg)
+        return self.shape(output)
+
+    def shape(self, output: Tensor) -> Tensor:
+        """Return the edited activations."""
+        raise NotImplementedError
+
     def score_pass(self, result: Pass) -> Tensor:
         return self.detector(result.logits)
 
@@ -203,7 +219,7 @@ class ReAct(_Shaping):
         """Keep the quantile as the threshold."""
         self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
 
-    def edit(self, output: Tensor) -> Tensor:
+    def shape(self, output: Tensor) -> Tensor:
         """Clip at the threshold."""
         return output.clamp(max=self.threshold.to(output))
 
@@ -283,7 +299,7 @@ class ASH(_Shaping):
         self.variant = variant
         self.percentile = percentile
 
-    def edit(self, output: Tensor) -> Tensor:
+    def shape(self, output: Tensor) -> Tensor:
         """Shape the activations."""
         return self.VARIANTS[self.variant](output, self.percentile)
 
@@ -338,7 +354,7 @@ class Scale(_Shaping):
         super().__init__(rnet, layer, detector=detector)
         self.percentile = percentile
 
-    def edit(self, output: Tensor) -> Tensor:
+    def shape(self, output: Tensor) -> Tensor:
         """Scale the activations."""
         return scale_shaping(output, self.percentile)
 
