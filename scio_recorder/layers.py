@@ -155,6 +155,15 @@ class Layer:
     _end_order: int | None = dataclasses.field(default=None, repr=False)
 
     @property
+    def end_order(self) -> int | None:
+        """Rank of this call among the ends of calls in the reference pass.
+
+        Forward hooks fire, and a list of postprocessors is consumed, in this
+        order; ``None`` for a row that is not a call.
+        """
+        return self._end_order
+
+    @property
     def label_str(self) -> str:
         """The label as printed in the table, e.g. ``"1-3"``."""
         return label_str(self.label)

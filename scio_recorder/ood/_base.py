@@ -27,13 +27,13 @@ __all__ = [
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from scio_recorder._hooks import pick_argument
+from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import label_str
@@ -41,7 +41,7 @@ from scio_recorder.recorder import Recorder
 from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -62,37 +62,6 @@ class Pass:
     logits: Tensor
     outputs: Mapping[DepthIdx, Any]
     inputs: Mapping[DepthIdx, Tensor]
-
-
-def logits_of(output: Any) -> Tensor:
-    """Return the logits in a net's output.
-
-    A tensor is the logits; otherwise a ``"logits"`` key or attribute (Hugging
-    Face outputs), else the first item of a tuple or list.
-
-    Examples
-    --------
-    >>> import torch
-    >>> logits_of({"logits": torch.zeros(2, 3), "hidden": None}).shape
-    torch.Size([2, 3])
-
-    """
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
-        found: Tensor = output["logits"]
-        return found
-    if isinstance(getattr(output, "logits", None), Tensor):
-        logits: Tensor = output.logits
-        return logits
-    if isinstance(output, list | tuple) and output and isinstance(output[0], Tensor):
-        return output[0]
-    msg = (
-        f"Cannot find logits in the net's output ({type(output).__name__}): "
-        "detectors read a tensor, a 'logits' key or attribute, or the first "
-        "item of a tuple."
-    )
-    raise TypeError(msg)
 
 
 def one_label(rnet: Recorder, layer: Selector, who: str) -> DepthIdx:
