@@ -1,0 +1,137 @@
+"""Explanations against hand computations: Grad-CAM, patching, ablation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual alias)
+from torch import nn
+
+from scio_recorder import Recorder
+from scio_recorder.explain import ablate, grad_cam, layer_means, patch
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(4, 5, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = self.relu(self.conv1(x))
+        return self.fc(self.pool(self.conv2(h)).flatten(1))
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    return ConvNet().eval()
+
+
+@pytest.fixture
+def rnet(net):
+    return Recorder(net, input_size=(1, 3, 8, 8))
+
+
+def cam_by_hand(net, x, target):
+    """Grad-CAM of conv2 by hand: autograd on a hand-written forward."""
+    h = torch.relu(net.conv1(x))
+    maps = net.conv2(h)
+    logits = net.fc(maps.mean((2, 3)))
+    chosen = logits.gather(1, target[:, None]).sum()
+    (grads,) = torch.autograd.grad(chosen, maps)
+    cam = torch.relu((grads.mean((2, 3), keepdim=True) * maps).sum(1))
+    cam = F.interpolate(
+        cam[:, None], size=x.shape[-2:], mode="bilinear", align_corners=False
+    )[:, 0]
+    return (cam / cam.flatten(1).amax(1).clamp(min=1e-38)[:, None, None]).detach()
+
+
+def test_grad_cam_equals_the_formula_and_leaves_grads_alone(net, rnet):
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        predicted = net(x).argmax(1)
+    cams = grad_cam(rnet, x, layer="conv2")
+    # same float32 ops on the same inputs, autograd through the same graph
+    torch.testing.assert_close(cams, cam_by_hand(net, x, predicted))
+    target = torch.tensor([0, 1, 2, 0])
+    torch.testing.assert_close(
+        grad_cam(rnet, x, "conv2", target), cam_by_hand(net, x, target)
+    )
+    torch.testing.assert_close(
+        grad_cam(rnet, x, "conv2", 2), cam_by_hand(net, x, torch.full((4,), 2))
+    )
+    assert all(p.grad is None for p in net.parameters())
+    assert rnet.recording == ()
+    assert grad_cam(rnet, x, "conv2", upsample=False).shape == (4, 8, 8)
+
+
+def test_grad_cam_refuses_a_layer_without_feature_maps(rnet):
+    msg = (
+        "grad_cam: layer 1-5 (Linear `fc`) outputs [2, 3]; Grad-CAM needs feature "
+        "maps [batch, channels, height, width]: name a convolutional layer."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        grad_cam(rnet, torch.randn(2, 3, 8, 8), "fc")
+    with pytest.raises(
+        ValueError, match=r"^grad_cam: .* selects 2 calls \(1-1, 1-3\); name one\.$"
+    ):
+        grad_cam(rnet, torch.randn(2, 3, 8, 8), nn.Conv2d)
+
+
+def rest_after_relu(net, h):
+    return net.fc(net.pool(net.conv2(h)).flatten(1))
+
+
+def test_patch_substitutes_the_source_activation(net, rnet):
+    source, target = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        h_source = torch.relu(net.conv1(source))
+        h_target = torch.relu(net.conv1(target))
+        whole = rest_after_relu(net, h_source)
+        mixed = h_target.clone()
+        mixed[:, 1] = h_source[:, 1]
+        channel = rest_after_relu(net, mixed)
+    torch.testing.assert_close(patch(rnet, source, target, "relu"), whole)
+    torch.testing.assert_close(
+        patch(rnet, source, target, "relu", where=(slice(None), 1)), channel
+    )
+    assert rnet.recording == ()
+
+
+def test_patch_of_another_shape_says_what_to_do(rnet):
+    with pytest.raises(
+        ValueError,
+        match=r"outputs \[1, 4, 8, 8\] here and \[2, 4, 8, 8\] in the source run",
+    ):
+        patch(rnet, torch.randn(2, 3, 8, 8), torch.randn(1, 3, 8, 8), "relu")
+
+
+def test_zero_and_mean_ablation(net, rnet):
+    x = torch.randn(3, 3, 8, 8)
+    data = [torch.randn(5, 3, 8, 8) for _ in range(2)]
+    with torch.no_grad():
+        zero = rest_after_relu(net, torch.zeros(3, 4, 8, 8))
+        feats = torch.cat([torch.relu(net.conv1(b)) for b in data]).double()
+        mean = feats.mean(0)
+        meaned = rest_after_relu(net, mean.float().expand(3, 4, 8, 8))
+    torch.testing.assert_close(ablate(rnet, x, "relu"), zero)
+    means = layer_means(rnet, data, "relu", input=None)
+    # the same float32 features, averaged in float64 in another order
+    torch.testing.assert_close(means[(1, 2)], mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ablate(rnet, x, "relu", means=means), meaned)
+    with pytest.raises(KeyError, match="no mean for layer 1-1"):
+        ablate(rnet, x, "conv1", means=means)
+
+
+def test_ablating_two_layers_applies_each_edit_to_its_own_layer(net, rnet):
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        want = net.fc(torch.zeros(2, 5))
+    got = ablate(rnet, x, ["conv1", "pool"])
+    torch.testing.assert_close(got, want)
