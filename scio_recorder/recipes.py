@@ -38,7 +38,6 @@ __all__ = [
     "train_classifier",
 ]
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .data import Pattern, class_colours, make_blobs_images, train_classifier
+from .ood._features import min_mahalanobis
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -117,13 +117,7 @@ def mahalanobis_scores(
         )
         raise ValueError(msg)
     precision = torch.linalg.pinv(cov, hermitian=True)
-    best = torch.full((flat.shape[0],), math.inf, dtype=torch.float64)
-    best = best.to(flat.device)
-    for mean in means:
-        centred = flat - mean
-        distance = ((centred @ precision) * centred).sum(1)
-        best = torch.minimum(best, distance)
-    return -best
+    return -min_mahalanobis(flat, means, precision)
 
 
 def auroc(
