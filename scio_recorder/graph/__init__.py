@@ -14,7 +14,8 @@ This package is the public face; the parts are private modules:
 
 * ``_capture``: the pass (a torch function mode and forward wrappers, both
   scoped to the pass), recording every call and operation;
-* ``_model``: :class:`Node`, :class:`Edge`, :class:`Cluster`, the views;
+* ``_nodes``: :class:`Node`, :class:`Edge`, :class:`Cluster`;
+* ``_model``: :class:`ExecutionGraph` and its views, :class:`GraphError`;
 * ``_dot``: DOT text and rendering.
 
 Examples
@@ -49,5 +50,6 @@ __all__ = [
     "trace_graph",
 ]
 
-from ._model import Cluster, Edge, ExecutionGraph, GraphError, Node
+from ._model import ExecutionGraph, GraphError
+from ._nodes import Cluster, Edge, Node
 from ._trace import trace_graph

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._model import Cluster, ExecutionGraph, Node
+    from collections.abc import Mapping, Sequence
+
+    from ._nodes import Cluster, Edge, Node
 
 INSTALL_DOT = (
     "Rendering needs Graphviz's `dot` program, which was not found: install it "
@@ -61,20 +63,26 @@ def _node_line(index: int, node: Node) -> str:
     return f'  n{index} [label="{label}", {style}];'
 
 
-def to_dot(graph: ExecutionGraph, *, expand_nested: bool = False) -> str:
-    """Return ``graph`` as DOT source."""
+def to_dot(
+    nodes: Sequence[Node],
+    edges: Sequence[Edge],
+    clusters: Mapping[str, Cluster],
+    *,
+    expand_nested: bool = False,
+) -> str:
+    """Return the graph of ``nodes``, ``edges`` (and ``clusters``) as DOT source."""
     out = [
         "digraph execution_graph {",
         '  graph [rankdir=TB, fontname="Helvetica", fontsize=11];',
         '  node [style="rounded,filled", fontname="Helvetica", fontsize=11];',
         '  edge [fontname="Helvetica", fontsize=9, color="#555555"];',
     ]
-    lines = {i: _node_line(i, node) for i, node in enumerate(graph.nodes)}
+    lines = {i: _node_line(i, node) for i, node in enumerate(nodes)}
     if expand_nested:
-        out += _clusters(graph, lines)
+        out += _clusters(nodes, clusters, lines)
     else:
         out += list(lines.values())
-    for edge in graph.edges:
+    for edge in edges:
         out.append(
             f"  n{edge.source} -> n{edge.target} [label={_quote(_shape(edge.shape))}];"
         )
@@ -82,13 +90,15 @@ def to_dot(graph: ExecutionGraph, *, expand_nested: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _clusters(graph: ExecutionGraph, lines: dict[int, str]) -> list[str]:
+def _clusters(
+    nodes: Sequence[Node], clusters: Mapping[str, Cluster], lines: dict[int, str]
+) -> list[str]:
     """Node lines nested in ``subgraph cluster_*`` blocks, one per container."""
     members: dict[str | None, list[int]] = {}
-    for index, node in enumerate(graph.nodes):
+    for index, node in enumerate(nodes):
         members.setdefault(node.scope[-1] if node.scope else None, []).append(index)
     children: dict[str | None, list[Cluster]] = {}
-    for cluster in graph.clusters.values():
+    for cluster in clusters.values():
         children.setdefault(cluster.parent, []).append(cluster)
 
     def block(key: str | None, indent: str) -> list[str]:

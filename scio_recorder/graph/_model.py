@@ -17,14 +17,15 @@ holds their producer to the node that holds the element.
 
 from __future__ import annotations
 
-__all__ = ["Cluster", "Edge", "ExecutionGraph", "GraphError", "Node"]
+__all__ = ["ExecutionGraph", "GraphError"]
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from scio_recorder.layers import label_str
 
 from ._dot import render_dot, svg_of, to_dot
+from ._nodes import Cluster, Edge, Node
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,83 +33,6 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
 
     from ._capture import Capture, Shape, Source
-
-NodeKind = Literal["input", "module", "function", "output"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Node:
-    """One node of the graph.
-
-    Attributes
-    ----------
-    kind : {"input", "module", "function", "output"}
-        What the node stands for.
-    name : str
-        The qualified module name (module nodes), the operation's name
-        (``add``, ``cat``, ``flatten``, ``getitem``, ...), or the input's /
-        output's path (``input``, ``attention_mask``, ``output.logits``).
-    label : tuple of int or None
-        The table's ``(depth, idx)`` label of a module call.
-    shapes : tuple
-        The shapes of the tensors it output (a ragged dimension of a nested
-        tensor shows as ``<=n``).
-    recorded : bool
-        Whether the recorder's selection records this call (output, input or
-        gradient).
-    failed : bool
-        Whether the pass raised here (see :class:`GraphError`).
-    type : str or None
-        The module's class name (module nodes).
-    calls : int
-        How many calls the node stands for (more than one when rolled).
-    scope : tuple of str
-        The clusters (containers) around the node, outermost first.
-    """
-
-    kind: NodeKind
-    name: str
-    label: DepthIdx | None = None
-    shapes: tuple[Shape, ...] = ()
-    recorded: bool = False
-    failed: bool = False
-    type: str | None = None
-    calls: int = 1
-    scope: tuple[str, ...] = ()
-
-    def title(self) -> str:
-        """Return the node's words, as the table writes them: ``Linear (fc): 1-3``."""
-        if self.kind == "module":
-            where = f" ({self.name})" if self.name else ""
-            label = f": {label_str(self.label)}" if self.label is not None else ""
-            return f"{self.type}{where}{label}"
-        return self.name
-
-
-class Edge(NamedTuple):
-    """Data flow: ``source`` produced a tensor of ``shape`` that ``target`` used."""
-
-    source: int
-    target: int
-    shape: Shape
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """A module call shown as a box around the nodes it holds (a container)."""
-
-    key: str
-    label: DepthIdx | None
-    name: str
-    type: str
-    parent: str | None
-    failed: bool = False
-    recorded: bool = False
-
-    def title(self) -> str:
-        """Return the container's words, as the table writes them."""
-        label = f": {label_str(self.label)}" if self.label is not None else ""
-        return f"{self.type} ({self.name}){label}"
 
 
 class GraphError(RuntimeError):
@@ -238,7 +162,9 @@ class ExecutionGraph:
         edges carry shapes. With ``expand_nested`` containers are drawn as
         boxes (clusters) around the nodes they hold.
         """
-        return to_dot(self, expand_nested=expand_nested)
+        return to_dot(
+            self.nodes, self.edges, self.clusters, expand_nested=expand_nested
+        )
 
     def render(
         self,

@@ -70,7 +70,8 @@ in private modules by concept:
 * ``_extremes``: :class:`MinMax`, :class:`FeatureMapGram`;
 * ``_concat``: :class:`Concat`;
 * ``_quantiles``: :class:`Quantiles`, :func:`quantile_rank_bound`;
-* ``_make``: :func:`make_reducer` and the names it accepts.
+* ``_make``: :func:`make_reducer` and the names it accepts;
+* ``_tee``: :class:`Tee`, one record fed to several reducers.
 
 Re-exported names keep the ``__module__`` of the file that defines them (so
 ``inspect.getsource`` and tracebacks find them). What is written to disk
@@ -122,6 +123,7 @@ __all__ = [
     "SharedCovariance",
     "SharedCovarianceResult",
     "Sum",
+    "Tee",
     "make_reducer",
     "quantile_rank_bound",
 ]
@@ -141,3 +143,4 @@ from ._moments import (
 )
 from ._per_class import PerClass, SharedCovariance, SharedCovarianceResult
 from ._quantiles import Quantiles, quantile_rank_bound
+from ._tee import Tee
