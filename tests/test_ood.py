@@ -36,6 +36,7 @@ from scio_recorder.ood import (
     Scale,
     ViM,
     evaluate,
+    fit_detectors,
 )
 from scio_recorder.ood.metrics import ood_metrics
 
@@ -420,3 +421,37 @@ def test_metrics_refuse_empty_and_nan():
         ood_metrics([], [1.0])
     with pytest.raises(ValueError, match=r"^ood_scores holds NaN scores"):
         ood_metrics([1.0], [float("nan")])
+
+
+def test_fit_detectors_is_one_pass_with_the_same_fits(net, rnet, data):
+    """Detectors reading the same layer share its records: one pass, same state."""
+    train, x = data
+
+    def make():
+        return [
+            Mahalanobis(rnet),
+            KNN(rnet, k=2),
+            ReAct(rnet, layer="features.2"),
+            MSP(rnet),
+        ]
+
+    apart = make()
+    for detector in apart:
+        detector.fit(train, target=1)
+    together = make()
+    calls = []
+    handle = net.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        fit_detectors(together, train, target=1)
+    finally:
+        handle.remove()
+    assert len(calls) == len(train)
+    for one, other in zip(apart, together, strict=True):
+        assert one.fitted
+        assert other.fitted
+        for key, value in one.state().items():
+            torch.testing.assert_close(other.state()[key], value, rtol=0, atol=0)
+    with pytest.raises(
+        ValueError, match=r"^Mahalanobis need class labels: pass `target=`"
+    ):
+        fit_detectors(make(), train)

@@ -56,9 +56,10 @@ __all__ = [
     "Scale",
     "ViM",
     "evaluate",
+    "fit_detectors",
 ]
 
-from ._base import Detector, NotFittedError
+from ._base import Detector, NotFittedError, fit_detectors
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm

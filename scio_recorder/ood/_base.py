@@ -19,6 +19,7 @@ __all__ = [
     "Detector",
     "NotFittedError",
     "Pass",
+    "fit_detectors",
     "last_linear",
     "logits_of",
     "one_label",
@@ -27,6 +28,7 @@ __all__ = [
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -36,17 +38,16 @@ from scio_recorder._hooks import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.io import load_records, save_records
-from scio_recorder.layers import label_str
 from scio_recorder.recorder import Recorder
+from scio_recorder.reduce import Tee
 from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
 
-    from scio_recorder.collect import CollectResult
     from scio_recorder.layers import DepthIdx
     from scio_recorder.select import Selector
 
@@ -171,8 +172,8 @@ class Detector:
         """Return what to collect on the fit data (``collect``'s ``keep``)."""
         return {}
 
-    def fit_from(self, result: CollectResult) -> None:
-        """Set the fitted state from the collected ``result``."""
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Set the fitted state from the collected results, by label."""
 
     @property
     def fitted(self) -> bool:
@@ -333,8 +334,60 @@ class Detector:
         return f"{type(self).__name__}({config}{fitted})"
 
 
-def _describe(label: DepthIdx) -> str:
-    return label_str(label)
+def fit_detectors(
+    detectors: Mapping[str, Detector] | Sequence[Detector],
+    batches: Iterable[Any],
+    *,
+    input: Any = 0,  # noqa: A002 (collect's name)
+    target: Any = None,
+    **options: Any,
+) -> None:
+    """Fit several detectors of one recorder with one ``collect`` pass.
+
+    What each detector collects is merged: detectors reading the same layer
+    share its records (a :class:`~scio_recorder.reduce.Tee` of their
+    reducers), so the data set is run through the net once. Detectors with a
+    fit of their own (ViM's two passes) are fitted after, on their own.
+
+    Parameters
+    ----------
+    detectors : mapping or sequence of Detector
+        Detectors of the same recorder.
+    batches : iterable
+        In-distribution batches; with a ViM among the detectors, an
+        iterable that can be iterated again (a list, a ``DataLoader``).
+    input, target, **options
+        As for :meth:`Detector.fit`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.ood import KNN, Mahalanobis, ReAct, fit_detectors
+    >>> net = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> found = [Mahalanobis(rnet), KNN(rnet, k=2), ReAct(rnet, layer="1")]
+    >>> fit_detectors(found, [(torch.randn(16, 3), torch.arange(16) % 2)], target=1)
+    >>> [detector.fitted for detector in found]
+    [True, True, True]
+
+    """
+    group = (
+        list(detectors.values()) if isinstance(detectors, Mapping) else list(detectors)
+    )
+    if not group:
+        return
+    rnet = group[0].rnet
+    if any(d.rnet is not rnet for d in group):
+        msg = "fit_detectors: every detector must wrap the same Recorder"
+        raise ValueError(msg)
+    shared = [d for d in group if d.needs_fit and type(d).fit is Detector.fit]
+    if shared:
+        _fit_together(rnet, shared, batches, input=input, target=target, **options)
+    for detector in group:
+        if detector not in shared:
+            detector.fit(batches, input=input, target=target, **options)
 
 
 def run_passes(
@@ -368,6 +421,48 @@ def run_passes(
                 out = rnet(*args, activation_postproc=detector.edit, **kwargs)
                 scores[i] = detector.score_pass(_pass(rnet, out))
     return [scores[i] for i in range(len(detectors))]
+
+
+def _fit_together(
+    rnet: Recorder,
+    shared: list[Detector],
+    batches: Iterable[Any],
+    *,
+    input: Any,  # noqa: A002 (collect's name)
+    target: Any,
+    **options: Any,
+) -> None:
+    """One collect pass for the detectors' merged keeps; then each reads its part."""
+    keys: dict[Any, list[tuple[Detector, Any]]] = {}
+    for detector in shared:
+        for key, reducer in detector.fit_keep().items():
+            keys.setdefault(key, []).append((detector, reducer))
+    needs_target = any(d.needs_target for d in shared)
+    if needs_target and target is None:
+        names = ", ".join(sorted({type(d).__name__ for d in shared if d.needs_target}))
+        msg = f"{names} need class labels: pass `target=` to fit_detectors."
+        raise ValueError(msg)
+    keep = {
+        key: users[0][1] if len(users) == 1 else Tee(*(r for _, r in users))
+        for key, users in keys.items()
+    }
+    result = collect(
+        rnet,
+        batches,
+        keep,
+        input=input,
+        target=target if needs_target else None,
+        **options,
+    )
+    views: dict[int, dict[DepthIdx, Any]] = {id(d): {} for d in shared}
+    for key, users in keys.items():
+        (label,) = result.labels_of[key]
+        value = result[label]
+        for position, (detector, _) in enumerate(users):
+            views[id(detector)][label] = value if len(users) == 1 else value[position]
+    for detector in shared:
+        detector.fit_from(views[id(detector)])
+        detector._fitted = True  # noqa: SLF001 (the protocol's own flag)
 
 
 def _pass(rnet: Recorder, out: Any) -> Pass:

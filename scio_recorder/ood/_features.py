@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder.reduce import Covariance, SharedCovariance
+from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
 from ._base import Detector, Pass, last_linear, one_label
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from scio_recorder.collect import CollectResult
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
@@ -130,7 +129,7 @@ class Mahalanobis(_Features):
         """Per-class means and the shared covariance."""
         return {self._keep_key(self.label, self.kind): SharedCovariance()}
 
-    def fit_from(self, result: CollectResult) -> None:
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
         stats = result[self.label]
         seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
@@ -209,9 +208,9 @@ class KNN(_Features):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Every feature row."""
-        return {self._keep_key(self.label, self.kind): "concat"}
+        return {self._keep_key(self.label, self.kind): Concat()}
 
-    def fit_from(self, result: CollectResult) -> None:
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the normalised features."""
         rows = result[self.label]
         bank = torch.nn.functional.normalize(

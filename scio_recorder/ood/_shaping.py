@@ -24,9 +24,8 @@ from ._base import Detector, Pass, one_label
 from ._logits import energy_score
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
-    from scio_recorder.collect import CollectResult
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
@@ -215,7 +214,7 @@ class ReAct(_Shaping):
         q = Quantiles([self.percentile], per_feature=False, exact=self.exact)
         return {self.label: q}
 
-    def fit_from(self, result: CollectResult) -> None:
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the quantile as the threshold."""
         self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
 
