@@ -425,7 +425,7 @@ def test_metrics_refuse_empty_and_nan():
 
 def test_fit_detectors_is_one_pass_with_the_same_fits(net, rnet, data):
     """Detectors reading the same layer share its records: one pass, same state."""
-    train, x = data
+    train, _ = data
 
     def make():
         return [
