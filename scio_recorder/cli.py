@@ -3,17 +3,33 @@
 Subcommands
 -----------
 demo
-    Wrap a tiny CNN in a :class:`~scio_recorder.Recorder`, record two layers
-    during a forward pass, then clip one layer's output in flight.
+    Train the demo CNN on generated data, detect OoD inputs with several
+    detectors, print the metrics and write pictures (:mod:`scio_recorder.demo`).
+summary
+    Print the labelled layer table of any importable model; with
+    ``--record``, run one pass and describe the recorded layers.
+graph
+    Draw the execution graph of a model (SVG, PNG, PDF or DOT).
 
-Run ``scio-recorder --help`` or ``python -m scio_recorder --help`` for usage.
+A model is ``package.module:callable`` (a class or a factory, called with
+``--arg``/``--kwarg``), ``path/to/file.py:callable``, or a built-in name
+(``demo``, ``resnet18_cifar``, ``mlp``, ``transformer``). Errors are one line
+and exit code 2; ``--debug`` shows the traceback.
+
+Run ``scio-recorder --help`` or ``scio-recorder COMMAND --help``.
 """
 
 from __future__ import annotations
 
+__all__ = ["main"]
+
 import argparse
-from collections.abc import Mapping
+import ast
+import importlib
+import importlib.util
+import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,20 +37,30 @@ from torch import nn
 
 import scio_recorder
 from scio_recorder import Recorder
-from scio_recorder.models import demo_model
+from scio_recorder.layers import example_inputs
+from scio_recorder.models import (
+    demo_model,
+    resnet18_cifar,
+    tiny_mlp,
+    transformer_encoder,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from torch import Tensor
-
-    from scio_recorder import Layer
-
-__all__ = ["main"]
+    from collections.abc import Callable, Sequence
 
 DIST_NAME = "scio-recorder"
-BATCH_SIZE = 4
-CLIP_MAX = 1.0
+
+BUILTINS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "demo": (demo_model, (1, 3, 32, 32)),
+    "resnet18_cifar": (resnet18_cifar, (1, 3, 32, 32)),
+    "mlp": (tiny_mlp, (1, 16)),
+    "transformer": (transformer_encoder, (1, 16, 256)),
+}
+"""Built-in models by name, with their default input size."""
+
+
+class CLIError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
 
 
 def _version() -> str:
@@ -44,103 +70,359 @@ def _version() -> str:
         return str(getattr(scio_recorder, "__version__", "unknown"))
 
 
+EXAMPLES = {
+    "demo": "example:\n  scio-recorder demo --out scio-demo --seed 0",
+    "summary": (
+        "examples:\n"
+        "  scio-recorder summary resnet18_cifar\n"
+        "  scio-recorder summary scio_recorder.models:resnet18_cifar "
+        "--input-size 1,3,32,32 --record layer1.0.conv1 fc\n"
+        "  scio-recorder summary timm:create_model --arg resnet18 "
+        "--input-size 1,3,224,224\n"
+        "  scio-recorder summary my_models.py:build --kwarg width=64 "
+        "--weights model.safetensors"
+    ),
+    "graph": (
+        "examples:\n"
+        "  scio-recorder graph demo -o demo.svg\n"
+        "  scio-recorder graph resnet18_cifar --depth 1 -o resnet.png\n"
+        "  scio-recorder graph my_models.py:build --input-size 1,3,64,64 -o g.dot"
+    ),
+}
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="TARGET",
+        help="package.module:callable, path/to/file.py:callable, or a built-in "
+        f"model ({', '.join(BUILTINS)})",
+    )
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="VALUE",
+        help="a positional argument of the callable (a Python literal or a string)",
+    )
+    parser.add_argument(
+        "--kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the callable",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--input-size",
+        metavar="SIZES",
+        help="input shape with the batch, e.g. 1,3,32,32 (several inputs: 1,8;1,8)",
+    )
+    source.add_argument(
+        "--input-data",
+        metavar="FILE",
+        help="a .safetensors file of input tensors (keys 0, 1, ...: positional; "
+        "other keys: keyword arguments)",
+    )
+    parser.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="a .safetensors state dict to load (no pickle)",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scio-recorder",
-        description="Record the activations of chosen layers of a PyTorch model.",
+        description="Look inside PyTorch networks while they run.",
+        epilog="Run `scio-recorder COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    demo = subparsers.add_parser(
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    formatter = argparse.RawDescriptionHelpFormatter
+    demo = sub.add_parser(
         "demo",
-        help="record two layers of a tiny CNN and clip one in flight",
+        help="train a small CNN, detect OoD inputs, explain, draw (under a minute)",
         description=(
-            "Wrap a tiny random CNN in a Recorder, print its layer table, record "
-            "two layers on a random batch, then clip one layer in flight."
+            "On data generated in code: train the demo CNN, print its table, fit "
+            "MSP, Energy, ReAct, ASH, Mahalanobis and KNN with one pass, print "
+            "AUROC and FPR@95 against two OoD sets, and write score histograms, "
+            "ROC curves, a Grad-CAM overlay and the execution graph."
         ),
+        epilog=EXAMPLES["demo"],
+        formatter_class=formatter,
     )
     demo.add_argument(
-        "--seed",
+        "--out",
+        default="scio-demo",
+        type=Path,
+        help="folder for the pictures (default: %(default)s)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    demo.add_argument(
+        "--quick", action="store_true", help="fewer samples and epochs: a smoke run"
+    )
+    summary = sub.add_parser(
+        "summary",
+        help="print the labelled layer table of a model",
+        description="Print the layer table of a model, every module call labelled "
+        "depth-idx; with --record, run one pass and describe the recorded layers.",
+        epilog=EXAMPLES["summary"],
+        formatter_class=formatter,
+    )
+    _model_options(summary)
+    summary.add_argument(
+        "--depth", type=int, metavar="N", help="show the table down to depth N"
+    )
+    summary.add_argument(
+        "--record",
+        nargs="+",
+        default=[],
+        metavar="SELECTOR",
+        help="labels (1-3) or qualified names to record in one pass on the input",
+    )
+    graph = sub.add_parser(
+        "graph",
+        help="draw the execution graph of a model",
+        description="Run one pass and draw its execution graph: module calls "
+        "labelled like the table, the operations between them, shapes on edges.",
+        epilog=EXAMPLES["graph"],
+        formatter_class=formatter,
+    )
+    _model_options(graph)
+    graph.add_argument(
+        "--depth",
         type=int,
-        default=0,
-        help="seed for the weights and the input batch (default: %(default)s)",
+        metavar="N",
+        help="fold calls deeper than N into their ancestor",
+    )
+    graph.add_argument(
+        "--roll", action="store_true", help="one node per repeated module"
+    )
+    graph.add_argument(
+        "--expand-nested", action="store_true", help="draw containers as boxes"
+    )
+    graph.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="graph.svg, .png, .pdf (needs Graphviz) or .dot; default: the text form",
     )
     return parser
 
 
-def _rows(rnet: Recorder) -> list[Layer]:
-    """Return the rows of the layer table, in table order."""
-    table: Any = rnet.table
-    # A mapping label -> row iterates over labels; otherwise it yields rows.
-    return list(table.values() if isinstance(table, Mapping) else table)
+# ------------------------------------------------------------------ models
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
-def _clip(t: Tensor) -> Tensor:
-    """ReAct-style postprocessor: clip activations from above."""
-    return t.clamp(max=CLIP_MAX)
+def _callable(target: str) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
+    if target in BUILTINS:
+        factory, size = BUILTINS[target]
+        return factory, size
+    path, sep, attr = target.rpartition(":")
+    if not sep or not path or not attr:
+        msg = (
+            f"unknown model {target!r}: give package.module:callable, "
+            f"path/to/file.py:callable, or one of {', '.join(BUILTINS)}"
+        )
+        raise CLIError(msg)
+    if path.endswith(".py"):
+        file = Path(path)
+        if not file.is_file():
+            msg = f"no file {path!r} (from {target!r})"
+            raise CLIError(msg)
+        spec = importlib.util.spec_from_file_location(file.stem, file)
+        if spec is None or spec.loader is None:
+            msg = f"cannot import {path!r} as a Python module"
+            raise CLIError(msg)
+        module: Any = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(file.stem, module)
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(path)
+        except ImportError as error:
+            msg = f"cannot import {path!r}: {error}. Is the package installed?"
+            raise CLIError(msg) from error
+    found = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            msg = f"{path!r} has no attribute {attr!r}"
+            raise CLIError(msg)
+        found = getattr(found, part)
+    if not callable(found):
+        msg = (
+            f"{target!r} is not callable: name a class or a function returning a model"
+        )
+        raise CLIError(msg)
+    return found, None
 
 
-def demo(seed: int = 0) -> int:
-    """Run the demonstration printed by ``scio-recorder demo``.
+def _model(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
+    """Build the model and the Recorder's input keyword arguments."""
+    factory, default_size = _callable(args.target)
+    positional = [_literal(a) for a in args.arg]
+    keywords = {}
+    for item in args.kwarg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            msg = f"--kwarg takes KEY=VALUE, got {item!r}"
+            raise CLIError(msg)
+        keywords[key] = _literal(value)
+    net = factory(*positional, **keywords)
+    if not isinstance(net, nn.Module):
+        msg = f"{args.target!r} returned a {type(net).__name__}, not a torch.nn.Module"
+        raise CLIError(msg)
+    if args.weights:
+        _load_weights(net, args.weights)
+    net.eval()
+    return net, _inputs(args, default_size)
 
-    Parameters
-    ----------
-    seed : int, default 0
-        Seed of :func:`torch.manual_seed`, fixing the weights and the input.
 
-    Returns
-    -------
-    int
-        Exit status, 0 on success.
-    """
-    torch.manual_seed(seed)
-    net = demo_model().eval()
-    rnet = Recorder(net, input_size=(1, 3, 32, 32))
+def _load_weights(net: nn.Module, path: str) -> None:
+    from safetensors.torch import load_file  # noqa: PLC0415 (only with --weights)
+
+    if not Path(path).is_file():
+        msg = f"no weights file {path!r}"
+        raise CLIError(msg)
+    try:
+        net.load_state_dict(load_file(path))
+    except Exception as error:
+        first = str(error).strip().splitlines()[0]
+        msg = f"cannot load {path!r} into the model: {first}"
+        raise CLIError(msg) from error
+
+
+def _inputs(
+    args: argparse.Namespace, default: tuple[int, ...] | None
+) -> dict[str, Any]:
+    if args.input_data:
+        from safetensors.torch import load_file  # noqa: PLC0415 (only with a file)
+
+        if not Path(args.input_data).is_file():
+            msg = f"no input file {args.input_data!r}"
+            raise CLIError(msg)
+        tensors = load_file(args.input_data)
+        if all(key.isdigit() for key in tensors):
+            return {"input_data": [tensors[k] for k in sorted(tensors, key=int)]}
+        return {"input_data": dict(tensors)}
+    if args.input_size:
+        try:
+            sizes = [
+                tuple(int(n) for n in part.split(","))
+                for part in args.input_size.split(";")
+            ]
+        except ValueError as error:
+            msg = (
+                f"bad --input-size {args.input_size!r}: give integers with the "
+                "batch, e.g. 1,3,32,32 (several inputs: 1,8;1,8)"
+            )
+            raise CLIError(msg) from error
+        if any(n <= 0 for size in sizes for n in size):
+            msg = f"bad --input-size {args.input_size!r}: sizes must be positive"
+            raise CLIError(msg)
+        return {"input_size": sizes[0] if len(sizes) == 1 else sizes}
+    if default is None:
+        msg = "give the model's input: --input-size 1,3,32,32 or --input-data FILE"
+        raise CLIError(msg)
+    return {"input_size": default}
+
+
+def _recorder(net: nn.Module, inputs: dict[str, Any], **options: Any) -> Recorder:
+    try:
+        return Recorder(net, force_static_flow=False, **inputs, **options)
+    except RuntimeError as error:
+        cause = error.__cause__ or error
+        first = (
+            str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+        )
+        msg = (
+            f"the model does not run on that input ({first}); check --input-size "
+            "or --input-data"
+        )
+        raise CLIError(msg) from error
+
+
+# ------------------------------------------------------------------ commands
+def _selector(text: str) -> Any:
+    depth, sep, idx = text.partition("-")
+    if sep and depth.isdigit() and idx.isdigit():
+        return (int(depth), int(idx))
+    return text
+
+
+def _summary(args: argparse.Namespace) -> int:
+    net, inputs = _model(args)
+    options = {} if args.depth is None else {"depth": args.depth}
+    rnet = _recorder(net, inputs, **options)
     print(rnet)
-
-    rows = [row for row in _rows(rnet) if row.recordable]
-    convs = [row for row in rows if isinstance(row.module, nn.Conv2d)]
-    linears = [row for row in rows if isinstance(row.module, nn.Linear)]
-    if not convs or not linears:
-        print("error: the demo model has no recordable Conv2d or Linear layer")
-        return 1
-    first_conv, last_linear = convs[0], linears[-1]
-
-    rnet.record(first_conv.label, last_linear.label)
-    print()
-    print(f"Recording {first_conv.label} ({first_conv.name}) and ", end="")
-    print(f"{last_linear.label} ({last_linear.name})")
-    x = torch.randn(BATCH_SIZE, 3, 32, 32)
+    if not args.record:
+        return 0
+    try:
+        rnet.record(*(_selector(s) for s in args.record))
+    except (KeyError, ValueError, TypeError) as error:
+        raise CLIError(str(error).strip("'\"")) from error
+    call_args, call_kwargs = example_inputs(net, rnet._summary_kwargs)  # noqa: SLF001 (the table's own input)
     with torch.no_grad():
-        logits = rnet(x)
-    print(f"Forward pass on a random batch of {BATCH_SIZE}:")
-    for label, activation in rnet.activations.items():
-        shape = tuple(activation.shape)
-        mean = activation.float().mean().item()
-        print(f"  {label}: shape {shape}, mean {mean:+.4f}")
-
-    # ReAct (Sun et al., 2021) clips rectified activations from above; clip
-    # those of the first ReLU, the first place where the random net exceeds 1.
-    relu = next(row for row in rows if isinstance(row.module, nn.ReLU))
-    rnet.record(relu.label)
-    with torch.no_grad():
-        reference = rnet(x)
-        above = int((rnet.activations[relu.label] > CLIP_MAX).sum())
-        total = rnet.activations[relu.label].numel()
-        edited = rnet(x, activation_postproc=_clip)
-    changed = int((edited != reference).sum())
-    print()
-    print(
-        f"In-flight edit (ReAct-style): clamp(max={CLIP_MAX}) on "
-        f"{relu.label} ({relu.name})"
-    )
-    print(f"  activations clipped: {above} of {total}")
-    print(f"  logits changed: {changed} of {edited.numel()}")
-    if not torch.equal(reference, logits):
-        print("error: recording another layer changed the logits")
-        return 1
+        rnet(*call_args, **call_kwargs)
+    print("\nrecorded in one pass on the input above:")
+    for label, value in rnet.activations.items():
+        row = rnet.table[label]
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            v = value.detach().double()
+            stats = (
+                f"mean {v.mean():+.4g}  std {v.std() if v.numel() > 1 else 0.0:.4g}  "
+                f"min {v.min():+.4g}  max {v.max():+.4g}"
+            )
+            shape = list(value.shape)
+        else:
+            stats, shape = type(value).__name__, []
+        print(f"  {row.describe():<40} {shape!s:<18} {stats}")
     return 0
+
+
+def _graph(args: argparse.Namespace) -> int:
+    net, inputs = _model(args)
+    rnet = _recorder(net, inputs)
+    with torch.no_grad():
+        graph = rnet.graph(depth=args.depth, roll=args.roll)
+    if args.output is None:
+        print(graph)
+        return 0
+    out: Path = args.output
+    if out.suffix == ".dot":
+        out.write_text(graph.to_dot(expand_nested=args.expand_nested), encoding="utf-8")
+    else:
+        try:
+            graph.render(out, expand_nested=args.expand_nested)
+        except (RuntimeError, ValueError) as error:
+            msg = f"{error} (or write -o graph.dot)"
+            raise CLIError(msg) from error
+    print(f"wrote {out} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from scio_recorder.demo import run_demo  # noqa: PLC0415 (heavier imports)
+
+    run_demo(args.out, seed=args.seed, quick=args.quick)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _demo,
+    "summary": _summary,
+    "graph": _graph,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,14 +437,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status.
+        Exit status: 0, or 2 for an error (printed as one line).
 
     Raises
     ------
     SystemExit
         On ``--help``, ``--version`` or a usage error, as :mod:`argparse` does.
+
+    Examples
+    --------
+    >>> main(["summary", "nope"])
+    2
+
     """
     args = _build_parser().parse_args(argv)
-    if args.command == "demo":
-        return demo(seed=args.seed)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    try:
+        return COMMANDS[args.command](args)
+    except Exception as error:
+        if args.debug:
+            raise
+        text = str(error).strip().replace("\n", " ") or type(error).__name__
+        if not isinstance(error, CLIError):
+            text = f"{type(error).__name__}: {text}"
+        print(
+            f"scio-recorder: error: {text} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
