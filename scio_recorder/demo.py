@@ -145,7 +145,7 @@ def run_demo(
         "KNN": KNN(rnet, k=10),
     }
     echo("fitting ReAct, Mahalanobis and KNN with one pass over the training data...")
-    fit_detectors(detectors, batches(train_x, train_y, 256), target=1, progress=True)
+    fit_detectors(detectors, batches(train_x, train_y, 256), target=1)
     seconds["fit"] = time.perf_counter() - step
 
     step = time.perf_counter()
@@ -197,7 +197,9 @@ def _pictures(
         path = folder / "gradcam.png"
         fig.savefig(path, dpi=110)
         files.append(path)
-    graph = rnet.graph()
+    # the layers the detectors read, highlighted
+    with rnet.selecting("classifier.2", inputs="classifier.3"):
+        graph = rnet.graph()
     try:
         path = graph.render(folder / "graph.svg", expand_nested=True)
     except RuntimeError as error:
