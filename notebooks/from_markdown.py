@@ -31,6 +31,7 @@ def code_cell(block: str) -> dict[str, object]:
     code = "\n".join(kept)
     return {
         "cell_type": "code",
+        "id": "",
         "execution_count": None,
         "metadata": {},
         "outputs": [],
@@ -53,6 +54,8 @@ def build(page: Path) -> dict[str, object]:
                 )
         else:
             cells.append(code_cell(part))
+    for index, cell in enumerate(cells):
+        cell["id"] = f"cell-{index}"
     return {
         "cells": cells,
         "metadata": {

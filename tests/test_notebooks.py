@@ -1,0 +1,35 @@
+"""The notebooks are built from their sources and stored without outputs.
+
+They are executed by ``.ci/run`` (``python notebooks/run.py --execute``),
+which fails on any error, and shown executed on the docs site.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+sys.path.insert(0, str(NOTEBOOKS))
+run = pytest.importorskip("run")  # notebooks/run.py
+
+
+@pytest.mark.parametrize("name", sorted(run.SOURCES))
+def test_notebook_is_its_source_without_outputs(name):
+    path = NOTEBOOKS / f"{name}.ipynb"
+    assert path.read_text(encoding="utf-8") == run.text_of(run.build(run.SOURCES[name]))
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert code
+    assert all(
+        cell["outputs"] == [] and cell["execution_count"] is None for cell in code
+    )
+
+
+def test_every_notebook_is_in_the_docs_navigation():
+    nav = (NOTEBOOKS.parent / "mkdocs.yml").read_text(encoding="utf-8")
+    for name in run.SOURCES:
+        assert f"notebooks/{name}.ipynb" in nav
