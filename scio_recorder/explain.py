@@ -152,13 +152,18 @@ def _replace(values: Tensor, where: Any) -> Callable[[Tensor], Tensor]:
                 "positions with `where=`."
             )
             raise ValueError(msg)
-        if where is None:
-            return values
-        patched = output.clone()
-        patched[where] = values[where]
-        return patched
+        return _put(output, values, where)
 
     return edit
+
+
+def _put(output: Tensor, values: Tensor, where: Any) -> Tensor:
+    """Return ``values``, or ``output`` with ``values[where]`` put at ``where``."""
+    if where is None:
+        return values
+    edited = output.clone()
+    edited[where] = values[where]
+    return edited
 
 
 def _run_edited(
@@ -319,10 +324,6 @@ def _ablation(mean: Tensor | None, where: Any) -> Callable[[Tensor], Tensor]:
             if mean is None
             else mean.to(output).expand_as(output).clone()
         )
-        if where is None:
-            return value
-        edited = output.clone()
-        edited[where] = value[where]
-        return edited
+        return _put(output, value, where)
 
     return edit

@@ -253,7 +253,10 @@ def test_fitting_and_scoring_leave_the_net_and_the_selection_as_found(net, rnet,
         Mahalanobis(rnet).fit(train, target=1),
         ViM(rnet, d=3).fit(train),
         ASH(rnet, layer="features.2"),
+        Scale(rnet, layer="features.2"),
+        KNN(rnet, k=2).fit(train),
         GradNorm(rnet),
+        MSP(rnet),
     ]
     for detector in detectors:
         detector(x)
