@@ -61,7 +61,7 @@ _FAST_PATH: tuple[type[nn.Module], ...] = (
 )
 """Modules whose forward takes a fused path unless a torch function mode is on."""
 
-_LOCK = threading.Lock()  # one capture of a net at a time: forwards are patched
+_LOCK = threading.RLock()  # one capture at a time: forwards are patched
 
 
 @dataclasses.dataclass
