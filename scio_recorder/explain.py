@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ._outputs import logits_of
 from .collect import collect
-from .select import resolve
+from .select import resolve, resolve_one
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -100,12 +100,7 @@ def grad_cam(
     (torch.Size([2, 8, 8]), True, True)
 
     """
-    labels = _labels(rnet, layer, "grad_cam")
-    if len(labels) != 1:
-        names = ", ".join(f"{d}-{i}" for d, i in labels)
-        msg = f"grad_cam: {layer!r} selects {len(labels)} calls ({names}); name one."
-        raise ValueError(msg)
-    (label,) = labels
+    label = resolve_one(rnet.table, rnet.net, layer, "grad_cam").label
     x = x.detach().requires_grad_(True)  # noqa: FBT003 (torch's positional flag)
     with rnet.selecting(label), torch.enable_grad():
         logits = logits_of(rnet(x))

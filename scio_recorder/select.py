@@ -20,7 +20,15 @@ and the caller changes nothing.
 
 from __future__ import annotations
 
-__all__ = ["Selector", "as_label", "children", "index_like", "modules", "resolve"]
+__all__ = [
+    "Selector",
+    "as_label",
+    "children",
+    "index_like",
+    "modules",
+    "resolve",
+    "resolve_one",
+]
 
 import dataclasses
 import difflib
@@ -353,3 +361,42 @@ def _recordable(row: Layer) -> Layer:
         msg = f"Layer {row.describe()} cannot be recorded: {row.reason}."
         raise ValueError(msg + " Operation cancelled")
     return row
+
+
+def resolve_one(
+    table: LayerTable, net: nn.Module, selector: Selector, who: str
+) -> Layer:
+    """Resolve ``selector`` to exactly one row, or raise naming the fix.
+
+    For tools that act on one layer call (a detector's layer, Grad-CAM's):
+    an unknown selector or one selecting several calls raises
+    ``ValueError``, prefixed with ``who``.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(
+    ...     nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), input_size=(1, 2)
+    ... )
+    >>> resolve_one(rnet.table, rnet.net, "1", "demo").label
+    (1, 2)
+    >>> resolve_one(rnet.table, rnet.net, nn.Linear, "demo")
+    Traceback (most recent call last):
+    ...
+    ValueError: demo: layer <class 'torch.nn.modules.linear.Linear'> selects 2 calls (1-1, 1-2); name one of them, e.g. `layer=(1, 1)`.
+
+    """  # noqa: E501 (doctest output)
+    try:
+        rows = resolve(table, net, [selector])
+    except (KeyError, ValueError, TypeError) as error:
+        msg = f"{who}: layer {selector!r} is not a layer of this net: {error}"
+        raise ValueError(msg) from error
+    if len(rows) != 1:
+        labels = ", ".join(row.label_str for row in rows)
+        msg = (
+            f"{who}: layer {selector!r} selects {len(rows)} calls ({labels}); name "
+            f"one of them, e.g. `layer={rows[0].label}`."
+        )
+        raise ValueError(msg)
+    return rows[0]

@@ -78,9 +78,11 @@ def test_grad_cam_refuses_a_layer_without_feature_maps(rnet):
     )
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         grad_cam(rnet, torch.randn(2, 3, 8, 8), "fc")
-    with pytest.raises(
-        ValueError, match=r"^grad_cam: .* selects 2 calls \(1-1, 1-3\); name one\.$"
-    ):
+    msg = (
+        "grad_cam: layer <class 'torch.nn.modules.conv.Conv2d'> selects 2 calls "
+        "(1-1, 1-3); name one of them, e.g. `layer=(1, 1)`."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         grad_cam(rnet, torch.randn(2, 3, 8, 8), nn.Conv2d)
 
 

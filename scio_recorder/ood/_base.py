@@ -40,7 +40,7 @@ from scio_recorder.collect import InputOf, collect
 from scio_recorder.io import load_records, save_records
 from scio_recorder.recorder import Recorder
 from scio_recorder.reduce import Tee
-from scio_recorder.select import resolve
+from scio_recorder.select import resolve_one
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -66,20 +66,8 @@ class Pass:
 
 
 def one_label(rnet: Recorder, layer: Selector, who: str) -> DepthIdx:
-    """Resolve ``layer`` to exactly one recordable label, with a helpful error."""
-    try:
-        rows = resolve(rnet.table, rnet.net, [layer])
-    except (KeyError, ValueError, TypeError) as error:
-        msg = f"{who}: layer {layer!r} is not a layer of this net: {error}"
-        raise ValueError(msg) from error
-    if len(rows) != 1:
-        labels = ", ".join(row.label_str for row in rows)
-        msg = (
-            f"{who}: layer {layer!r} selects {len(rows)} calls ({labels}); name "
-            f"one of them, e.g. `layer={rows[0].label}`."
-        )
-        raise ValueError(msg)
-    (row,) = rows
+    """Resolve ``layer`` to exactly one label whose output is a tensor."""
+    row = resolve_one(rnet.table, rnet.net, layer, who)
     size = row.output_size
     if not (isinstance(size, list) and size and all(isinstance(n, int) for n in size)):
         msg = (
