@@ -7,7 +7,7 @@ Why it is built this way:
   those whose inputs are captured), and none elsewhere, so unrecorded layers
   run at full speed (and fused kernels such as the ``TransformerEncoderLayer``
   fast path, which torch disables for any module carrying hooks, stay fused).
-* **No reference to the recorder.** A hook closes over an opaque token only.
+* **No reference to the recorder.** A hook closes over an int token only.
   The state of the pass in progress is found through a thread-local mapping
   from tokens to states, so the recorder can be collected while hooks exist;
   a :func:`weakref.finalize` then removes them.
@@ -32,10 +32,13 @@ __all__ = [
     "PassState",
     "Postprocessor",
     "RecordOptions",
+    "TraceBox",
+    "new_token",
     "pick_argument",
 ]
 
 import dataclasses
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -69,11 +72,40 @@ class _Active(threading.local):
     """
 
     def __init__(self) -> None:
-        self.states: dict[object, _Handler] = {}
+        self.states: dict[int, _Handler] = {}
 
 
 ACTIVE = _Active()
 """This thread's open passes and scopes (see :class:`_Active`)."""
+
+_TOKENS = itertools.count()
+
+
+def new_token() -> int:
+    """Return a token no other recorder has, to find its state in :data:`ACTIVE`.
+
+    An int, not an ``object()``: Dynamo can trace ``ACTIVE.states.get(int)``,
+    so a compiled net called directly (not through its recorder) runs its
+    hooks inside the graph, finds no pass and records nothing, as in eager
+    mode, instead of breaking the graph.
+    """
+    return next(_TOKENS)
+
+
+class TraceBox:
+    """Holds the state of a compiled pass while Dynamo traces it.
+
+    The hooks of a recorder read ``state`` first: Dynamo can trace that (an
+    attribute of an object made before the frame), not the thread-local
+    :data:`ACTIVE`. ``state`` is ``None`` whenever Python runs the code for
+    real (Dynamo only pretends to set it while tracing), so eager hooks read
+    one attribute and go on to :data:`ACTIVE`. See :mod:`._compiled`.
+    """
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state: _Handler | None = None
 
 
 class CallPlanError(RuntimeError):
@@ -470,18 +502,21 @@ class PassState:
             if isinstance(output, Tensor)
             else any(t.requires_grad for t in _tensors(output))
         ):
-            msg = (
-                f"Cannot capture the gradient of {self.plan.describe[module]} at "
-                f"label {label[0]}-{label[1]}: its output does not require grad "
-                "(the pass ran under `torch.no_grad()` or `torch.inference_mode()`"
-                ", or nothing before it requires grad). Run the pass with "
-                "gradients enabled, or record without `grads=`."
-            )
-            raise RuntimeError(msg)
+            raise RuntimeError(self.no_grad_message(module, label))
         sink = self.grad_sink(label) if self.grad_sink is not None else None
         if self.grads is _NO_GRADS:
             self.grads = {}
         self.grads[label] = GradSlot(output, self.plan.options, sink)
+
+    def no_grad_message(self, module: nn.Module, label: DepthIdx) -> str:
+        """Return the error message for a gradient that cannot flow back."""
+        return (
+            f"Cannot capture the gradient of {self.plan.describe[module]} at "
+            f"label {label[0]}-{label[1]}: its output does not require grad "
+            "(the pass ran under `torch.no_grad()` or `torch.inference_mode()`"
+            ", or nothing before it requires grad). Run the pass with "
+            "gradients enabled, or record without `grads=`."
+        )
 
     def too_few_message(self, given: int) -> str:
         """Return the error message for a postprocessor list that is too short."""
@@ -573,20 +608,24 @@ def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
 
 
 def _make_hooks(
-    token: object,
+    token: int, box: TraceBox
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Return the forward pre-hook and hook that serve one recorder's passes."""
     active = ACTIVE
 
     def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-        state = active.states.get(token)
+        state = box.state  # a compiled pass being traced
+        if state is None:
+            state = active.states.get(token)
         if state is not None:
             state.on_input(module, args, kwargs)
 
     def hook(module: nn.Module, _args: Any, output: Any) -> Any:
-        state = active.states.get(token)
+        state = box.state  # a compiled pass being traced
         if state is None:
-            return None
+            state = active.states.get(token)
+            if state is None:
+                return None
         return state.on_output(module, output)
 
     return pre_hook, hook
@@ -601,8 +640,9 @@ def _remove_all(handles: list[RemovableHandle]) -> None:
 class HookSet:
     """The forward hooks of one recorder, removed when it is collected."""
 
-    def __init__(self, owner: object, token: object) -> None:
-        self._pre_hook, self._hook = _make_hooks(token)
+    def __init__(self, owner: object, token: int) -> None:
+        self.box = TraceBox()
+        self._pre_hook, self._hook = _make_hooks(token, self.box)
         self._handles: list[RemovableHandle] = []
         self._finalizer = weakref.finalize(owner, _remove_all, self._handles)
         self.modules: tuple[nn.Module, ...] = ()

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
+from ._compiled import GradDeposits, TracedPass, export_records, unwrap_compiled
 from ._hooks import (
     ACTIVE,
     CallInputs,
@@ -55,9 +56,17 @@ from ._hooks import (
     PassState,
     Postprocessor,
     RecordOptions,
+    new_token,
 )
 from .graph import ExecutionGraph, trace_graph
-from .layers import DepthIdx, Layer, LayerTable, build_table, example_inputs
+from .layers import (
+    DepthIdx,
+    Layer,
+    LayerTable,
+    build_table,
+    example_inputs,
+    label_str,
+)
 from .scope import Scope, ScopeState
 from .select import Selector, as_label, index_like, resolve
 
@@ -167,11 +176,13 @@ class Recorder(nn.Module):
         if not {"input_size", "input_data"} & summary_kwargs.keys():
             msg = "You must provide `input_data` or `input_size`"
             raise ValueError(msg)
+        net, compiler = unwrap_compiled(net)
         self._net = net
         if force_static_flow:
             _check_static_flow(net)
-        self._token = object()
+        self._token = new_token()
         self._hooks = HookSet(self, self._token)
+        self._deposits = GradDeposits()
         self._summary_kwargs = _DEFAULT_SUMMARY_KWARGS | summary_kwargs
         self._table = build_table(net, self._summary_kwargs)
         self._latest = _Latest()
@@ -183,6 +194,11 @@ class Recorder(nn.Module):
         self._plan = CallPlan.empty(self._table.mode_description)
         self._scopes: list[Scope] = []
         self._warned_inplace: set[tuple[str, DepthIdx]] = set()
+        self._compiler = compiler
+        if compiler is not None:  # `Recorder(torch.compile(net))`
+            # What `nn.Module.compile` does, with the settings the net was
+            # compiled with: the recorder's pass is traced as a whole.
+            self._compiled_call_impl = compiler(self._call_impl)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
@@ -431,6 +447,8 @@ class Recorder(nn.Module):
         True
 
         """
+        if torch.compiler.is_compiling():
+            return self._traced_forward(args, kwargs, activation_postproc, dont_record)
         net = self._net_direct
         states = ACTIVE.states
         key = self._token
@@ -438,8 +456,13 @@ class Recorder(nn.Module):
         plan = self._plan
         if outer is None and not plan.ends and not plan.starts:  # nothing recorded
             latest = self._latest
-            if latest.activations or latest.inputs or latest.grads:
-                latest.activations, latest.inputs, latest.grads = {}, {}, {}
+            if (
+                latest.activations
+                or latest.inputs
+                or latest.grads
+                or latest.traced_grads
+            ):
+                self._clear()
             return net(*args, **kwargs)
         scope = outer if isinstance(outer, ScopeState) else None
         state = PassState(
@@ -466,9 +489,57 @@ class Recorder(nn.Module):
             scope.feed(state)
         return out
 
+    def _traced_forward(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        dont_record: bool,  # noqa: FBT001 (private, mirrors forward)
+    ) -> Any:
+        """Run the pass as Dynamo traces it (``torch.compile``, ``torch.export``).
+
+        Everything here is traced into the graph: the hooks read the state
+        from the recorder's trace box instead of the thread-local registry,
+        the call plan is checked when the graph is traced, and the records
+        are graph outputs that Dynamo stores into the latest records after
+        every call (see :mod:`._compiled`).
+        """
+        if self._scopes:
+            msg = (
+                "`rnet.scope()` (and `collect`, which uses it) runs eagerly: "
+                "its reducers keep Python state that a compiled graph cannot "
+                "update. Call the recorder uncompiled inside the scope, or "
+                "compile the net and read `rnet.activations` after each call."
+            )
+            raise RuntimeError(msg)
+        net = self._net_direct
+        plan = self._plan
+        latest = self._latest
+        if not plan.ends and not plan.starts:  # nothing recorded
+            latest.activations, latest.inputs, latest.grads = {}, {}, {}
+            latest.traced_grads = {}
+            return net(*args, **kwargs)
+        deposits = self._deposits
+        state = TracedPass(plan, postproc, dont_record, net.training, deposits)
+        box = self._hooks.box
+        box.state = state
+        try:
+            out = net(*args, **kwargs)
+        finally:
+            box.state = None
+        state.check_counts()
+        if state.grad_targets:
+            deposits.grads = {}  # replaced after every call of the graph
+        latest.activations = state.records
+        latest.inputs = state.inputs
+        latest.grads = {}
+        latest.traced_grads = state.grad_targets
+        return out
+
     def _clear(self) -> None:
         latest = self._latest
         latest.activations, latest.inputs, latest.grads = {}, {}, {}
+        latest.traced_grads = {}
 
     def _publish(self, state: PassState) -> None:
         """Make ``state``'s records the latest pass's (called after success).
@@ -481,6 +552,7 @@ class Recorder(nn.Module):
         latest.activations = state.records
         latest.inputs = state.inputs
         latest.grads = state.grads
+        latest.traced_grads = {}
         for label, kind, tensor, version in state.versions:
             if tensor._version != version:  # noqa: SLF001 (version counter)
                 self._warn_inplace(label, kind)
@@ -716,6 +788,77 @@ class Recorder(nn.Module):
 
     # -- views -------------------------------------------------------------
 
+    def export(
+        self,
+        *args: Any,
+        activation_postproc: Postprocessor | Sequence[Postprocessor] | None = None,
+        strict: bool = False,
+        dynamic_shapes: Any = None,
+        **kwargs: Any,
+    ) -> torch.export.ExportedProgram:
+        """Export the pass, with the records as outputs, through :func:`torch.export.export`.
+
+        The program runs the net and returns ``(output, activations)``, where
+        ``activations`` maps each recorded label, as a string (``"2-1"``), to
+        that call's output; when inputs are recorded, ``(output, activations,
+        inputs)`` with ``inputs`` mapping labels to ``CallInputs``. A detector
+        built on recorded features can then be deployed, saved with
+        :func:`torch.export.save`, without Python hooks.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Example inputs of the net, as for :func:`torch.export.export`.
+        activation_postproc : Postprocessor or list of Postprocessor, optional
+            Edits applied in the exported program, as in :meth:`forward`.
+        strict : bool, default False
+            Passed to :func:`torch.export.export` (``True``: trace with Dynamo).
+        dynamic_shapes : optional
+            Passed to :func:`torch.export.export` (e.g. a dynamic batch size).
+
+        Returns
+        -------
+        torch.export.ExportedProgram
+            ``program.module()(*args, **kwargs)`` gives what is described above.
+
+        Raises
+        ------
+        ValueError
+            If gradients are selected: an exported program has no backward.
+        RuntimeError
+            If a :meth:`scope` is open, or the call plan does not hold.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> rnet = Recorder(net, input_size=(1, 5))
+        >>> rnet.record((1, 2))
+        >>> program = rnet.export(torch.ones(3, 5))
+        >>> out, activations = program.module()(torch.ones(3, 5))
+        >>> list(activations), activations["1-2"].shape
+        (['1-2'], torch.Size([3, 4]))
+
+        """  # noqa: E501 (the summary line names the torch function)
+        if self._selection.grads:
+            msg = (
+                "Cannot export the gradients of "
+                f"{_labels(self._selection.grads)}: an exported program runs "
+                "the forward pass only. Select without `grads=` to export, and "
+                "record gradients with the eager or compiled recorder."
+            )
+            raise ValueError(msg)
+        return export_records(
+            self,
+            args,
+            kwargs,
+            postproc=activation_postproc,
+            label_str=label_str,
+            strict=strict,
+            dynamic_shapes=dynamic_shapes,
+        )
+
     @property
     def net(self) -> nn.Module:
         """The wrapped network."""
@@ -788,8 +931,13 @@ class Recorder(nn.Module):
         torch.Size([1, 2])
 
         """
-        grads = self._latest.grads
-        return MappingProxyType({k: v.value() for k, v in grads.items()})
+        latest = self._latest
+        grads = {k: v.value() for k, v in latest.grads.items()}
+        if latest.traced_grads:  # the latest pass was a compiled one
+            deposits = self._deposits
+            for label, target in latest.traced_grads.items():
+                grads[label] = deposits.value(target)
+        return MappingProxyType(grads)
 
     @property
     def params(self) -> MappingProxyType[str, Parameter]:
@@ -901,15 +1049,27 @@ class Recorder(nn.Module):
         try:
             new = type(self).__new__(type(self))
             memo[id(self)] = new
-            fresh = {"_hooks", "_token", "_latest", "_scopes", "_warned_inplace"}
+            fresh = {
+                "_deposits",
+                "_hooks",
+                "_token",
+                "_latest",
+                "_scopes",
+                "_warned_inplace",
+                "_compiled_call_impl",
+            }
             for name, value in self.__dict__.items():
                 if name not in fresh:
                     object.__setattr__(new, name, copy.deepcopy(value, memo))
-            token = object()
+            token = new_token()
             hooks = HookSet(new, token)
             object.__setattr__(new, "_token", token)
             object.__setattr__(new, "_hooks", hooks)
             object.__setattr__(new, "_latest", _Latest())
+            object.__setattr__(new, "_deposits", GradDeposits())
+            if self._compiler is not None:
+                compiled = self._compiler(new._call_impl)  # noqa: SLF001 (as nn.Module.compile)
+                object.__setattr__(new, "_compiled_call_impl", compiled)
             object.__setattr__(new, "_scopes", [])
             object.__setattr__(new, "_warned_inplace", set())
             plan: CallPlan = new.__dict__["_plan"]
@@ -1025,12 +1185,14 @@ def _missing_record(key: object, table: LayerTable | None, kind: str) -> str:
 class _Latest:
     """The records of the latest completed pass (a plain object: cheap to set)."""
 
-    __slots__ = ("activations", "grads", "inputs")
+    __slots__ = ("activations", "grads", "inputs", "traced_grads")
 
     def __init__(self) -> None:
         self.activations: dict[DepthIdx, Any] = {}
         self.inputs: dict[DepthIdx, CallInputs] = {}
         self.grads: dict[DepthIdx, GradSlot] = {}
+        self.traced_grads: dict[DepthIdx, Any] = {}
+        """Label -> what a compiled pass passed on (gradients: ``GradDeposits``)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,7 @@ InputArg = int | str
 class ScopeOwner(Protocol):
     """What a :class:`Scope` uses of its :class:`~scio_recorder.Recorder`."""
 
-    _token: object
+    _token: int
     _plan: CallPlan
     _scopes: list[Scope]
 

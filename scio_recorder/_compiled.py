@@ -1,0 +1,285 @@
+"""Recording inside graphs that ``torch.compile`` traces or ``torch.export`` exports.
+
+Why it is built this way:
+
+* **The pass state is found without the thread-local registry.** Dynamo
+  cannot trace the lookup of :data:`._hooks.ACTIVE` (a ``threading.local``
+  keyed by opaque tokens). While a compiled pass is traced,
+  ``Recorder.forward`` puts a :class:`TracedPass` into the recorder's
+  :class:`TraceBox`, which the hooks read first. Dynamo sees an attribute of
+  an object that exists before the frame, so the hooks inline into the graph
+  and leave only the tensor operations behind; the records are graph outputs
+  that Dynamo stores into ``rnet``'s latest records after every call.
+* **Checks happen when the graph is traced.** A compiled graph fixes the
+  sequence of module calls, and Dynamo guards on what could change it (the
+  mode, grad mode, the hooks and the call plan the trace read), so checking
+  the call plan once per trace is checking it for every call the graph serves.
+  A mismatch raises :class:`~scio_recorder.CallPlanError` while tracing.
+* **Gradients travel through the autograd graph.** A tensor hook cannot write
+  into Python state from inside a compiled backward graph. Instead the output
+  of a layer whose gradient is recorded goes through :class:`_GradProbe`, an
+  identity whose backward hands the incoming gradient to the opaque custom
+  operator ``scio_recorder::deposit_grad``. That operator runs as Python when
+  the backward runs, and files a copy of the gradient under the address of the
+  output it belongs to, in the recorder's :class:`GradDeposits` (a fresh dict
+  per pass), so two passes followed by one backward keep their gradients
+  apart, as in eager mode.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GradDeposits",
+    "TracedPass",
+    "export_records",
+    "unwrap_compiled",
+]
+
+import itertools
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from ._hooks import CallInputs, PassState, map_tensors
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ._hooks import CallPlan, Postprocessor
+    from .layers import DepthIdx
+
+
+Address = tuple[int, torch.device, tuple[int, ...], tuple[int, ...]]
+
+
+def _address(tensor: Tensor) -> Address:
+    """Where a tensor's elements are; the same for every alias of one output."""
+    return (tensor.data_ptr(), tensor.device, tuple(tensor.shape), tensor.stride())
+
+
+class GradDeposits:
+    """The gradients that compiled backward passes delivered, by output address.
+
+    One per recorder. Every compiled pass replaces :attr:`grads` with an
+    empty dict, so a gradient filed before the latest pass never shows as
+    one of its gradients, even when an output reuses the memory of an older
+    one.
+    """
+
+    __slots__ = ("__weakref__", "grads", "key")
+
+    _count = itertools.count()
+
+    def __init__(self) -> None:
+        self.grads: dict[Address, Tensor] = {}
+        self.key = next(self._count)
+        _DEPOSITS[self.key] = self
+
+    def value(self, target: Any) -> Any:
+        """Return the gradients of the tensors of ``target`` (``None`` if none came)."""
+        grads = self.grads
+        return map_tensors(target, lambda tensor: grads.get(_address(tensor)))
+
+
+_DEPOSITS: weakref.WeakValueDictionary[int, GradDeposits] = (
+    weakref.WeakValueDictionary()
+)
+
+
+@torch.library.custom_op("scio_recorder::deposit_grad", mutates_args=())
+def _deposit_grad(grad: Tensor, output: Tensor, key: int) -> Tensor:
+    """File a copy of ``grad``, the gradient of ``output``; return another copy.
+
+    Both are copies: the compiled backward graph may reuse the memory of its
+    own buffers once they are dead, and a custom operator's result must not
+    alias its inputs.
+    """
+    deposits = _DEPOSITS.get(key)
+    if deposits is not None:
+        deposits.grads[_address(output)] = grad.detach().clone()
+    return grad.clone()
+
+
+@_deposit_grad.register_fake
+def _(grad: Tensor, output: Tensor, key: int) -> Tensor:  # noqa: ARG001 (the signature)
+    return torch.empty_like(grad)
+
+
+class _GradProbe(torch.autograd.Function):
+    """Identity whose backward files the gradient (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, key: int) -> Tensor:
+        ctx.save_for_backward(tensor)
+        ctx.key = key
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (tensor,) = ctx.saved_tensors
+        return torch.ops.scio_recorder.deposit_grad(grad, tensor, ctx.key), None
+
+
+class TracedPass(PassState):
+    """The state of one pass traced by Dynamo (or run by non-strict export).
+
+    The same plan and the same checks as :class:`~._hooks.PassState`, without
+    what cannot live in a graph: version counters (in-place changes are left
+    to functionalization, see the docs) and tensor hooks (gradients go through
+    :class:`_GradProbe`).
+    """
+
+    def __init__(
+        self,
+        plan: CallPlan,
+        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        dont_record: bool,  # noqa: FBT001 (mirrors PassState)
+        training: bool,  # noqa: FBT001 (mirrors PassState)
+        deposits: GradDeposits,
+    ) -> None:
+        super().__init__(plan, postproc, dont_record, training)
+        self.deposit_key = deposits.key
+        self.starts = {}
+        self.inputs = {}
+        self.grad_targets: dict[DepthIdx, Any] = {}
+
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Handle the start of a call of a module whose inputs are captured."""
+        plan = self.plan.starts.get(module)
+        if plan is None:
+            return
+        k = self.starts.get(module, 0)
+        self.starts[module] = k + 1
+        if k >= len(plan):
+            raise self.plan.mismatch(
+                module,
+                f"at least {k + 1} times",
+                len(plan),
+                training=self.training,
+                grad=torch.is_grad_enabled(),
+            )
+        label = plan[k]
+        if label is None or self.dont_record:
+            return
+        options = self.plan.options
+        self.inputs[label] = CallInputs(
+            tuple(options.apply(args)), dict(options.apply(kwargs))
+        )
+
+    def on_output(self, module: nn.Module, output: Any) -> Any:
+        """Handle the end of a call of a hooked ``module``."""
+        plan = self.plan
+        specs = plan.ends.get(module)
+        if specs is None:
+            return None
+        k = self.counts.get(module, 0)
+        self.counts[module] = k + 1
+        if k >= len(specs):
+            raise plan.mismatch(
+                module,
+                f"at least {k + 1} times",
+                len(specs),
+                training=self.training,
+                grad=torch.is_grad_enabled(),
+            )
+        spec = specs[k]
+        if spec is None:
+            return None
+        label, wants_output, wants_grad = spec
+        result = None
+        if wants_output:
+            if not self.dont_record:
+                self.records[label] = plan.options.apply(output)
+            if self.postproc is not None:
+                result = self.postprocess(output)
+        if wants_grad and not self.dont_record:
+            passed_on = output if result is None else result
+            self.check_grad(module, label, passed_on)
+            key = self.deposit_key
+            result = map_tensors(passed_on, lambda t: _GradProbe.apply(t, key))  # type: ignore[no-untyped-call]
+            self.grad_targets[label] = result
+        return result
+
+    def check_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
+        """Raise unless a gradient can flow back into ``output``."""
+        tensors: list[Tensor] = []
+        map_tensors(output, tensors.append)
+        if not any(tensor.requires_grad for tensor in tensors):
+            raise RuntimeError(self.no_grad_message(module, label))
+
+
+def unwrap_compiled(net: nn.Module) -> tuple[nn.Module, Callable[[Any], Any] | None]:
+    """Split ``torch.compile(net)`` into ``net`` and the compiler it was given.
+
+    A recorder of a compiled net records the net itself (its labels are the
+    ones of the uncompiled net; the compiled wrapper adds no layer) and
+    compiles its own pass with the same settings: hooks inside a graph that
+    the recorder does not trace could not reach the recorder's pass. Returns
+    ``(net, None)`` for a net that is not compiled.
+    """
+    optimized = getattr(torch._dynamo.eval_frame, "OptimizedModule", None)  # noqa: SLF001 (the type torch.compile returns)
+    if optimized is None or not isinstance(net, optimized):
+        return net, None
+    compiler = getattr(net, "dynamo_ctx", None)
+    inner = getattr(net, "_orig_mod", None)
+    if compiler is None or not isinstance(inner, nn.Module):
+        msg = (
+            "This version of torch hides how a compiled module was compiled, "
+            "so its recorder cannot compile its pass the same way. Wrap the "
+            "net first and compile the recorder: "
+            "`rnet = torch.compile(Recorder(net, ...))`."
+        )
+        raise TypeError(msg)
+    return inner, compiler
+
+
+class _ExportRoot(nn.Module):
+    """The module ``torch.export`` exports: the pass, with records as outputs."""
+
+    def __init__(
+        self,
+        recorder: nn.Module,
+        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        label_str: Callable[[DepthIdx], str],
+    ) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.postproc = postproc
+        self.label_str = label_str
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        recorder: Any = self.recorder
+        if self.postproc is not None:
+            kwargs = {**kwargs, "activation_postproc": self.postproc}
+        out = recorder(*args, **kwargs)
+        name = self.label_str
+        activations = {name(k): v for k, v in recorder.activations.items()}
+        if not recorder.selection.inputs:
+            return out, activations
+        inputs = {name(k): v for k, v in recorder.inputs.items()}
+        return out, activations, inputs
+
+
+def export_records(  # noqa: PLR0913 (the options of torch.export.export)
+    recorder: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    postproc: Postprocessor | Sequence[Postprocessor] | None,
+    label_str: Callable[[DepthIdx], str],
+    strict: bool,
+    dynamic_shapes: Any,
+) -> torch.export.ExportedProgram:
+    """Export ``recorder``'s pass; see :meth:`Recorder.export`."""
+    root = _ExportRoot(recorder, postproc, label_str)
+    with warnings.catch_warnings():
+        # Strict export lists the records it stores as "side effects".
+        warnings.filterwarnings(
+            "ignore", message="While compiling, we found certain side effects"
+        )
+        return torch.export.export(
+            root, args, kwargs, strict=strict, dynamic_shapes=dynamic_shapes
+        )
