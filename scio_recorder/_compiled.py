@@ -35,6 +35,7 @@ __all__ = [
     "unwrap_compiled",
 ]
 
+import inspect
 import itertools
 import warnings
 import weakref
@@ -132,27 +133,63 @@ class TracedPass(PassState):
     :class:`_GradProbe`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913, PLR0917 (the state of one pass)
         self,
         plan: CallPlan,
         postproc: Postprocessor | Sequence[Postprocessor] | None,
         dont_record: bool,  # noqa: FBT001 (mirrors PassState)
         training: bool,  # noqa: FBT001 (mirrors PassState)
         deposits: GradDeposits,
+        token: int,
     ) -> None:
         super().__init__(plan, postproc, dont_record, training)
+        self.token = token
+        self.outer: TracedPass | None = None  # see _hooks.enter_trace
         self.deposit_key = deposits.key
-        self.starts = {}
         self.inputs = {}
         self.grad_targets: dict[DepthIdx, Any] = {}
+        # Calls so far, by id(module) (see CallPlan.ends_by_id).
+        self.end_counts: dict[int, int] = {}
+        self.start_counts: dict[int, int] = {}
+
+    def check_counts(self) -> None:
+        """Raise :class:`CallPlanError` unless every hooked module ran as planned.
+
+        Checked when the graph is traced: the counts are those of the traced
+        call sequence, which the graph's guards keep fixed.
+        """
+        plan = self.plan
+        fewer_ok = self.dont_record
+        for counts, planned in (
+            (self.end_counts, plan.ends_by_id),
+            (self.start_counts, plan.starts_by_id),
+        ):
+            for key, calls in planned.items():
+                observed = counts.get(key, 0)
+                if observed != len(calls) and not (fewer_ok and observed < len(calls)):
+                    self.raise_mismatch()
+
+    def raise_mismatch(self) -> None:
+        """Raise the eager pass's error for these counts (on failure only).
+
+        Only here are modules looked up as dict keys: on the success path
+        Dynamo guards int keys only.
+        """
+        ends, starts = self.plan.ends, self.plan.starts
+        counts = {m: self.end_counts.get(id(m), 0) for m in ends}
+        self.counts = {m: n for m, n in counts.items() if n}
+        started = {m: self.start_counts.get(id(m), 0) for m in starts}
+        self.starts = {m: n for m, n in started.items() if n}
+        super().check_counts()
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Handle the start of a call of a module whose inputs are captured."""
-        plan = self.plan.starts.get(module)
+        key = id(module)
+        plan = self.plan.starts_by_id.get(key)
         if plan is None:
             return
-        k = self.starts.get(module, 0)
-        self.starts[module] = k + 1
+        k = self.start_counts.get(key, 0)
+        self.start_counts[key] = k + 1
         if k >= len(plan):
             raise self.plan.mismatch(
                 module,
@@ -172,11 +209,12 @@ class TracedPass(PassState):
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module``."""
         plan = self.plan
-        specs = plan.ends.get(module)
+        key = id(module)
+        specs = plan.ends_by_id.get(key)
         if specs is None:
             return None
-        k = self.counts.get(module, 0)
-        self.counts[module] = k + 1
+        k = self.end_counts.get(key, 0)
+        self.end_counts[key] = k + 1
         if k >= len(specs):
             raise plan.mismatch(
                 module,
@@ -189,6 +227,9 @@ class TracedPass(PassState):
         if spec is None:
             return None
         label, wants_output, wants_grad = spec
+        # A fresh tuple of constants: Dynamo rebuilds it from constants after
+        # each call, instead of reading it back from the plan's dicts.
+        label = (label[0], label[1])
         result = None
         if wants_output:
             if not self.dont_record:
@@ -263,8 +304,50 @@ class _ExportRoot(nn.Module):
         return out, activations, inputs
 
 
+def _positional(
+    net: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
+) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """Bind the example inputs to the net's signature, as positional arguments.
+
+    The exported module takes ``*args, **kwargs``, for which ``torch.export``
+    accepts dynamic shapes of positional arguments only; ``dynamic_shapes``
+    (by name or position, as for the net) is translated to match.
+    """
+    try:
+        bound = inspect.signature(net.forward).bind(*args, **kwargs)
+    except TypeError as error:
+        msg = f"The example inputs do not fit the net's forward: {error}."
+        raise TypeError(msg) from None
+    names = list(bound.arguments)[: len(bound.args)]
+    if dynamic_shapes is None:
+        return bound.args, bound.kwargs, None
+    if isinstance(dynamic_shapes, dict):
+        unknown = set(dynamic_shapes) - set(bound.arguments)
+        keyword_only = set(dynamic_shapes) & set(bound.kwargs)
+        if unknown or keyword_only:
+            msg = (
+                f"`dynamic_shapes` names {sorted(unknown | keyword_only)}, which "
+                "are not positional arguments of the net's forward given in the "
+                f"example inputs ({', '.join(names)})."
+            )
+            raise ValueError(msg)
+        specs = tuple(dynamic_shapes.get(name) for name in names)
+    else:
+        specs = tuple(dynamic_shapes)
+        if any(spec is not None for spec in specs[len(names) :]):
+            msg = (
+                f"`dynamic_shapes` has {len(specs)} entries, but the example "
+                f"inputs give {len(names)} positional arguments "
+                f"({', '.join(names)}); keyword-only arguments cannot be dynamic."
+            )
+            raise ValueError(msg)
+        specs = specs[: len(names)] + (None,) * (len(names) - len(specs))
+    return bound.args, bound.kwargs, (specs,)
+
+
 def export_records(  # noqa: PLR0913 (the options of torch.export.export)
     recorder: nn.Module,
+    net: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
@@ -274,6 +357,7 @@ def export_records(  # noqa: PLR0913 (the options of torch.export.export)
     dynamic_shapes: Any,
 ) -> torch.export.ExportedProgram:
     """Export ``recorder``'s pass; see :meth:`Recorder.export`."""
+    args, kwargs, dynamic_shapes = _positional(net, args, kwargs, dynamic_shapes)
     root = _ExportRoot(recorder, postproc, label_str)
     with warnings.catch_warnings():
         # Strict export lists the records it stores as "side effects".

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "ACTIVE",
+    "TRACING",
     "CallInputs",
     "CallPlan",
     "CallPlanError",
@@ -32,7 +33,8 @@ __all__ = [
     "PassState",
     "Postprocessor",
     "RecordOptions",
-    "TraceBox",
+    "enter_trace",
+    "exit_trace",
     "new_token",
     "pick_argument",
 ]
@@ -93,19 +95,38 @@ def new_token() -> int:
 
 
 class TraceBox:
-    """Holds the state of a compiled pass while Dynamo traces it.
+    """Holds the states of the compiled passes Dynamo is tracing.
 
-    The hooks of a recorder read ``state`` first: Dynamo can trace that (an
-    attribute of an object made before the frame), not the thread-local
-    :data:`ACTIVE`. ``state`` is ``None`` whenever Python runs the code for
-    real (Dynamo only pretends to set it while tracing), so eager hooks read
-    one attribute and go on to :data:`ACTIVE`. See :mod:`._compiled`.
+    The hooks of every recorder read :data:`TRACING` first: Dynamo can trace
+    that (an attribute of an object made before the frame), not the
+    thread-local :data:`ACTIVE`. ``state`` is ``None`` whenever Python runs
+    the code for real (Dynamo only pretends to set it while tracing), so
+    eager hooks read one attribute and go on to :data:`ACTIVE`. One box serves
+    every recorder, read and written only by functions of this module, so
+    that Dynamo reaches it through a single source (two paths to one object
+    would cost a Python identity guard on every call); states of nested
+    recorders chain through ``outer``. See :mod:`._compiled`.
     """
 
     __slots__ = ("state",)
 
     def __init__(self) -> None:
-        self.state: _Handler | None = None
+        self.state: Any = None
+
+
+TRACING = TraceBox()
+"""The compiled passes being traced (see :class:`TraceBox`)."""
+
+
+def enter_trace(state: Any) -> None:
+    """Make ``state`` (with ``token`` and ``outer`` attributes) the innermost."""
+    state.outer = TRACING.state
+    TRACING.state = state
+
+
+def exit_trace(state: Any) -> None:
+    """Undo :func:`enter_trace` of ``state``."""
+    TRACING.state = state.outer
 
 
 class CallPlanError(RuntimeError):
@@ -238,12 +259,39 @@ class CallPlan:
     """Calls per pass of each hooked module (derived, for a fast check)."""
     expected_starts: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """Call starts per pass of each pre-hooked module (derived)."""
+    ends_by_id: dict[int, tuple[EndSpec | None, ...]] = dataclasses.field(
+        init=False, repr=False
+    )
+    """``ends`` keyed by ``id(module)`` (derived, for compiled passes: Dynamo
+    guards an int key in C++, a module key with a Python identity check)."""
+    starts_by_id: dict[int, tuple[DepthIdx | None, ...]] = dataclasses.field(
+        init=False, repr=False
+    )
+    """``starts`` keyed by ``id(module)`` (derived, for compiled passes)."""
 
     def __post_init__(self) -> None:
         expected = {module: len(plan) for module, plan in self.ends.items() if plan}
         object.__setattr__(self, "expected", expected)
         starts = {module: len(plan) for module, plan in self.starts.items() if plan}
         object.__setattr__(self, "expected_starts", starts)
+        ends_by_id = {id(module): plan for module, plan in self.ends.items()}
+        object.__setattr__(self, "ends_by_id", ends_by_id)
+        starts_by_id = {id(module): plan for module, plan in self.starts.items()}
+        object.__setattr__(self, "starts_by_id", starts_by_id)
+
+    def __reduce__(self) -> tuple[type[CallPlan], tuple[Any, ...]]:
+        """Copy through ``__init__``, so derived fields follow copied modules."""
+        return (
+            type(self),
+            (
+                self.ends,
+                self.starts,
+                self.describe,
+                self.options,
+                self.reference,
+                self.outputs_per_pass,
+            ),
+        )
 
     @classmethod
     def empty(cls, reference: str) -> CallPlan:
@@ -607,25 +655,33 @@ def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
     return value
 
 
-def _make_hooks(
-    token: int, box: TraceBox
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _traced_state(token: int) -> Any:
+    """Return the traced pass of recorder ``token`` (``None`` if not traced)."""
+    state = TRACING.state
+    while state is not None and state.token != token:
+        state = state.outer
+    return state
+
+
+def _make_hooks(token: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """Return the forward pre-hook and hook that serve one recorder's passes."""
     active = ACTIVE
 
     def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-        state = box.state  # a compiled pass being traced
-        if state is None:
+        if TRACING.state is None:  # eager
             state = active.states.get(token)
+        else:  # a compiled pass being traced
+            state = _traced_state(token)
         if state is not None:
             state.on_input(module, args, kwargs)
 
     def hook(module: nn.Module, _args: Any, output: Any) -> Any:
-        state = box.state  # a compiled pass being traced
-        if state is None:
+        if TRACING.state is None:  # eager
             state = active.states.get(token)
-            if state is None:
-                return None
+        else:  # a compiled pass being traced
+            state = _traced_state(token)
+        if state is None:
+            return None
         return state.on_output(module, output)
 
     return pre_hook, hook
@@ -641,8 +697,7 @@ class HookSet:
     """The forward hooks of one recorder, removed when it is collected."""
 
     def __init__(self, owner: object, token: int) -> None:
-        self.box = TraceBox()
-        self._pre_hook, self._hook = _make_hooks(token, self.box)
+        self._pre_hook, self._hook = _make_hooks(token)
         self._handles: list[RemovableHandle] = []
         self._finalizer = weakref.finalize(owner, _remove_all, self._handles)
         self.modules: tuple[nn.Module, ...] = ()

@@ -56,6 +56,8 @@ from ._hooks import (
     PassState,
     Postprocessor,
     RecordOptions,
+    enter_trace,
+    exit_trace,
     new_token,
 )
 from .graph import ExecutionGraph, trace_graph
@@ -210,6 +212,8 @@ class Recorder(nn.Module):
         JIT tracing, ``torch.fx`` tracing (which patches
         ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual.
         """
+        if torch.compiler.is_compiling():  # Dynamo traces torch's own path best
+            return _MODULE_CALL(self, *args, **kwargs)
         if (
             self._forward_hooks
             or self._forward_pre_hooks
@@ -515,18 +519,20 @@ class Recorder(nn.Module):
         net = self._net_direct
         plan = self._plan
         latest = self._latest
-        if not plan.ends and not plan.starts:  # nothing recorded
+        # The int-keyed forms: Dynamo guards their keys in C++ (see CallPlan).
+        if not plan.ends_by_id and not plan.starts_by_id:  # nothing recorded
             latest.activations, latest.inputs, latest.grads = {}, {}, {}
             latest.traced_grads = {}
             return net(*args, **kwargs)
         deposits = self._deposits
-        state = TracedPass(plan, postproc, dont_record, net.training, deposits)
-        box = self._hooks.box
-        box.state = state
+        state = TracedPass(
+            plan, postproc, dont_record, net.training, deposits, self._token
+        )
+        enter_trace(state)
         try:
             out = net(*args, **kwargs)
         finally:
-            box.state = None
+            exit_trace(state)
         state.check_counts()
         if state.grad_targets:
             deposits.grads = {}  # replaced after every call of the graph
@@ -851,6 +857,7 @@ class Recorder(nn.Module):
             raise ValueError(msg)
         return export_records(
             self,
+            self._net,
             args,
             kwargs,
             postproc=activation_postproc,
