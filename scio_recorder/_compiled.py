@@ -31,7 +31,10 @@ from __future__ import annotations
 __all__ = [
     "GradDeposits",
     "TracedPass",
+    "TracedPlan",
     "export_records",
+    "traced_key",
+    "traced_plan",
     "unwrap_compiled",
 ]
 
@@ -39,12 +42,12 @@ import inspect
 import itertools
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from ._hooks import CallInputs, PassState, map_tensors
+from ._hooks import CallInputs, EndSpec, PassState, convert, map_tensors
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -124,31 +127,95 @@ class _GradProbe(torch.autograd.Function):
         return torch.ops.scio_recorder.deposit_grad(grad, tensor, ctx.key), None
 
 
+class TracedPlan(NamedTuple):
+    """What a traced pass needs of a recorder's plan, as constants.
+
+    Read in the graph through :func:`traced_plan`, which Dynamo runs when it
+    traces and takes as a constant, so that the only guard on the whole
+    selection is the equality of the recorder's int ``_traced_key`` (guards
+    are evaluated on every call: on a batch-1 MLP the guards on the plan's
+    dicts, tuples and options cost more than its kernels' launch).
+    """
+
+    token: int
+    ends: tuple[tuple[int, tuple[EndSpec | None, ...]], ...]
+    """``CallPlan.ends`` as ``(id(module), specs)`` pairs."""
+    starts: tuple[tuple[int, tuple[DepthIdx | None, ...]], ...]
+    """``CallPlan.starts`` as ``(id(module), labels)`` pairs."""
+    options: tuple[bool, bool, torch.device | None, torch.dtype | None] | None
+    """``(clone, detach, device, dtype)``, ``None`` when records are the tensors."""
+    deposit_key: int
+
+
+_TRACED_PLANS: list[TracedPlan] = []
+_TRACED_KEYS: dict[TracedPlan, int] = {}
+
+
+def traced_key(plan: CallPlan, token: int, deposits: GradDeposits) -> int:
+    """Return the int that names ``plan`` of recorder ``token`` in compiled passes.
+
+    The same plan gets the same key, so that a selection that comes back
+    finds its compiled graph again.
+    """
+    content = TracedPlan(
+        token,
+        tuple((id(m), specs) for m, specs in plan.ends.items()),
+        tuple((id(m), labels) for m, labels in plan.starts.items()),
+        plan.options.as_tuple() if plan.options.transforms else None,
+        deposits.key,
+    )
+    key = _TRACED_KEYS.get(content)
+    if key is None:
+        key = _TRACED_KEYS[content] = len(_TRACED_PLANS)
+        _TRACED_PLANS.append(content)
+    return key
+
+
+def _traced_plan(key: int) -> TracedPlan:
+    """Return the plan named ``key`` (a Dynamo constant: see :class:`TracedPlan`)."""
+    return _TRACED_PLANS[key]
+
+
+traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result(
+    _traced_plan
+)
+"""Dynamo calls it when tracing and takes the result as a constant, unguarded."""
+
+
 class TracedPass(PassState):
     """The state of one pass traced by Dynamo (or run by non-strict export).
 
     The same plan and the same checks as :class:`~._hooks.PassState`, without
     what cannot live in a graph: version counters (in-place changes are left
     to functionalization, see the docs) and tensor hooks (gradients go through
-    :class:`_GradProbe`).
+    :class:`_GradProbe`). The success path reads only the constant
+    :class:`TracedPlan`; ``plan`` (the recorder's :class:`~._hooks.CallPlan`)
+    serves the error messages.
     """
 
-    def __init__(  # noqa: PLR0913, PLR0917 (the state of one pass)
+    def __init__(
         self,
+        traced: TracedPlan,
         plan: CallPlan,
         postproc: Postprocessor | Sequence[Postprocessor] | None,
         dont_record: bool,  # noqa: FBT001 (mirrors PassState)
         training: bool,  # noqa: FBT001 (mirrors PassState)
-        deposits: GradDeposits,
-        token: int,
     ) -> None:
-        super().__init__(plan, postproc, dont_record, training)
-        self.token = token
+        self.plan = plan
+        self.postproc = postproc
+        self.dont_record = dont_record
+        self.training = training
+        self.records = {}
+        self.versions = []
+        self.token = traced.token
+        self.options = traced.options
+        self.deposit_key = traced.deposit_key
+        self.ends = dict(traced.ends)
+        self.starts_plan = dict(traced.starts)
         self.outer: TracedPass | None = None  # see _hooks.enter_trace
-        self.deposit_key = deposits.key
         self.inputs = {}
         self.grad_targets: dict[DepthIdx, Any] = {}
-        # Calls so far, by id(module) (see CallPlan.ends_by_id).
+        # Calls so far, by id(module).
         self.end_counts: dict[int, int] = {}
         self.start_counts: dict[int, int] = {}
 
@@ -158,11 +225,10 @@ class TracedPass(PassState):
         Checked when the graph is traced: the counts are those of the traced
         call sequence, which the graph's guards keep fixed.
         """
-        plan = self.plan
         fewer_ok = self.dont_record
         for counts, planned in (
-            (self.end_counts, plan.ends_by_id),
-            (self.start_counts, plan.starts_by_id),
+            (self.end_counts, self.ends),
+            (self.start_counts, self.starts_plan),
         ):
             for key, calls in planned.items():
                 observed = counts.get(key, 0)
@@ -170,11 +236,7 @@ class TracedPass(PassState):
                     self.raise_mismatch()
 
     def raise_mismatch(self) -> None:
-        """Raise the eager pass's error for these counts (on failure only).
-
-        Only here are modules looked up as dict keys: on the success path
-        Dynamo guards int keys only.
-        """
+        """Raise the eager pass's error for these counts (on failure only)."""
         ends, starts = self.plan.ends, self.plan.starts
         counts = {m: self.end_counts.get(id(m), 0) for m in ends}
         self.counts = {m: n for m, n in counts.items() if n}
@@ -185,7 +247,7 @@ class TracedPass(PassState):
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Handle the start of a call of a module whose inputs are captured."""
         key = id(module)
-        plan = self.plan.starts_by_id.get(key)
+        plan = self.starts_plan.get(key)
         if plan is None:
             return
         k = self.start_counts.get(key, 0)
@@ -201,22 +263,20 @@ class TracedPass(PassState):
         label = plan[k]
         if label is None or self.dont_record:
             return
-        options = self.plan.options
         self.inputs[label] = CallInputs(
-            tuple(options.apply(args)), dict(options.apply(kwargs))
+            tuple(self.apply(args)), dict(self.apply(kwargs))
         )
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module``."""
-        plan = self.plan
         key = id(module)
-        specs = plan.ends_by_id.get(key)
+        specs = self.ends.get(key)
         if specs is None:
             return None
         k = self.end_counts.get(key, 0)
         self.end_counts[key] = k + 1
         if k >= len(specs):
-            raise plan.mismatch(
+            raise self.plan.mismatch(
                 module,
                 f"at least {k + 1} times",
                 len(specs),
@@ -227,13 +287,10 @@ class TracedPass(PassState):
         if spec is None:
             return None
         label, wants_output, wants_grad = spec
-        # A fresh tuple of constants: Dynamo rebuilds it from constants after
-        # each call, instead of reading it back from the plan's dicts.
-        label = (label[0], label[1])
         result = None
         if wants_output:
             if not self.dont_record:
-                self.records[label] = plan.options.apply(output)
+                self.records[label] = self.apply(output)
             if self.postproc is not None:
                 result = self.postprocess(output)
         if wants_grad and not self.dont_record:
@@ -243,6 +300,16 @@ class TracedPass(PassState):
             result = map_tensors(passed_on, lambda t: _GradProbe.apply(t, key))  # type: ignore[no-untyped-call]
             self.grad_targets[label] = result
         return result
+
+    def apply(self, value: Any) -> Any:
+        """Return the record of ``value`` (see :class:`~._hooks.RecordOptions`)."""
+        options = self.options
+        if options is None:
+            return value
+        clone, detach, device, dtype = options
+        return map_tensors(
+            value, lambda tensor: convert(tensor, clone, detach, device, dtype)
+        )
 
     def check_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
         """Raise unless a gradient can flow back into ``output``."""

@@ -33,6 +33,7 @@ __all__ = [
     "PassState",
     "Postprocessor",
     "RecordOptions",
+    "convert",
     "enter_trace",
     "exit_trace",
     "new_token",
@@ -219,15 +220,27 @@ class RecordOptions:
         return map_tensors(value, self._tensor) if self.transforms else value
 
     def _tensor(self, tensor: Tensor) -> Tensor:
-        out = tensor.detach() if self.detach else tensor
-        if self.device is not None or (
-            self.dtype is not None and out.is_floating_point()
-        ):
-            dtype = self.dtype if out.is_floating_point() else None
-            moved = out.to(device=self.device, dtype=dtype)
-            if moved is not out:
-                return moved
-        return out.clone() if self.clone else out
+        return convert(tensor, self.clone, self.detach, self.device, self.dtype)
+
+    def as_tuple(self) -> tuple[bool, bool, torch.device | None, torch.dtype | None]:
+        """Return ``(clone, detach, device, dtype)`` (see :func:`convert`)."""
+        return (self.clone, self.detach, self.device, self.dtype)
+
+
+def convert(
+    tensor: Tensor,
+    clone: bool,  # noqa: FBT001
+    detach: bool,  # noqa: FBT001
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+) -> Tensor:
+    """Return the record of ``tensor`` under the options of :class:`RecordOptions`."""
+    out = tensor.detach() if detach else tensor
+    if device is not None or (dtype is not None and out.is_floating_point()):
+        moved = out.to(device=device, dtype=dtype if out.is_floating_point() else None)
+        if moved is not out:
+            return moved
+    return out.clone() if clone else out
 
 
 class EndSpec(NamedTuple):

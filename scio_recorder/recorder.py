@@ -44,7 +44,14 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
-from ._compiled import GradDeposits, TracedPass, export_records, unwrap_compiled
+from ._compiled import (
+    GradDeposits,
+    TracedPass,
+    export_records,
+    traced_key,
+    traced_plan,
+    unwrap_compiled,
+)
 from ._hooks import (
     ACTIVE,
     CallInputs,
@@ -194,6 +201,7 @@ class Recorder(nn.Module):
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
         self._plan = CallPlan.empty(self._table.mode_description)
+        self._traced_key = traced_key(self._plan, self._token, self._deposits)
         self._scopes: list[Scope] = []
         self._warned_inplace: set[tuple[str, DepthIdx]] = set()
         self._compiler = compiler
@@ -335,6 +343,7 @@ class Recorder(nn.Module):
             tuple(param_map),
         )
         self._params = param_map
+        self._traced_key = traced_key(self._plan, self._token, self._deposits)
         self._hooks.place(list(self._plan.ends), list(self._plan.starts))
 
     def _check_labels(self, selectors: tuple[Selector, ...]) -> None:
@@ -517,17 +526,14 @@ class Recorder(nn.Module):
             )
             raise RuntimeError(msg)
         net = self._net_direct
-        plan = self._plan
         latest = self._latest
-        # The int-keyed forms: Dynamo guards their keys in C++ (see CallPlan).
-        if not plan.ends_by_id and not plan.starts_by_id:  # nothing recorded
+        # The one guard on the selection (see TracedPlan).
+        traced = traced_plan(self._traced_key)
+        if not traced.ends and not traced.starts:  # nothing recorded
             latest.activations, latest.inputs, latest.grads = {}, {}, {}
             latest.traced_grads = {}
             return net(*args, **kwargs)
-        deposits = self._deposits
-        state = TracedPass(
-            plan, postproc, dont_record, net.training, deposits, self._token
-        )
+        state = TracedPass(traced, self._plan, postproc, dont_record, net.training)
         enter_trace(state)
         try:
             out = net(*args, **kwargs)
@@ -535,7 +541,7 @@ class Recorder(nn.Module):
             exit_trace(state)
         state.check_counts()
         if state.grad_targets:
-            deposits.grads = {}  # replaced after every call of the graph
+            self._deposits.grads = {}  # replaced after every call of the graph
         latest.activations = state.records
         latest.inputs = state.inputs
         latest.grads = {}
@@ -1080,6 +1086,8 @@ class Recorder(nn.Module):
             object.__setattr__(new, "_scopes", [])
             object.__setattr__(new, "_warned_inplace", set())
             plan: CallPlan = new.__dict__["_plan"]
+            key = traced_key(plan, token, new.__dict__["_deposits"])
+            object.__setattr__(new, "_traced_key", key)
             hooks.place(list(plan.ends), list(plan.starts))
         finally:
             self._hooks.place(list(self._plan.ends), list(self._plan.starts))
