@@ -176,7 +176,7 @@ def _traced_plan(key: int) -> TracedPlan:
     return _TRACED_PLANS[key]
 
 
-traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result(
+traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result(  # type: ignore[no-untyped-call]
     _traced_plan
 )
 """Dynamo calls it when tracing and takes the result as a constant, unguarded."""
