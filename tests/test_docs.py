@@ -85,20 +85,29 @@ def test_torchrun_examples_run(document, index, block, tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(  # noqa: S603 (our own interpreter and docs)
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",  # a free local port for the rendezvous
-            "--nproc_per_node=2",
-            str(script),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, f"{document} block {index}:\n{done.stderr[-4000:]}"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # a free local port for the rendezvous
+        "--nproc_per_node=2",
+        str(script),
+    ]
+    failures = []
+    # Two tries: on a loaded 2-core machine the local rendezvous of a launch
+    # has been seen to fail once in many runs (never twice in a row); a
+    # broken example fails both tries, and both stderrs are shown.
+    for _ in range(2):
+        done = subprocess.run(  # noqa: S603 (our own interpreter and docs)
+            command,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        failures.append(done.stderr[-3000:])
+    pytest.fail(f"{document} block {index}:\n" + "\n--- retry ---\n".join(failures))
