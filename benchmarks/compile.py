@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch._dynamo
 import torch._dynamo.testing
+import torch._functorch.config
+import torch._inductor.config
 from torch import nn
 
 from scio_recorder import Recorder
@@ -128,10 +130,15 @@ def compile_seconds(case: Case, repeats: int) -> tuple[float, float, float]:
                 target = recorder(net, case.x)
                 target.record(case.one)
             compiled = torch.compile(target, fullgraph=True)
-            start = time.perf_counter()
-            with torch.no_grad():
+            # No cache: each repeat compiles from scratch, as a first run does.
+            with (
+                torch._inductor.config.patch(fx_graph_cache=False),
+                torch._functorch.config.patch(enable_autograd_cache=False),
+                torch.no_grad(),
+            ):
+                start = time.perf_counter()
                 compiled(case.x)
-            times[which] = time.perf_counter() - start
+                times[which] = time.perf_counter() - start
         plain_s.append(times["plain"])
         rec_s.append(times["one"])
         ratios.append(times["one"] / times["plain"])
@@ -165,15 +172,24 @@ def recompiles(case: Case) -> tuple[int, int]:
     return sum(counts[:2]), sum(counts[2:])
 
 
-def check(case: Case, rnet: Recorder, compiled: Any, plain: Any) -> list[str]:
-    """Compare the compiled records with eager ones and the output with plain."""
+def check(
+    case: Case, rnet: Recorder, compiled: Any, plain: Any, *, exact: bool
+) -> list[str]:
+    """Compare the compiled records with eager ones and the output with plain.
+
+    ``exact``: the output must equal the compiled plain net's bit for bit
+    (one recorded layer). With every layer recorded inductor may fuse
+    differently, and the output is held to the records' tolerance instead.
+    """
     problems = []
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # in-place ReLUs overwrite some records
         rnet(case.x)
         eager = dict(rnet.activations)
-        out = compiled(case.x)
-        if not torch.equal(out, plain(case.x)):
+        out, expected = compiled(case.x), plain(case.x)
+        scale = float(expected.abs().max()) + 1.0
+        off = float((out - expected).abs().max())
+        if (exact and off != 0.0) or off > 1024 * EPS * scale:
             problems.append(f"{case.name}: output differs from the compiled plain net")
     for label, record in eager.items():
         got = rnet.activations[label]
@@ -201,7 +217,8 @@ def bench(case: Case, rounds: int, batch_ms: float, repeats: int) -> dict[str, A
         Scenario("one", lambda: one(x)),
         Scenario("all", lambda: every(x)),
     ]
-    problems = check(case, one_rnet, one, plain) + check(case, all_rnet, every, plain)
+    problems = check(case, one_rnet, one, plain, exact=True)
+    problems += check(case, all_rnet, every, plain, exact=False)
     with torch.no_grad():
         for scenario in scenarios:  # warm up, and size the batches
             for _ in range(3):
@@ -238,25 +255,32 @@ def bench(case: Case, rounds: int, batch_ms: float, repeats: int) -> dict[str, A
     }
 
 
+def row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['model']} | {r['input']} | {r['eager_us']:.0f} µs | "
+        f"{r['plain_us']:.0f} µs | {r['one']:.3f} | {r['all']:.3f} "
+        f"({r['layers']} labels) | {r['compile_plain_s']:.1f} s, "
+        f"{r['compile_one_s']:.1f} s ({r['compile_ratio']:.2f}) | "
+        f"{r['breaks_one']}, {r['breaks_all']} | {r['recompiles']}, "
+        f"{r['recompiles_back']} |"
+    )
+
+
 def report(results: list[dict[str, Any]], rounds: int) -> str:
-    lines = [
-        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-        f"1 thread, {rounds} rounds; ratios are medians of paired rounds",
-        "",
+    machine = platform.processor() or platform.machine()
+    header = (
         "| model | input | eager | compiled plain | one layer / plain | "
         "all layers / plain | compile time plain, recorder (ratio) | "
-        "graph breaks (one, all) | recompiles (new selections, returning) |",
+        "graph breaks (one, all) | recompiles (new selections, returning) |"
+    )
+    lines = [
+        f"torch {torch.__version__}, {machine}, 1 thread, {rounds} rounds; "
+        "ratios are medians of paired rounds",
+        "",
+        header,
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(row(r) for r in results),
     ]
-    for r in results:
-        lines.append(
-            f"| {r['model']} | {r['input']} | {r['eager_us']:.0f} µs | "
-            f"{r['plain_us']:.0f} µs | {r['one']:.3f} | {r['all']:.3f} "
-            f"({r['layers']} labels) | {r['compile_plain_s']:.1f} s, "
-            f"{r['compile_one_s']:.1f} s ({r['compile_ratio']:.2f}) | "
-            f"{r['breaks_one']}, {r['breaks_all']} | {r['recompiles']}, "
-            f"{r['recompiles_back']} |"
-        )
     problems = [p for r in results for p in r["problems"]]
     lines += ["", *(f"CHECK FAILED: {p}" for p in problems)]
     return "\n".join(lines)

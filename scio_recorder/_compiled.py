@@ -3,17 +3,22 @@
 Why it is built this way:
 
 * **The pass state is found without the thread-local registry.** Dynamo
-  cannot trace the lookup of :data:`._hooks.ACTIVE` (a ``threading.local``
-  keyed by opaque tokens). While a compiled pass is traced,
-  ``Recorder.forward`` puts a :class:`TracedPass` into the recorder's
-  :class:`TraceBox`, which the hooks read first. Dynamo sees an attribute of
-  an object that exists before the frame, so the hooks inline into the graph
-  and leave only the tensor operations behind; the records are graph outputs
-  that Dynamo stores into ``rnet``'s latest records after every call.
+  cannot trace the pass registry of eager mode as it is used there. While a
+  compiled pass is traced, ``Recorder.forward`` puts a :class:`TracedPass`
+  into :data:`._hooks.TRACING`, which the hooks read first. Dynamo sees an
+  attribute of an object that exists before the frame, so the hooks inline
+  into the graph and leave only tensor operations behind. The records are
+  graph outputs, which Dynamo stores into ``rnet``'s latest records after
+  every call.
+* **Few guards.** Guards run on every call of a compiled graph. The selection
+  reaches the graph as one constant, :class:`TracedPlan` (through
+  :func:`traced_plan`, which Dynamo runs when tracing), guarded by the
+  recorder's int ``_traced_key``; hooks look modules up by ``id``. An equal
+  selection gets the same key, so it finds its graph again.
 * **Checks happen when the graph is traced.** A compiled graph fixes the
   sequence of module calls, and Dynamo guards on what could change it (the
-  mode, grad mode, the hooks and the call plan the trace read), so checking
-  the call plan once per trace is checking it for every call the graph serves.
+  mode, grad mode, the hooks, the selection's key). Checking the call plan
+  once per trace is therefore checking it for every call the graph serves.
   A mismatch raises :class:`~scio_recorder.CallPlanError` while tracing.
 * **Gradients travel through the autograd graph.** A tensor hook cannot write
   into Python state from inside a compiled backward graph. Instead the output
@@ -40,6 +45,7 @@ __all__ = [
 
 import inspect
 import itertools
+import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -149,6 +155,7 @@ class TracedPlan(NamedTuple):
 
 _TRACED_PLANS: list[TracedPlan] = []
 _TRACED_KEYS: dict[TracedPlan, int] = {}
+_TRACED_LOCK = threading.Lock()
 
 
 def traced_key(plan: CallPlan, token: int, deposits: GradDeposits) -> int:
@@ -164,10 +171,11 @@ def traced_key(plan: CallPlan, token: int, deposits: GradDeposits) -> int:
         plan.options.as_tuple() if plan.options.transforms else None,
         deposits.key,
     )
-    key = _TRACED_KEYS.get(content)
-    if key is None:
-        key = _TRACED_KEYS[content] = len(_TRACED_PLANS)
-        _TRACED_PLANS.append(content)
+    with _TRACED_LOCK:  # two threads must not give two plans one key
+        key = _TRACED_KEYS.get(content)
+        if key is None:
+            key = _TRACED_KEYS[content] = len(_TRACED_PLANS)
+            _TRACED_PLANS.append(content)
     return key
 
 

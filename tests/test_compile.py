@@ -29,14 +29,6 @@ from .nets import ListNet, SharedActNet, reused_relu_seq
 
 EPS = torch.finfo(torch.float32).eps
 
-# Torch's own deprecation warnings, raised inside its compiler (inductor
-# imports a `torch.jit.script_method` user; Dynamo instantiates autograd
-# functions while tracing them), not by anything this package does.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
-    pytest.mark.filterwarnings("ignore:.*should not be instantiated"),
-]
-
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Any:
