@@ -273,9 +273,9 @@ def report(results: list[dict[str, Any]], rounds: int) -> str:
         "all layers / plain | compile time plain, recorder (ratio) | "
         "graph breaks (one, all) | recompiles (new selections, returning) |"
     )
+    title = f"torch {torch.__version__}, {machine}, 1 thread, {rounds} rounds"
     lines = [
-        f"torch {torch.__version__}, {machine}, 1 thread, {rounds} rounds; "
-        "ratios are medians of paired rounds",
+        f"{title}; ratios are medians of paired rounds",
         "",
         header,
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
