@@ -37,6 +37,7 @@ __all__ = [
     "GradDeposits",
     "TracedPass",
     "TracedPlan",
+    "entry_point",
     "export_records",
     "traced_key",
     "traced_plan",
@@ -45,6 +46,7 @@ __all__ = [
 
 import inspect
 import itertools
+import sys
 import threading
 import warnings
 import weakref
@@ -325,6 +327,36 @@ class TracedPass(PassState):
         map_tensors(output, tensors.append)
         if not any(tensor.requires_grad for tensor in tensors):
             raise RuntimeError(self.no_grad_message(module, label))
+
+
+def entry_point(recorder: nn.Module, token: int) -> Callable[..., Any]:
+    """Return the function through which Dynamo enters ``recorder``'s pass.
+
+    Dynamo caches compiled graphs per code object, at most
+    ``torch._dynamo.config.recompile_limit`` (8) per code object. Entered
+    through ``Recorder.__call__``, every recorder of a process would share
+    one code object, and the ninth compiled recorder would fail. This
+    function gets a code object of its own, so the limit counts the
+    selections of one recorder. It is the recorder's ``__call__`` attribute,
+    which ``torch.compile(rnet)`` compiles, and what ``Recorder(torch.compile
+    (net))`` compiles. It holds the recorder weakly: the recorder keeps it.
+    """
+    ref = weakref.ref(recorder)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        target = ref()
+        if target is None:
+            msg = "This recorder no longer exists."
+            raise ReferenceError(msg)
+        return target._call_impl(*args, **kwargs)  # type: ignore[no-untyped-call]  # noqa: SLF001 (as nn.Module)
+
+    name = f"recorder_{token}_call"
+    code = call.__code__.replace(co_name=name)  # a new code object
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname=name)
+    call.__code__ = code
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 def unwrap_compiled(net: nn.Module) -> tuple[nn.Module, Callable[[Any], Any] | None]:

@@ -47,6 +47,7 @@ from torch.nn.modules import module as _module_impl
 from ._compiled import (
     GradDeposits,
     TracedPass,
+    entry_point,
     export_records,
     traced_key,
     traced_plan,
@@ -205,10 +206,19 @@ class Recorder(nn.Module):
         self._scopes: list[Scope] = []
         self._warned_inplace: set[tuple[str, DepthIdx]] = set()
         self._compiler = compiler
-        if compiler is not None:  # `Recorder(torch.compile(net))`
-            # What `nn.Module.compile` does, with the settings the net was
-            # compiled with: the recorder's pass is traced as a whole.
-            self._compiled_call_impl = compiler(self._call_impl)
+        self._enter(compiler)
+
+    def _enter(self, compiler: Callable[[Any], Any] | None) -> None:
+        """Set the entry point that Dynamo compiles (see ``entry_point``).
+
+        With ``compiler`` (``Recorder(torch.compile(net))``), do what
+        ``nn.Module.compile`` does, with the settings the net was compiled
+        with: the recorder's whole pass is traced as one graph.
+        """
+        entry = entry_point(self, self._token)
+        object.__setattr__(self, "__call__", entry)
+        if compiler is not None:
+            object.__setattr__(self, "_compiled_call_impl", compiler(entry))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
@@ -235,7 +245,8 @@ class Recorder(nn.Module):
             or self.__dict__.get("_compiled_call_impl") is not None
             or torch._C._get_tracing_state()  # noqa: SLF001 (what torch checks)
         ):
-            return _MODULE_CALL(self, *args, **kwargs)
+            # Looked up now: `torch.fx` tracing patches `nn.Module.__call__`.
+            return nn.Module.__call__(self, *args, **kwargs)
         return self.forward(*args, **kwargs)
 
     # -- selection -------------------------------------------------------
@@ -1070,6 +1081,7 @@ class Recorder(nn.Module):
                 "_scopes",
                 "_warned_inplace",
                 "_compiled_call_impl",
+                "__call__",
             }
             for name, value in self.__dict__.items():
                 if name not in fresh:
@@ -1080,9 +1092,7 @@ class Recorder(nn.Module):
             object.__setattr__(new, "_hooks", hooks)
             object.__setattr__(new, "_latest", _Latest())
             object.__setattr__(new, "_deposits", GradDeposits())
-            if self._compiler is not None:
-                compiled = self._compiler(new._call_impl)  # noqa: SLF001 (as nn.Module.compile)
-                object.__setattr__(new, "_compiled_call_impl", compiled)
+            new._enter(self._compiler)  # noqa: SLF001 (a recorder's own)
             object.__setattr__(new, "_scopes", [])
             object.__setattr__(new, "_warned_inplace", set())
             plan: CallPlan = new.__dict__["_plan"]

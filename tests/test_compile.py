@@ -441,3 +441,82 @@ def test_export_refuses_gradients():
     rnet.record(grads=(1, 2))
     with pytest.raises(ValueError, match="runs the forward pass only"):
         rnet.export(torch.randn(2, 64))
+
+
+def test_past_the_recompile_limit_a_new_selection_fails_or_runs_eagerly():
+    rnet = Recorder(_mlp(), input_size=(1, 64))
+    x = torch.randn(2, 64)
+    labels = [(1, 1), (1, 2), (1, 3)]
+    with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():
+        compiled = _compiled(rnet)
+        for label in labels[:2]:
+            rnet.record(label)
+            compiled(x)
+        rnet.record(labels[2])
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            compiled(x)
+        # Without fullgraph Dynamo runs the eager pass: records stay right.
+        relaxed = torch.compile(rnet, backend="eager")
+        relaxed(x)
+        assert list(rnet.activations) == [labels[2]]
+        assert torch.equal(rnet.activations[labels[2]], rnet.net[:3](x))  # 1-3: "2"
+
+
+def test_nested_recorders_record_inside_one_compiled_graph():
+    inner = Recorder(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), input_size=(1, 8))
+    inner.record((1, 1))
+    outer = Recorder(nn.Sequential(inner, nn.Linear(8, 2)), input_size=(1, 8))
+    outer.record((1, 1), (1, 2))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = outer(x)
+        outer_records, inner_records = dict(outer.activations), dict(inner.activations)
+        out = _compiled(outer)(x)
+    assert torch.equal(out, expected)
+    for label, record in outer_records.items():
+        assert torch.equal(outer.activations[label], record)
+    assert torch.equal(inner.activations[(1, 1)], inner_records[(1, 1)])
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: Tensor, scale: Tensor | None = None) -> Tensor:
+        out = self.lin(x)
+        return out if scale is None else out * scale
+
+
+def test_export_takes_dynamic_shapes_by_argument_name():
+    rnet = Recorder(_Scaled(), input_size=(1, 4))
+    rnet.record((1, 1))
+    batch = torch.export.Dim("batch")
+    program = rnet.export(
+        torch.randn(2, 4),
+        scale=torch.full((1,), 2.0),
+        dynamic_shapes={"x": {0: batch}, "scale": None},
+    )
+    x, scale = torch.randn(7, 4), torch.full((1,), 3.0)
+    with torch.no_grad():
+        out, activations = program.module()(x, scale)  # positional, in order
+        expected = rnet(x, scale=scale)
+    assert torch.equal(out, expected)
+    assert torch.equal(activations["1-1"], rnet.activations[(1, 1)])
+    with pytest.raises(ValueError, match="not positional arguments"):
+        rnet.export(torch.randn(2, 4), dynamic_shapes={"y": None})
+
+
+def test_recompile_limit_counts_one_recorders_selections_not_all_recorders():
+    # Dynamo caches at most `recompile_limit` graphs per code object; every
+    # recorder enters through a code object of its own, so more recorders
+    # than the limit each compile (through a shared one the last one failed).
+    x = torch.randn(2, 4)
+    limit = 3
+    with torch._dynamo.config.patch(recompile_limit=limit), torch.no_grad():
+        for _ in range(limit + 2):
+            net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            rnet = Recorder(net, input_size=(1, 4))
+            rnet.record((1, 1))
+            _compiled(rnet)(x)
+            assert torch.equal(rnet.activations[(1, 1)], net[0](x))

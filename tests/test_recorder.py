@@ -170,6 +170,21 @@ def test_static_flow_check_can_be_disabled():
     assert torch.equal(rnet(x), net(x))
 
 
+def test_static_flow_check_passes_over_a_recording_recorder_inside_the_net():
+    """`torch.fx` sees an inner recorder with a selection as one leaf call.
+
+    The tracer patches `nn.Module.__call__`; the recorder's own `__call__`
+    must go through the patched one, not run a recording pass on proxies.
+    """
+    inner = Recorder(nn.Sequential(nn.Linear(3, 3), nn.ReLU()), input_size=(1, 3))
+    inner.record((1, 1))
+    outer = Recorder(nn.Sequential(inner, nn.Linear(3, 2)), input_size=(1, 3))
+    outer.record((1, 2))
+    x = torch.rand(2, 3)
+    assert torch.equal(outer(x), outer.net(x))
+    assert list(inner.activations) == [(1, 1)]
+
+
 def test_recorded_layer_left_uncalled_raises_runtime_error():
     """A pass that skips a recorded layer raises the reference's "Missing" error."""
     rnet = Recorder(DataDependent(), input_size=(1, 3), force_static_flow=False)
