@@ -263,13 +263,7 @@ class TracedPass(PassState):
         k = self.start_counts.get(key, 0)
         self.start_counts[key] = k + 1
         if k >= len(plan):
-            raise self.plan.mismatch(
-                module,
-                f"at least {k + 1} times",
-                len(plan),
-                training=self.training,
-                grad=torch.is_grad_enabled(),
-            )
+            raise self.extra_call(module, k + 1, len(plan))
         label = plan[k]
         if label is None or self.dont_record:
             return
@@ -286,13 +280,7 @@ class TracedPass(PassState):
         k = self.end_counts.get(key, 0)
         self.end_counts[key] = k + 1
         if k >= len(specs):
-            raise self.plan.mismatch(
-                module,
-                f"at least {k + 1} times",
-                len(specs),
-                training=self.training,
-                grad=torch.is_grad_enabled(),
-            )
+            raise self.extra_call(module, k + 1, len(specs))
         spec = specs[k]
         if spec is None:
             return None

@@ -460,13 +460,7 @@ class PassState:
         k = self.starts.get(module, 0)
         self.starts[module] = k + 1
         if k >= len(plan):
-            raise self.plan.mismatch(
-                module,
-                f"at least {k + 1} times",
-                len(plan),
-                training=self.training,
-                grad=torch.is_grad_enabled(),
-            )
+            raise self.extra_call(module, k + 1, len(plan))
         label = plan[k]
         if label is None or self.dont_record:
             return
@@ -503,13 +497,7 @@ class PassState:
         try:
             spec = specs[k]
         except IndexError:
-            raise plan.mismatch(
-                module,
-                f"at least {k + 1} times",
-                len(specs),
-                training=self.training,
-                grad=torch.is_grad_enabled(),
-            ) from None
+            raise self.extra_call(module, k + 1, len(specs)) from None
         if spec is None:
             return None
         label, wants_output, wants_grad = spec
@@ -568,6 +556,16 @@ class PassState:
         if self.grads is _NO_GRADS:
             self.grads = {}
         self.grads[label] = GradSlot(output, self.plan.options, sink)
+
+    def extra_call(self, module: nn.Module, calls: int, expected: int) -> CallPlanError:
+        """Return the error for the ``calls``-th call of ``module`` (one too many)."""
+        return self.plan.mismatch(
+            module,
+            f"at least {calls} times",
+            expected,
+            training=self.training,
+            grad=torch.is_grad_enabled(),
+        )
 
     def no_grad_message(self, module: nn.Module, label: DepthIdx) -> str:
         """Return the error message for a gradient that cannot flow back."""
