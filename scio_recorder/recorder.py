@@ -12,7 +12,10 @@ so code written for it runs unchanged. On top of it:
 * records modified in place after they were taken are detected (warning), and
   ``record(..., clone=True)`` keeps them exact;
 * the state of a pass is local to that pass, so threads and nested recorders
-  work.
+  work;
+* ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
+  into one graph, and :meth:`Recorder.export` exports it with the records as
+  outputs (see :mod:`._compiled` and ``docs/compile.md``).
 """
 
 from __future__ import annotations
