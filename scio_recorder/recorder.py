@@ -231,7 +231,9 @@ class Recorder(nn.Module):
         at a cost (two Python frames and a dozen checks) comparable to a small
         layer's whole forward. Any hook on the recorder, global module hooks,
         JIT tracing, ``torch.fx`` tracing (which patches
-        ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual.
+        ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual,
+        and so does a pass that Dynamo traces (it traces torch's own path with
+        fewer guards than this one's checks).
         """
         if torch.compiler.is_compiling():  # Dynamo traces torch's own path best
             return _MODULE_CALL(self, *args, **kwargs)
