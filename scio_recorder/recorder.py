@@ -252,7 +252,13 @@ class Recorder(nn.Module):
         ):
             # Looked up now: `torch.fx` tracing patches `nn.Module.__call__`.
             return nn.Module.__call__(self, *args, **kwargs)
-        return self.forward(*args, **kwargs)
+        return self._fast_forward(*args, **kwargs)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Let the fast path of ``__call__`` call a subclass's own ``forward``."""
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls._fast_forward = cls.forward
 
     # -- selection -------------------------------------------------------
 
@@ -478,6 +484,25 @@ class Recorder(nn.Module):
         """
         if torch.compiler.is_compiling():
             return self._traced_forward(args, kwargs, activation_postproc, dont_record)
+        return self._eager_forward(
+            *args,
+            activation_postproc=activation_postproc,
+            dont_record=dont_record,
+            **kwargs,
+        )
+
+    def _eager_forward(
+        self,
+        *args: Any,
+        activation_postproc: Postprocessor | Sequence[Postprocessor] | None = None,
+        dont_record: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run :meth:`forward` outside Dynamo (``__call__``'s fast path calls it).
+
+        ``__call__`` has already asked whether Dynamo is tracing; asking again
+        would cost every eager pass a second check.
+        """
         net = self._net_direct
         states = ACTIVE.states
         key = self._token
@@ -563,6 +588,9 @@ class Recorder(nn.Module):
         latest.grads = {}
         latest.traced_grads = state.grad_targets
         return out
+
+    _fast_forward = _eager_forward
+    """What ``__call__``'s fast path runs (a subclass's own ``forward``)."""
 
     def _clear(self) -> None:
         latest = self._latest

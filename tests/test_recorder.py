@@ -990,3 +990,20 @@ def test_a_kept_activations_mapping_does_not_keep_the_net_alive():
     assert list(acts) == [(1, 1)]
     with pytest.raises(KeyError, match="not a label recorded in this pass"):
         acts["0"]
+
+
+def test_subclass_forward_runs_on_the_fast_path(toynet):
+    """A subclass's own `forward` is what `rnet(x)` calls, hooks or not."""
+    calls = []
+
+    class Counting(Recorder):
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            return super().forward(*args, **kwargs)
+
+    rnet = Counting(toynet, input_size=(1, 5))
+    rnet.record((1, 1))
+    x = torch.rand(2, 5)
+    assert torch.equal(rnet(x), toynet(x))
+    assert calls == [1]
+    assert torch.equal(rnet.activations[(1, 1)], toynet[0](x))
