@@ -223,6 +223,30 @@ class Recorder(nn.Module):
         if compiler is not None:
             object.__setattr__(self, "_compiled_call_impl", compiler(entry))
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile the recorder's pass in place, as ``nn.Module.compile`` does.
+
+        The arguments are those of :func:`torch.compile`. Unlike
+        ``nn.Module.compile``, which compiles the ``_call_impl`` that every
+        module shares (so Dynamo's recompile limit would count all compiled
+        modules of the process), this compiles the recorder's own entry point.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+        >>> rnet.record((1, 1))
+        >>> rnet.compile(fullgraph=True, backend="eager")
+        >>> out = rnet(torch.ones(4, 3))
+        >>> rnet.activations[(1, 1)].shape
+        torch.Size([4, 2])
+
+        """
+        entry = self.__dict__["__call__"]
+        compiled = torch.compile(entry, *args, **kwargs)
+        object.__setattr__(self, "_compiled_call_impl", compiled)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
 

@@ -520,3 +520,15 @@ def test_recompile_limit_counts_one_recorders_selections_not_all_recorders():
             rnet.record((1, 1))
             _compiled(rnet)(x)
             assert torch.equal(rnet.activations[(1, 1)], net[0](x))
+
+
+def test_compile_in_place_records_and_counts_per_recorder():
+    x = torch.randn(2, 4)
+    with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():
+        for _ in range(4):  # more recorders than the limit
+            net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            rnet = Recorder(net, input_size=(1, 4))
+            rnet.record((1, 2))
+            rnet.compile(fullgraph=True, backend="eager")
+            assert torch.equal(rnet(x), net(x))
+            assert torch.equal(rnet.activations[(1, 2)], net(x))
