@@ -101,7 +101,6 @@ _DEPOSITS: weakref.WeakValueDictionary[int, GradDeposits] = (
 )
 
 
-@torch.library.custom_op("scio_recorder::deposit_grad", mutates_args=())
 def _deposit_grad(grad: Tensor, output: Tensor, key: int) -> Tensor:
     """File a copy of ``grad``, the gradient of ``output``; return another copy.
 
@@ -115,9 +114,17 @@ def _deposit_grad(grad: Tensor, output: Tensor, key: int) -> Tensor:
     return grad.clone()
 
 
-@_deposit_grad.register_fake
-def _(grad: Tensor, output: Tensor, key: int) -> Tensor:  # noqa: ARG001 (the signature)
+def _deposit_grad_fake(grad: Tensor, output: Tensor, key: int) -> Tensor:  # noqa: ARG001 (the signature)
     return torch.empty_like(grad)
+
+
+# `torch.library.custom_op` came with torch 2.4; on 2.3 the package still
+# imports, and only gradients inside a compiled graph are refused.
+HAS_DEPOSIT_OP = hasattr(torch.library, "custom_op")
+if HAS_DEPOSIT_OP:
+    torch.library.custom_op("scio_recorder::deposit_grad", mutates_args=())(
+        _deposit_grad
+    ).register_fake(_deposit_grad_fake)
 
 
 class _GradProbe(torch.autograd.Function):
@@ -292,6 +299,13 @@ class TracedPass(PassState):
             if self.postproc is not None:
                 result = self.postprocess(output)
         if wants_grad and not self.dont_record:
+            if not HAS_DEPOSIT_OP:
+                msg = (
+                    "Recording gradients inside a compiled graph needs torch >= "
+                    "2.4 (`torch.library.custom_op`). Record them with the "
+                    "uncompiled recorder, or upgrade torch."
+                )
+                raise RuntimeError(msg)
             passed_on = output if result is None else result
             self.check_grad(module, label, passed_on)
             key = self.deposit_key
