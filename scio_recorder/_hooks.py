@@ -272,39 +272,12 @@ class CallPlan:
     """Calls per pass of each hooked module (derived, for a fast check)."""
     expected_starts: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """Call starts per pass of each pre-hooked module (derived)."""
-    ends_by_id: dict[int, tuple[EndSpec | None, ...]] = dataclasses.field(
-        init=False, repr=False
-    )
-    """``ends`` keyed by ``id(module)`` (derived, for compiled passes: Dynamo
-    guards an int key in C++, a module key with a Python identity check)."""
-    starts_by_id: dict[int, tuple[DepthIdx | None, ...]] = dataclasses.field(
-        init=False, repr=False
-    )
-    """``starts`` keyed by ``id(module)`` (derived, for compiled passes)."""
 
     def __post_init__(self) -> None:
         expected = {module: len(plan) for module, plan in self.ends.items() if plan}
         object.__setattr__(self, "expected", expected)
         starts = {module: len(plan) for module, plan in self.starts.items() if plan}
         object.__setattr__(self, "expected_starts", starts)
-        ends_by_id = {id(module): plan for module, plan in self.ends.items()}
-        object.__setattr__(self, "ends_by_id", ends_by_id)
-        starts_by_id = {id(module): plan for module, plan in self.starts.items()}
-        object.__setattr__(self, "starts_by_id", starts_by_id)
-
-    def __reduce__(self) -> tuple[type[CallPlan], tuple[Any, ...]]:
-        """Copy through ``__init__``, so derived fields follow copied modules."""
-        return (
-            type(self),
-            (
-                self.ends,
-                self.starts,
-                self.describe,
-                self.options,
-                self.reference,
-                self.outputs_per_pass,
-            ),
-        )
 
     @classmethod
     def empty(cls, reference: str) -> CallPlan:
