@@ -56,6 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from ._hooks import CallInputs, EndSpec, PassState, convert, map_tensors
+from .layers import label_str
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -393,23 +394,20 @@ class _ExportRoot(nn.Module):
         self,
         recorder: nn.Module,
         postproc: Postprocessor | Sequence[Postprocessor] | None,
-        label_str: Callable[[DepthIdx], str],
     ) -> None:
         super().__init__()
         self.recorder = recorder
         self.postproc = postproc
-        self.label_str = label_str
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         recorder: Any = self.recorder
         if self.postproc is not None:
             kwargs = {**kwargs, "activation_postproc": self.postproc}
         out = recorder(*args, **kwargs)
-        name = self.label_str
-        activations = {name(k): v for k, v in recorder.activations.items()}
+        activations = {label_str(k): v for k, v in recorder.activations.items()}
         if not recorder.selection.inputs:
             return out, activations
-        inputs = {name(k): v for k, v in recorder.inputs.items()}
+        inputs = {label_str(k): v for k, v in recorder.inputs.items()}
         return out, activations, inputs
 
 
@@ -461,13 +459,12 @@ def export_records(  # noqa: PLR0913 (the options of torch.export.export)
     kwargs: dict[str, Any],
     *,
     postproc: Postprocessor | Sequence[Postprocessor] | None,
-    label_str: Callable[[DepthIdx], str],
     strict: bool,
     dynamic_shapes: Any,
 ) -> torch.export.ExportedProgram:
     """Export ``recorder``'s pass; see :meth:`Recorder.export`."""
     args, kwargs, dynamic_shapes = _positional(net, args, kwargs, dynamic_shapes)
-    root = _ExportRoot(recorder, postproc, label_str)
+    root = _ExportRoot(recorder, postproc)
     with warnings.catch_warnings():
         # Strict export lists the records it stores as "side effects".
         warnings.filterwarnings(

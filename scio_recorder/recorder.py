@@ -72,14 +72,7 @@ from ._hooks import (
     new_token,
 )
 from .graph import ExecutionGraph, trace_graph
-from .layers import (
-    DepthIdx,
-    Layer,
-    LayerTable,
-    build_table,
-    example_inputs,
-    label_str,
-)
+from .layers import DepthIdx, Layer, LayerTable, build_table, example_inputs
 from .scope import Scope, ScopeState
 from .select import Selector, as_label, index_like, resolve
 
@@ -935,7 +928,6 @@ class Recorder(nn.Module):
             args,
             kwargs,
             postproc=activation_postproc,
-            label_str=label_str,
             strict=strict,
             dynamic_shapes=dynamic_shapes,
         )
