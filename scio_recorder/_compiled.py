@@ -219,12 +219,7 @@ class TracedPass(PassState):
         dont_record: bool,  # noqa: FBT001 (mirrors PassState)
         training: bool,  # noqa: FBT001 (mirrors PassState)
     ) -> None:
-        self.plan = plan
-        self.postproc = postproc
-        self.dont_record = dont_record
-        self.training = training
-        self.records = {}
-        self.versions = []
+        super().__init__(plan, postproc, dont_record, training)
         self.token = traced.token
         self.options = traced.options
         self.deposit_key = traced.deposit_key
