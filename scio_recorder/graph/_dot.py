@@ -14,6 +14,8 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._extras import install_hint
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -25,8 +27,8 @@ INSTALL_DOT = (
     "graphviz`. `graph.to_dot()` works without it."
 )
 INSTALL_PACKAGE = (
-    "Rendering needs the `graphviz` Python package: `pip install "
-    "'scio-recorder[graph]'` (and Graphviz's `dot` program). "
+    "Rendering needs the `graphviz` Python package: "
+    f"{install_hint('graph', 'graphviz')}, and Graphviz's `dot` program. "
     "`graph.to_dot()` works without it."
 )
 FORMATS = ("svg", "png", "pdf")
