@@ -596,7 +596,10 @@ def test_a_second_process_in_a_locked_spill_dir_is_refused(tmp_path):
             child.kill()
     assert not (tmp_path / LOCK).exists()
     result = collect(
-        rnet, [torch.ones(2, 3)] * 2, {(1, 1): "concat"}, input=None,
+        rnet,
+        [torch.ones(2, 3)] * 2,
+        {(1, 1): "concat"},
+        input=None,
         spill_dir=tmp_path,
     )  # the child's finished run, resumed
     assert result.samples == 4
@@ -633,9 +636,7 @@ def test_a_second_thread_in_a_locked_spill_dir_is_refused(tmp_path):
 
 def dead_pid() -> int:
     """The pid of a process that has ended (and been reaped)."""
-    done = subprocess.run([sys.executable, "-c", "pass"], check=True)  # noqa: S603
-    del done
-    process = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
 
@@ -657,7 +658,7 @@ def test_a_lock_of_another_host_is_not_taken_over(tmp_path):
     owner = {"pid": 1, "host": "elsewhere.invalid", "started": "x", "token": "0"}
     (tmp_path / LOCK).write_text(json.dumps(owner))
     rnet = Recorder(deep_net(), input_size=(1, 3))
-    with pytest.raises(RuntimeError, match="pid 1 on host 'elsewhere.invalid'"):
+    with pytest.raises(RuntimeError, match=r"pid 1 on host 'elsewhere\.invalid'"):
         collect(rnet, make_batches([2]), {(1, 1): "concat"}, spill_dir=tmp_path)
     assert json.loads((tmp_path / LOCK).read_text()) == owner
 
@@ -667,8 +668,12 @@ def test_the_lock_is_removed_after_an_error(tmp_path, error):
     rnet = Recorder(deep_net(), input_size=(1, 3))
     batches = make_batches([2, 2, 2])
     with pytest.raises(error):
-        collect(rnet, Flaky(batches, 1, error("injected")), {(1, 1): "concat"},
-                spill_dir=tmp_path)
+        collect(
+            rnet,
+            Flaky(batches, 1, error("injected")),
+            {(1, 1): "concat"},
+            spill_dir=tmp_path,
+        )
     assert not (tmp_path / LOCK).exists()
     result = collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
     assert result[(1, 1)].shape == (6, 4)

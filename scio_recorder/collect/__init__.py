@@ -80,5 +80,5 @@ from ._checkpoint import MANIFEST
 from ._collect import collect, estimate
 from ._estimate import Estimate, LabelEstimate
 from ._results import CollectResult
-from ._spill import LOCK
 from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, InputOf, ReducerSpec
+from ._spill import LOCK

@@ -45,7 +45,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import safetensors.torch
 import torch
@@ -341,12 +341,13 @@ class Checkpoints:
             saved.samples,
         )
 
-    def _malformed(self, what: str) -> ValueError:
-        return ValueError(
+    def _malformed(self, what: str) -> NoReturn:
+        msg = (
             f"The manifest '{self.manifest}' of the saved run in '{self.folder}' "
             f"is damaged or was edited: {what}. Pass `resume=False` to start "
             "over (this deletes the saved run)."
         )
+        raise ValueError(msg)
 
     def _validate(
         self, data: dict[str, Any], slots: list[Slot]
@@ -354,21 +355,19 @@ class Checkpoints:
         """Check every field of a manifest against itself and this run."""
         for field in ("batches", "samples", "complete", "states", "concat"):
             if field not in data:
-                raise self._malformed(f"it has no {field!r}")
+                self._malformed(f"it has no {field!r}")
         counts = {}
         for field in ("batches", "samples"):
             value = data[field]
             if not is_count(value):
-                raise self._malformed(
-                    f"{field!r} is {value!r}, not a number of {field} >= 0"
-                )
+                self._malformed(f"{field!r} is {value!r}, not a number of {field} >= 0")
             counts[field] = value
         complete = data["complete"]
         if not isinstance(complete, bool):
-            raise self._malformed(f"'complete' is {complete!r}, not true or false")
+            self._malformed(f"'complete' is {complete!r}, not true or false")
         states_name = data["states"]
         if states_name not in STATE_FILES:
-            raise self._malformed(
+            self._malformed(
                 f"'states' is {states_name!r}, not one of the states files this "
                 f"version writes ({', '.join(STATE_FILES)})"
             )
@@ -376,14 +375,13 @@ class Checkpoints:
         stores = {slot.key: slot.store for slot in slots if slot.store is not None}
         if not isinstance(concat, dict) or set(concat) != set(stores):
             keys = sorted(concat) if isinstance(concat, dict) else concat
-            raise self._malformed(
-                f"'concat' lists {keys!r}, not the concatenated layers "
-                f"{sorted(stores)}"
+            self._malformed(
+                f"'concat' lists {keys!r}, not the concatenated layers {sorted(stores)}"
             )
         for key, store in stores.items():
             problem = entry_problem(concat[key], store.file_name)
             if problem is not None:
-                raise self._malformed(f"'concat' of layer {key}: {problem}")
+                self._malformed(f"'concat' of layer {key}: {problem}")
         saved = Saved(counts["batches"], counts["samples"], complete)
         return saved, str(states_name), concat
 
@@ -413,7 +411,7 @@ class Checkpoints:
             expected["manifest"] = manifest_digest(data)
         for key, value in expected.items():
             if metadata.get(key) != value:
-                raise self._malformed(
+                self._malformed(
                     f"it does not match the states file '{path.name}' it names "
                     f"({key}: {metadata.get(key)!r} in the states file)"
                 )
@@ -490,17 +488,18 @@ def plain(value: object) -> str:
 
 
 def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """A digest of a manifest's JSON content (the same after a round trip)."""
+    """Return a digest of a manifest's JSON content (the same after a round trip)."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
+    """Return whether ``value`` is an int >= 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def entry_problem(entry: object, file_name: str) -> str | None:  # noqa: PLR0911 (one check per field)
-    """What is wrong with a manifest's entry of one concatenation, if anything."""
+    """Say what is wrong with a manifest's entry of a concatenation (None: nothing)."""
     if not isinstance(entry, dict):
         return f"the entry is {entry!r}, not an object"
     if entry.get("file") != file_name:

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 import contextlib
-import datetime
+import datetime as dt
 import json
 import logging
 import math
@@ -256,13 +256,6 @@ class SpillLock:
         self.path = folder / LOCK
         self.token: str | None = None
 
-    def __enter__(self) -> SpillLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
     def acquire(self) -> None:
         """Take the lock, or raise ``RuntimeError`` naming its live owner."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -270,9 +263,7 @@ class SpillLock:
         owner = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"
-            ),
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "token": token,
         }
         text = json.dumps(owner, indent=1).encode()
@@ -308,7 +299,7 @@ class SpillLock:
         self.token = None
 
     def _read(self) -> dict[str, Any] | None:
-        """The owner written in the lock file; None if it is gone."""
+        """Return the owner written in the lock file (None: no lock file)."""
         for _ in range(20):  # a lock just created may not be written yet
             try:
                 text = self.path.read_text(encoding="utf-8")
