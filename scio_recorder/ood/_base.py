@@ -201,21 +201,8 @@ class Detector:
         Returns
         -------
         Detector
-            ``self``, fitted. If the fit fails, the detector is left as it
-            was (a detector fitted before keeps its old state).
+            ``self``, fitted.
         """
-        with all_or_nothing([self]):
-            self._fit_one_pass(batches, input=input, target=target, **options)
-        return self
-
-    def _fit_one_pass(
-        self,
-        batches: Iterable[Any],
-        *,
-        input: Any,  # noqa: A002 (collect's name)
-        target: Any,
-        **options: Any,
-    ) -> None:
         keep = self.fit_keep()
         if keep:
             if self.needs_target and target is None:
@@ -234,6 +221,7 @@ class Detector:
             )
             self.fit_from(result)
         self._fitted = True
+        return self
 
     def _keep_key(self, label: DepthIdx, kind: str) -> Any:
         return InputOf(label) if kind == "input" else label
