@@ -19,16 +19,21 @@ __all__ = [
     "Detector",
     "NotFittedError",
     "Pass",
+    "all_or_nothing",
+    "check_reiterable",
     "fit_detectors",
+    "in_subfolder",
     "last_linear",
     "logits_of",
     "one_label",
     "run_passes",
 ]
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -43,8 +48,7 @@ from scio_recorder.reduce import Tee
 from scio_recorder.select import resolve_one
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
-    from pathlib import Path
+    from collections.abc import Generator, Iterable, Sequence
 
     from typing_extensions import Self
 
@@ -121,6 +125,8 @@ class Detector:
     needs_fit: ClassVar[bool] = False
     needs_target: ClassVar[bool] = False
     edits: ClassVar[bool] = False
+    fit_passes: ClassVar[int] = 1
+    """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
 
     def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
         """Keep the recorder; subclasses resolve their layers here."""
@@ -337,15 +343,31 @@ def fit_detectors(
     reducers), so the data set is run through the net once. Detectors with a
     fit of their own (ViM's two passes) are fitted after, on their own.
 
+    All or nothing: if any fit fails, every detector is left as it was (one
+    fitted before keeps its old state), and the error is raised.
+
     Parameters
     ----------
     detectors : mapping or sequence of Detector
         Detectors of the same recorder.
     batches : iterable
-        In-distribution batches; with a ViM among the detectors, an
-        iterable that can be iterated again (a list, a ``DataLoader``).
+        In-distribution batches. When they are iterated more than once (a
+        ViM among the detectors, or a detector with a fit of its own next to
+        shared ones), an iterable that starts over (a list, a
+        ``DataLoader``); a generator or an iterator is a ``TypeError``,
+        raised before the first pass.
     input, target, **options
-        As for :meth:`Detector.fit`.
+        As for :meth:`Detector.fit`. With several ``collect`` runs, each
+        gets a subfolder of ``spill_dir``: ``shared`` for the shared pass,
+        ``<i>-<Class>`` for the fit of the ``i``-th detector (ViM then uses
+        ``pass-0`` and ``pass-1`` inside it).
+
+    Raises
+    ------
+    TypeError
+        For a one-shot iterator that would be iterated more than once.
+    ValueError
+        As :meth:`Detector.fit` and :func:`~scio_recorder.collect.collect`.
 
     Examples
     --------
@@ -371,11 +393,87 @@ def fit_detectors(
         msg = "fit_detectors: every detector must wrap the same Recorder"
         raise ValueError(msg)
     shared = [d for d in group if d.needs_fit and type(d).fit is Detector.fit]
-    if shared:
-        _fit_together(rnet, shared, batches, input=input, target=target, **options)
-    for detector in group:
-        if detector not in shared:
-            detector.fit(batches, input=input, target=target, **options)
+    own = [(i, d) for i, d in enumerate(group) if d.needs_fit and d not in shared]
+    names = ", ".join(type(d).__name__ for d in shared)
+    passes = [(f"one shared by {names}", 1)] if shared else []
+    passes += [(f"{type(d).__name__}.fit", d.fit_passes) for _, d in own]
+    check_reiterable(batches, passes, "fit_detectors")
+    # Each collect run gets its own spill folder (resumable on its own);
+    # a single run keeps `spill_dir` itself, as it always did.
+    split = len(passes) > 1
+    with all_or_nothing(group):
+        if shared:
+            _fit_together(
+                rnet,
+                shared,
+                batches,
+                input=input,
+                target=target,
+                **(in_subfolder(options, "shared") if split else options),
+            )
+        for i, detector in own:
+            sub = f"{i}-{type(detector).__name__}"
+            detector.fit(
+                batches,
+                input=input,
+                target=target,
+                **(in_subfolder(options, sub) if split else options),
+            )
+        for detector in group:
+            if not detector.needs_fit:
+                detector.fit(batches, input=input, target=target, **options)
+
+
+def check_reiterable(
+    batches: object, passes: Sequence[tuple[str, int]], who: str
+) -> None:
+    """Refuse a one-shot iterator for fits that iterate ``batches`` again.
+
+    ``passes`` names each fit and how many times it iterates ``batches``.
+    Called before the first pass, so that nothing is computed in vain.
+    """
+    total = sum(n for _, n in passes)
+    if total > 1 and isinstance(batches, Iterator):
+        what = ", ".join(
+            f"{name} ({n} passes)" if n > 1 else name for name, n in passes
+        )
+        msg = (
+            f"{who} iterates `batches` {total} times ({what}), but got a "
+            f"{type(batches).__name__}, which can be iterated only once (the "
+            "second pass would find it exhausted). Pass a list or a DataLoader, "
+            "or an object whose __iter__ starts over."
+        )
+        raise TypeError(msg)
+
+
+def in_subfolder(options: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """``options`` with ``spill_dir`` (if any) replaced by ``spill_dir/name``.
+
+    Two collect runs with other arguments cannot share a spill folder (the
+    second would refuse the first's manifest): each pass of a multi-pass
+    fit gets a subfolder.
+    """
+    spill_dir = options.get("spill_dir")
+    if spill_dir is None:
+        return dict(options)
+    return {**options, "spill_dir": Path(spill_dir) / name}
+
+
+@contextlib.contextmanager
+def all_or_nothing(detectors: Sequence[Detector]) -> Generator[None, None, None]:
+    """Restore every detector's attributes if the block raises.
+
+    Fits rebind attributes (never change tensors in place), so a shallow copy
+    of each detector's ``__dict__`` is its whole state, fitted flag included.
+    """
+    saved = [(detector, dict(vars(detector))) for detector in detectors]
+    try:
+        yield
+    except BaseException:
+        for detector, attributes in saved:
+            vars(detector).clear()
+            vars(detector).update(attributes)
+        raise
 
 
 def run_passes(

@@ -19,7 +19,15 @@ from torch import Tensor
 
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
-from ._base import Detector, Pass, last_linear, one_label
+from ._base import (
+    Detector,
+    Pass,
+    all_or_nothing,
+    check_reiterable,
+    in_subfolder,
+    last_linear,
+    one_label,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -324,6 +332,7 @@ class ViM(Detector):
     """
 
     needs_fit: ClassVar[bool] = True
+    fit_passes: ClassVar[int] = 2
 
     def __init__(self, rnet: Recorder, d: int, *, fc: Selector | None = None) -> None:
         """Find ``fc`` and check ``d``."""
@@ -365,26 +374,43 @@ class ViM(Detector):
     ) -> Self:
         """Two passes: the principal subspace, then ``alpha``.
 
-        ``batches`` is iterated twice (a list or a ``DataLoader``, not a
-        generator). ``target`` is not used.
+        ``batches`` is iterated twice: a list or a ``DataLoader``; a
+        generator or another iterator is a ``TypeError``, raised before the
+        first pass. ``target`` is not used. With ``spill_dir``, the passes
+        use its subfolders ``pass-0`` and ``pass-1`` (each resumable). If
+        the fit fails, the detector is left as it was.
         """
         from scio_recorder.collect import InputOf, collect  # noqa: PLC0415 (as the base does)
 
+        passes = [("one for the principal subspace", 1), ("one for alpha", 1)]
+        check_reiterable(batches, passes, "ViM.fit")
         key = InputOf(self.label)
-        moments = collect(
-            self.rnet, batches, {key: Covariance()}, input=input, **options
-        )
-        stats = moments[self.label]
-        centre = stats.mean.reshape(-1) - self.u
-        second = stats.cov_population + torch.outer(centre, centre)
-        values, vectors = torch.linalg.eigh(second)
-        order = torch.argsort(values, descending=True)
-        self.residual = vectors[:, order[self.d :]]
-        norms = _ResidualNorms(self.u, self.residual, self.weight, self.bias)
-        result = collect(self.rnet, batches, {key: norms}, input=input, **options)
-        mean_logit, mean_norm = result[self.label].tolist()
-        self.alpha = torch.tensor(mean_logit / mean_norm, dtype=_F64)
-        self._fitted = True
+        with all_or_nothing([self]):
+            moments = collect(
+                self.rnet,
+                batches,
+                {key: Covariance()},
+                input=input,
+                **in_subfolder(options, "pass-0"),
+            )
+            stats = moments[self.label]
+            centre = stats.mean.reshape(-1) - self.u
+            second = stats.cov_population + torch.outer(centre, centre)
+            values, vectors = torch.linalg.eigh(second)
+            order = torch.argsort(values, descending=True)
+            residual = vectors[:, order[self.d :]]
+            norms = _ResidualNorms(self.u, residual, self.weight, self.bias)
+            result = collect(
+                self.rnet,
+                batches,
+                {key: norms},
+                input=input,
+                **in_subfolder(options, "pass-1"),
+            )
+            mean_logit, mean_norm = result[self.label].tolist()
+            self.residual = residual
+            self.alpha = torch.tensor(mean_logit / mean_norm, dtype=_F64)
+            self._fitted = True
         return self
 
     def score_pass(self, result: Pass) -> Tensor:
