@@ -355,7 +355,7 @@ class _Encoder:
         # Each record by its name in messages, to measure one nested too deeply.
         self.records: dict[str, object] = {}
 
-    def encode(  # noqa: PLR0913 (the nesting depth travels with the path)
+    def encode(
         self, value: object, key: str, record: str, where: str, depth: int = 0
     ) -> Any:
         if depth > MAX_NESTING:
@@ -447,7 +447,7 @@ class _Encoder:
 
 
 def _too_deep(value: object, record: str, where: str) -> str:
-    """The message of a record nested deeper than :data:`MAX_NESTING`."""
+    """Return the message for a record nested deeper than :data:`MAX_NESTING`."""
     depth = _nesting_depth(value)
     how_deep = (
         "holds itself, so it is infinitely deep"

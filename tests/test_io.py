@@ -334,7 +334,7 @@ def nested(depth: int) -> object:
     """A tensor inside ``depth`` lists (and a dict every tenth level)."""
     record: object = torch.arange(3.0)
     for level in range(depth):
-        record = {"k": record} if level % 10 == 9 else [record]  # noqa: PLR2004
+        record = {"k": record} if level % 10 == 9 else [record]
     return record
 
 
@@ -343,7 +343,7 @@ def test_nesting_up_to_the_limit_round_trips(tmp_path: Path) -> None:
     record = nested(MAX_NESTING)
     loaded = load_records(save_records(tmp_path / "r", {"deep": record}))["deep"]
     for level in reversed(range(MAX_NESTING)):
-        loaded = loaded["k"] if level % 10 == 9 else loaded[0]  # noqa: PLR2004
+        loaded = loaded["k"] if level % 10 == 9 else loaded[0]
     assert torch.equal(loaded, torch.arange(3.0))
 
 
