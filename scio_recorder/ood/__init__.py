@@ -18,7 +18,8 @@ several detectors sharing passes and rates them
 | softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
 | an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
-| from class prototypes or the last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, :class:`RMDS`, :class:`fDBD` |
+| prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
+| | :class:`RMDS`, :class:`fDBD` |
 | from gradients | :class:`GradNorm` |
 
 This package is the public face; one detector family a private module
@@ -72,8 +73,8 @@ __all__ = [
     "fit_detectors",
 ]
 
-from ._calibration import ODIN, TempScale
 from ._base import Detector, NotFittedError, fit_detectors
+from ._calibration import ODIN, TempScale
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm

@@ -405,9 +405,7 @@ def run_passes(
             raise ValueError(msg)
         detector.check_fitted()
     scores: dict[int, Tensor] = {}
-    plain = [
-        (i, d) for i, d in enumerate(detectors) if not (d.edits or d.own_passes)
-    ]
+    plain = [(i, d) for i, d in enumerate(detectors) if not (d.edits or d.own_passes)]
     if plain:
         outputs = sorted({label for _, d in plain for label in d.outputs()})
         inputs = sorted({label for _, d in plain for label in d.inputs()})

@@ -181,7 +181,7 @@ class TempScale(Detector):
         self._fitted = t is not None
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The logits and labels (nothing when ``t`` was given)."""
+        """Return the logits and labels to keep (nothing when ``t`` was given)."""
         return {} if self.given is not None else {self.label: _LogitBank()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
@@ -278,13 +278,19 @@ class ODIN(Detector):
         """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
         x = args[0] if args else None
         if not (isinstance(x, Tensor) and x.is_floating_point()):
-            got = type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
+            got = (
+                type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
+            )
             msg = (
                 f"ODIN perturbs the net's first positional input, which must be a "
                 f"floating tensor; got {got}. Pass the input first, as a tensor."
             )
             raise TypeError(msg)
-        with torch.inference_mode(False), torch.enable_grad(), self.rnet.selecting():
+        with (
+            torch.inference_mode(mode=False),
+            torch.enable_grad(),
+            self.rnet.selecting(),
+        ):
             leaf = x.detach().clone().requires_grad_()
             out = self.rnet(leaf, *args[1:], **kwargs)
             logits = as_logits(out, "ODIN") / self.temperature

@@ -233,7 +233,7 @@ class KLMatching(Detector):
         self.typical = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The softmax sums of the net's output, by predicted class."""
+        """Return the softmax sums of the net's output to keep, by predicted class."""
         return {self.label: _PredictedMeans()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:

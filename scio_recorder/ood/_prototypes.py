@@ -158,7 +158,10 @@ class DICE(_LastLayer):
     ) -> None:
         """Find ``fc``; check ``p``."""
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
-            msg = f"DICE: p (the fraction of weights dropped) must be in [0, 1), got {p!r}"
+            msg = (
+                f"DICE: p, the fraction of weights dropped, must be in [0, 1), "
+                f"got {p!r}"
+            )
             raise ValueError(msg)
         super().__init__(rnet, fc)
         self.p = float(p)
@@ -167,7 +170,7 @@ class DICE(_LastLayer):
         self.threshold = torch.tensor(float("nan"), dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The mean of ``fc``'s input."""
+        """Return the mean of ``fc``'s input to keep."""
         return {self._keep_key(self.label, "input"): Moments()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
@@ -569,7 +572,7 @@ class fDBD(_LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
         self.mean = torch.zeros(0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The mean of ``fc``'s input."""
+        """Return the mean of ``fc``'s input to keep."""
         return {self._keep_key(self.label, "input"): Moments()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
