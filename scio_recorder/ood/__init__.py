@@ -14,12 +14,17 @@ several detectors sharing passes and rates them
 | family | detectors |
 |---|---|
 | from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy` |
+| from the predicted distribution | :class:`GEN`, :class:`KLMatching` |
+| softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
 | an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
+| prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
+| | :class:`RMDS`, :class:`fDBD` |
 | from gradients | :class:`GradNorm` |
 
 This package is the public face; one detector family a private module
-(``_logits``, ``_shaping``, ``_features``, ``_gradient``), the protocol and
+(``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
+``_features``, ``_prototypes``, ``_gradient``), the protocol and
 the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
 
 Examples
@@ -42,26 +47,38 @@ from __future__ import annotations
 
 __all__ = [
     "ASH",
+    "DICE",
+    "GEN",
     "KNN",
     "MSP",
+    "ODIN",
+    "RMDS",
+    "SHE",
     "Detector",
     "Energy",
     "Entropy",
     "Evaluation",
     "GradNorm",
+    "KLMatching",
     "Mahalanobis",
     "MaxLogit",
+    "NNGuide",
     "NotFittedError",
     "ReAct",
     "Scale",
+    "TempScale",
     "ViM",
     "evaluate",
+    "fDBD",
     "fit_detectors",
 ]
 
 from ._base import Detector, NotFittedError, fit_detectors
+from ._calibration import ODIN, TempScale
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
+from ._probabilities import GEN, KLMatching
+from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale

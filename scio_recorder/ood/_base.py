@@ -377,6 +377,9 @@ class Detector:
     edits: ClassVar[bool] = False
     fit_passes: ClassVar[int] = 1
     """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
+    own_passes: ClassVar[bool] = False
+    """Whether scoring needs passes of its own (ODIN's backward): see
+    :meth:`score_inputs`."""
 
     def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
         """Keep the recorder; subclasses resolve their layers here."""
@@ -409,6 +412,14 @@ class Detector:
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return the scores ``[batch]`` of one pass."""
+        raise NotImplementedError
+
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return the scores of the net's inputs from passes of the detector's own.
+
+        For detectors whose passes no other detector can share (:attr:`own_passes`,
+        e.g. ODIN's gradient with respect to the input).
+        """
         raise NotImplementedError
 
     # -- fitting -----------------------------------------------------------
@@ -951,7 +962,8 @@ def run_passes(
 ) -> list[Tensor]:
     """Score one batch for every detector, in order.
 
-    One pass for all that edit nothing, one pass per edit for the others.
+    One pass for all that edit nothing, one pass per edit for the others,
+    and the passes of their own for detectors with :attr:`Detector.own_passes`.
     """
     for detector in detectors:
         if detector.rnet is not rnet:
@@ -959,7 +971,7 @@ def run_passes(
             raise ValueError(msg)
         detector.check_fitted()
     scores: dict[int, Tensor] = {}
-    plain = [(i, d) for i, d in enumerate(detectors) if not d.edits]
+    plain = [(i, d) for i, d in enumerate(detectors) if not (d.edits or d.own_passes)]
     if plain:
         outputs = sorted({label for _, d in plain for label in d.outputs()})
         inputs = sorted({label for _, d in plain for label in d.inputs()})
@@ -973,6 +985,9 @@ def run_passes(
             with rnet.selecting(detector.edit_label()), torch.no_grad():
                 out = rnet(*args, activation_postproc=detector.edit, **kwargs)
                 scores[i] = detector.score_pass(_pass(rnet, out))
+    for i, detector in enumerate(detectors):
+        if detector.own_passes:
+            scores[i] = detector.score_inputs(args, kwargs)
     return [scores[i] for i in range(len(detectors))]
 
 

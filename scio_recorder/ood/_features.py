@@ -187,7 +187,10 @@ class Mahalanobis(_Features):
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
-        stats = finite_result(self, self.label, self.kind, result[self.label])
+        self.fit_classes(finite_result(self, self.label, self.kind, result[self.label]))
+
+    def fit_classes(self, stats: Any) -> None:
+        """Keep the seen classes' means and the precision of a shared covariance."""
         seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
         if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
             only = seen.tolist()

@@ -1,0 +1,265 @@
+"""Detectors that read the predicted distribution ``softmax(logits)``: GEN, KLMatching.
+
+``GEN`` needs no fitting. ``KLMatching`` fits one typical posterior per
+predicted class, streaming: a reducer sums the softmax vectors of the fit
+data by predicted class (``C x C`` float64 whatever the data size). Both
+read the net's output (its logits, as :func:`~scio_recorder.ood._base.logits_of`
+finds them), at fit time the output of the root call of the recorder's
+table.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GEN", "KLMatching", "gen_score", "output_label"]
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ._base import Detector, Pass, StateEntry, logits_of
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+
+_F64 = torch.float64
+
+
+def output_label(rnet: Recorder) -> DepthIdx:
+    """Return the label of the root call: its output is the net's output."""
+    return next(label for label in rnet.table if label[0] == 0)
+
+
+def as_logits(value: Any, who: str) -> Tensor:
+    """Return the ``[batch, classes]`` logits of a net's output."""
+    logits = logits_of(value)
+    if logits.dim() != 2:  # noqa: PLR2004 (a batch of logit vectors)
+        msg = (
+            f"{who}: the net's logits must be [batch, classes], got "
+            f"{list(logits.shape)}; this detector is for classifiers."
+        )
+        raise ValueError(msg)
+    return logits
+
+
+def gen_score(logits: Tensor, gamma: float = 0.1, m: int | None = None) -> Tensor:
+    """Return GEN's generalised entropy of ``softmax(logits)`` (Liu et al. 2023).
+
+    ``mean_{j in top-m} p_j^gamma (1 - p_j)^gamma``, the probabilities clamped
+    to ``[1e-7, 1 - 1e-7]`` (as pytorch-ood does); ``m=None``: every class.
+
+    Examples
+    --------
+    >>> import torch
+    >>> gen_score(torch.tensor([[0.0, 0.0]]), gamma=1.0).tolist()  # 0.5 * 0.5
+    [0.25]
+
+    """
+    p = torch.softmax(logits, dim=1).clamp(1e-7, 1 - 1e-7)
+    if m is not None:
+        p = torch.topk(p, min(m, p.shape[1]), dim=1).values
+    return (p.pow(gamma) * (1 - p).pow(gamma)).mean(dim=1)
+
+
+class GEN(Detector):
+    """GEN, generalised entropy (Liu et al., CVPR 2023); no fitting.
+
+    ``score(x) = (1/M) sum_{j in top-M} p_j^gamma (1 - p_j)^gamma`` with ``p
+    = softmax(f(x))`` clamped to ``[1e-7, 1 - 1e-7]``: small for a peaked
+    posterior (in-distribution), large for a flat one.
+
+    Where our reading decided, with pytorch-ood 0.4: the terms are averaged
+    over the ``M`` largest probabilities, not summed as in the paper (a
+    constant factor, the same ranking); ``M=None`` (every class) is the
+    default, the paper uses ``M = 100`` on ImageNet (for 100 classes or
+    fewer the two are the same).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    gamma : float, default 0.1
+        The exponent, > 0 (the paper's recommendation).
+    M : int, optional
+        How many of the largest probabilities to average; default all.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    >>> GEN(rnet, M=2)(torch.randn(5, 3)).shape
+    torch.Size([5])
+
+    """
+
+    def __init__(
+        self,
+        rnet: Recorder,
+        gamma: float = 0.1,
+        M: int | None = None,  # noqa: N803 (pytorch-ood's name)
+    ) -> None:
+        """Check ``gamma`` and ``M``."""
+        super().__init__(rnet)
+        if not gamma > 0:
+            msg = f"GEN: gamma must be > 0, got {gamma}"
+            raise ValueError(msg)
+        if M is not None and (isinstance(M, bool) or not isinstance(M, int) or M < 1):
+            msg = f"GEN: M must be an int >= 1 or None (every class), got {M!r}"
+            raise ValueError(msg)
+        self.gamma = gamma
+        self.M = M
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the generalised entropy of the predicted distribution."""
+        return gen_score(result.logits, self.gamma, self.M)
+
+    def config(self) -> dict[str, Any]:
+        """Return ``gamma`` and ``M``."""
+        return {"gamma": self.gamma, "M": self.M}
+
+
+class _PredictedMeans:
+    """A reducer: the sum of ``softmax(logits)`` and the count, by predicted class."""
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(0, 0, dtype=_F64)
+        self.counts = torch.zeros(0, dtype=torch.int64)
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (the protocol; KL-matching uses no labels)
+        p = torch.softmax(as_logits(value, "KLMatching").detach().to(_F64), dim=1)
+        classes = p.shape[1]
+        if self.sums.numel() == 0:
+            self.sums = p.new_zeros(classes, classes)
+            self.counts = torch.zeros(classes, dtype=torch.int64, device=p.device)
+        predicted = p.argmax(dim=1)
+        self.sums = self.sums.to(p.device).index_add(0, predicted, p)
+        self.counts = self.counts.to(p.device).index_add(
+            0, predicted, torch.ones_like(predicted)
+        )
+
+    def merge(self, other: _PredictedMeans) -> None:
+        if other.sums.numel() == 0:
+            return
+        if self.sums.numel() == 0:
+            self.sums, self.counts = other.sums.clone(), other.counts.clone()
+            return
+        self.sums = self.sums + other.sums.to(self.sums.device)
+        self.counts = self.counts + other.counts.to(self.counts.device)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        return self.sums, self.counts
+
+    def state(self) -> dict[str, Tensor]:
+        return {"sums": self.sums, "counts": self.counts}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        self.sums, self.counts = state["sums"], state["counts"]
+
+    def fresh(self) -> _PredictedMeans:
+        return _PredictedMeans()
+
+
+def kl_to_closest(p: Tensor, typical: Tensor) -> Tensor:
+    """Return ``min_k KL(p || d_k)`` per row of ``p``, in float64.
+
+    ``0 log 0 = 0``; where ``d_k`` is 0 and ``p`` is not, ``log d_k`` is the
+    lowest finite float64 (pytorch-ood's convention), so the divergence is
+    huge but finite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> typical = torch.tensor([[0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    >>> kl_to_closest(torch.tensor([[1.0, 0.0]], dtype=torch.float64), typical)
+    tensor([0.], dtype=torch.float64)
+
+    """
+    p = p.to(_F64)
+    typical = typical.to(p)
+    log_d = typical.log().nan_to_num(neginf=torch.finfo(_F64).min)
+    p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(dim=1)
+    kl = p_log_p[:, None] - p @ log_d.T
+    return kl.amin(dim=1)
+
+
+class KLMatching(Detector):
+    """KL matching (Hendrycks et al., ICML 2022): KL to the closest typical posterior.
+
+    ``fit`` takes, for each class ``k`` the net predicts on the fit data, the
+    typical posterior ``d_k``: the mean of ``softmax(f(x))`` over the fit
+    samples predicted as ``k`` (no labels needed), streaming.
+    ``score(x) = min_k KL(softmax(f(x)) || d_k)`` over those classes.
+
+    Where our reading decided, with pytorch-ood 0.4: the minimum runs over
+    the classes predicted at least once on the fit data (the paper does not
+    say what to do with the others); labels are not used (pytorch-ood uses
+    them only to drop OoD samples: give in-distribution data only); ``log
+    d_k = -inf`` is replaced by the lowest finite float, so the score stays
+    finite. Sums and the divergence are in float64.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net (a classifier: its logits are ``[batch, classes]``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    >>> klm = KLMatching(rnet).fit([torch.randn(64, 3)], input=None)
+    >>> klm(torch.randn(5, 3)).shape, klm.typical.shape[1]
+    (torch.Size([5]), 4)
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(self, rnet: Recorder) -> None:
+        """Find the net's output."""
+        super().__init__(rnet)
+        self.label = output_label(rnet)
+        self.classes = torch.zeros(0, dtype=torch.int64)
+        self.typical = torch.zeros(0, 0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Return the softmax sums of the net's output to keep, by predicted class."""
+        return {self.label: _PredictedMeans()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the mean posterior of every predicted class."""
+        sums, counts = result[self.label]
+        seen = torch.nonzero(counts > 0).reshape(-1)
+        self.classes = seen.cpu()
+        self.typical = (sums[seen] / counts[seen, None].to(_F64)).cpu()
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the KL divergence to the closest typical posterior."""
+        logits = as_logits(result.logits, "KLMatching")
+        p = torch.softmax(logits.to(_F64), dim=1)
+        return kl_to_closest(p, self.typical)
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the predicted classes and their typical posteriors."""
+        return {"classes": self.classes, "typical": self.typical}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: predicted classes, their typical posteriors."""
+        return {
+            "classes": StateEntry(("classes",), torch.int64),
+            "typical": StateEntry(("classes", None), _F64),
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the classes and typical posteriors."""
+        self.classes, self.typical = state["classes"], state["typical"]

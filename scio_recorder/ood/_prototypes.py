@@ -1,0 +1,641 @@
+"""Detectors from class prototypes or the classification layer's geometry.
+
+``DICE``, ``SHE``, ``NNGuide`` and ``fDBD`` read the input ``f`` of the
+classification layer ``fc`` (an ``nn.Linear``, by default the last one the
+net calls; as :class:`~scio_recorder.ood.ViM` does) and use its weight ``W``
+and bias ``b``, read from the net when scoring (the net is not copied).
+``RMDS`` reads any layer, as :class:`~scio_recorder.ood.Mahalanobis`.
+Fitting is one streaming :func:`~scio_recorder.collect.collect` pass: means
+and covariances in float64 whatever the data size, except ``NNGuide``,
+whose bank of ``N x F`` guide features grows with the fit data (``collect``
+spills it to disk beyond a ``memory_budget``; the paper fits on a subset).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DICE", "RMDS", "SHE", "NNGuide", "fDBD", "quantile_linear"]
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional
+
+from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
+
+from ._base import (
+    Detector,
+    Pass,
+    StateEntry,
+    finite_keep,
+    finite_result,
+    last_linear,
+)
+from ._features import Mahalanobis, min_mahalanobis
+from ._logits import energy_score
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+_F64 = torch.float64
+
+
+def quantile_linear(values: Tensor, q: float) -> Tensor:
+    """Return the ``q`` quantile of all of ``values``, interpolated linearly.
+
+    ``torch.quantile``'s default (``"linear"``), without its size limit.
+
+    Examples
+    --------
+    >>> import torch
+    >>> quantile_linear(torch.tensor([3.0, 1.0, 2.0, 4.0]), 0.5)
+    tensor(2.5000)
+
+    """
+    flat = values.reshape(-1).sort().values
+    position = q * (flat.numel() - 1)
+    low = int(position)
+    high = min(low + 1, flat.numel() - 1)
+    return flat[low] + (position - low) * (flat[high] - flat[low])
+
+
+class _LastLayer(Detector):
+    """A detector reading the input of the classification layer ``fc``."""
+
+    def __init__(self, rnet: Recorder, fc: Selector | None) -> None:
+        super().__init__(rnet)
+        self.label: DepthIdx = last_linear(rnet, fc, type(self).__name__)
+        linear = rnet.table[self.label].module
+        assert isinstance(linear, nn.Linear)  # noqa: S101 (last_linear checks it)
+        self.linear = linear
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        """Return the input of ``fc``."""
+        return (self.label,)
+
+    def features(self, result: Pass) -> Tensor:
+        """Return ``fc``'s input, ``[batch, F]``."""
+        f = result.inputs[self.label]
+        return f.reshape(f.shape[0], -1)
+
+    def logits(self, f: Tensor) -> Tensor:
+        """Return ``fc(f)``, in ``f``'s dtype (the net's own operation)."""
+        bias = self.linear.bias
+        return functional.linear(
+            f,
+            self.linear.weight.detach().to(f),
+            None if bias is None else bias.detach().to(f),
+        )
+
+    def weight64(self) -> Tensor:
+        """Return ``W`` in float64."""
+        return self.linear.weight.detach().to(_F64)
+
+    def bias64(self) -> Tensor:
+        """Return ``b`` in float64 (zeros without a bias)."""
+        bias = self.linear.bias
+        w = self.linear.weight
+        return (
+            bias.detach().to(_F64)
+            if bias is not None
+            else torch.zeros(w.shape[0], dtype=_F64, device=w.device)
+        )
+
+    def config(self) -> dict[str, Any]:
+        """Return ``fc``'s label."""
+        return {"fc": list(self.label)}
+
+
+# ----------------------------------------------------------------- DICE
+class DICE(_LastLayer):
+    """DICE, directed sparsification (Sun & Li, ECCV 2022).
+
+    ``fit`` takes the mean ``m`` of ``fc``'s input features on
+    in-distribution data (streaming) and the contributions ``V = m^T * W``
+    (``V_cj = m_j W_cj``); the weights whose contribution is not above the
+    ``p`` quantile of ``V`` are masked out: ``W~ = W * [V > q_p(V)]``.
+    ``score(x) = detector(f W~^T + b)``, the energy by default.
+
+    Where our reading decided, with pytorch-ood 0.4: ``p`` is the fraction
+    of weights dropped, the quantile interpolated linearly over all ``C x
+    F`` contributions (``torch.quantile``'s default), a weight kept when its
+    contribution is strictly above it; the mean and contributions are
+    float64 (pytorch-ood: float32), so a contribution within float32
+    rounding of the threshold may be kept on one side and not the other.
+    ``p`` has no default in pytorch-ood; ours is the paper's CIFAR value.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    p : float, default 0.9
+        The fraction of weights dropped, in ``[0, 1)``.
+    fc : selector, optional
+        The classification ``nn.Linear``; default the last one the net calls.
+    detector : callable, optional
+        ``logits -> scores``; default :func:`~scio_recorder.ood._logits.energy_score`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> dice = DICE(Recorder(net, input_size=(1, 3)), p=0.5)
+    >>> dice.fit([torch.randn(32, 3)], input=None)(torch.randn(4, 3)).shape
+    torch.Size([4])
+    >>> int(dice.mask().sum())  # half of the 2 x 8 weights kept
+    8
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        rnet: Recorder,
+        p: float = 0.9,
+        *,
+        fc: Selector | None = None,
+        detector: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
+        """Find ``fc``; check ``p``."""
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
+            msg = (
+                f"DICE: p, the fraction of weights dropped, must be in [0, 1), "
+                f"got {p!r}"
+            )
+            raise ValueError(msg)
+        super().__init__(rnet, fc)
+        self.p = float(p)
+        self.detector = detector or energy_score
+        self.mean = torch.zeros(0, dtype=_F64)
+        self.threshold = torch.tensor(float("nan"), dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Return the mean of ``fc``'s input to keep."""
+        return {self._keep_key(self.label, "input"): Moments()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the mean feature and the contributions' quantile."""
+        self.mean = result[self.label].mean.reshape(-1).to(_F64).cpu()
+        contributions = self.mean[None, :] * self.weight64().cpu()
+        self.threshold = quantile_linear(contributions, self.p)
+
+    def mask(self) -> Tensor:
+        """Return the kept weights, ``[C, F]`` booleans."""
+        w = self.weight64()
+        contributions = self.mean.to(w.device)[None, :] * w
+        return contributions > self.threshold.to(w.device)
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the score of the logits of the sparsified ``fc``."""
+        f = self.features(result)
+        masked = self.linear.weight.detach() * self.mask()
+        bias = self.linear.bias
+        logits = functional.linear(
+            f, masked.to(f), None if bias is None else bias.detach().to(f)
+        )
+        return self.detector(logits)
+
+    def config(self) -> dict[str, Any]:
+        """Return ``fc``'s label and ``p``."""
+        return {**super().config(), "p": self.p}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the mean feature and the threshold."""
+        return {"mean": self.mean, "threshold": self.threshold.reshape(1)}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the mean of ``fc``'s input ``[F]``, the threshold."""
+        return {
+            "mean": StateEntry((self.linear.in_features,), _F64),
+            "threshold": StateEntry((1,), _F64),
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the mean feature and the threshold."""
+        self.mean = state["mean"]
+        self.threshold = state["threshold"].reshape(())
+
+
+# ----------------------------------------------------------------- SHE
+class _CorrectMeans:
+    """A reducer: per-class sums and counts of the correctly classified features."""
+
+    def __init__(self, owner: _LastLayer) -> None:
+        self.owner = owner
+        self.sums = torch.zeros(0, 0, dtype=_F64)
+        self.counts = torch.zeros(0, dtype=torch.int64)
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:
+        if target is None:
+            msg = "SHE needs class labels: pass `target=` to fit."
+            raise ValueError(msg)
+        f = value.detach().reshape(value.shape[0], -1)
+        predicted = self.owner.logits(f).argmax(dim=1)
+        target = torch.as_tensor(target, device=f.device).reshape(-1)
+        right = predicted == target
+        classes = self.owner.linear.out_features
+        if self.sums.numel() == 0:
+            self.sums = torch.zeros(classes, f.shape[1], dtype=_F64, device=f.device)
+            self.counts = torch.zeros(classes, dtype=torch.int64, device=f.device)
+        self.sums = self.sums.to(f.device).index_add(
+            0, predicted[right], f[right].to(_F64)
+        )
+        self.counts = self.counts.to(f.device).index_add(
+            0, predicted[right], torch.ones_like(predicted[right])
+        )
+
+    def merge(self, other: _CorrectMeans) -> None:
+        if other.sums.numel() == 0:
+            return
+        if self.sums.numel() == 0:
+            self.sums, self.counts = other.sums.clone(), other.counts.clone()
+            return
+        self.sums = self.sums + other.sums.to(self.sums.device)
+        self.counts = self.counts + other.counts.to(self.counts.device)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        return self.sums, self.counts
+
+    def state(self) -> dict[str, Tensor]:
+        return {"sums": self.sums, "counts": self.counts}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        self.sums, self.counts = state["sums"], state["counts"]
+
+    def fresh(self) -> _CorrectMeans:
+        return _CorrectMeans(self.owner)
+
+
+class SHE(_LastLayer):
+    """SHE, simplified Hopfield energy (Zhang et al., ICLR 2023).
+
+    ``fit`` (labelled in-distribution data, ``target=`` needed) stores one
+    pattern per class, ``S_c``: the mean of ``fc``'s input features over the
+    fit samples of class ``c`` that the net classifies correctly (streaming,
+    float64). ``score(x) = -<f, S_{y^}>``, ``y^`` the class ``fc`` predicts
+    for ``x``.
+
+    Where our reading decided, with pytorch-ood 0.4: predictions are
+    ``fc``'s (computed from the recorded features with ``fc``'s weight, the
+    net's own operation); every class of ``fc`` needs at least one correctly
+    classified fit sample (pytorch-ood asks the same of the labels' classes).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    fc : selector, optional
+        The classification ``nn.Linear``; default the last one the net calls.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(2, 2))
+    >>> rnet = Recorder(net, input_size=(1, 2))
+    >>> x = torch.randn(32, 2)
+    >>> she = SHE(rnet).fit([(x, net(x).argmax(1))], target=1)
+    >>> she.patterns.shape, she(torch.randn(3, 2)).shape
+    (torch.Size([2, 2]), torch.Size([3]))
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = True
+
+    def __init__(self, rnet: Recorder, *, fc: Selector | None = None) -> None:
+        """Find ``fc``."""
+        super().__init__(rnet, fc)
+        self.patterns = torch.zeros(0, 0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Per-class sums of the correctly classified features."""
+        return {self._keep_key(self.label, "input"): _CorrectMeans(self)}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the class means; refuse a class with no correct sample."""
+        sums, counts = result[self.label]
+        missing = torch.nonzero(counts == 0).reshape(-1).tolist()
+        if sums.numel() == 0 or missing:
+            which = missing or list(range(self.linear.out_features))
+            msg = (
+                f"SHE: no fit sample of class {', '.join(map(str, which))} is "
+                "classified correctly, so its pattern is undefined; fit on "
+                "labelled data of every class that the net classifies well."
+            )
+            raise ValueError(msg)
+        self.patterns = (sums / counts[:, None].to(_F64)).cpu()
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return minus the inner product with the predicted class's pattern."""
+        f = self.features(result)
+        predicted = self.logits(f).argmax(dim=1)
+        patterns = self.patterns.to(f.device)
+        return -(f.to(_F64) * patterns[predicted]).sum(dim=1)
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the patterns."""
+        return {"patterns": self.patterns}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: one pattern per class of ``fc``, ``[C, F]``."""
+        shape = (self.linear.out_features, self.linear.in_features)
+        return {"patterns": StateEntry(shape, _F64)}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the patterns."""
+        self.patterns = state["patterns"]
+
+
+# ----------------------------------------------------------------- NNGuide
+class NNGuide(_LastLayer):
+    """NNGuide, nearest-neighbour guidance (Park et al., ICCV 2023).
+
+    With ``E(x) = logsumexp(fc(f(x)))`` and ``f^ = f / ||f||``: ``fit`` keeps
+    the bank of the fit samples' guides ``E(z) f^(z)``; ``score(x) = -E(x)
+    * (1/k) sum of the k largest <f^(x), E(z) f^(z)>`` over the bank.
+
+    Where our reading decided, with pytorch-ood 0.4: the neighbours are the
+    ``k`` largest inner products with the energy-scaled guides (not the
+    ``k`` nearest by cosine, then scaled); the bank is float32. **The bank
+    grows with the fit data** (``N x F``; ``collect`` spills the features to
+    disk beyond a ``memory_budget``): the paper fits on a random subset of
+    the training set (1 % on ImageNet), so fit on a subset.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    k : int, default 10
+        Neighbours averaged.
+    fc : selector, optional
+        The classification ``nn.Linear``; default the last one the net calls.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> guide = NNGuide(Recorder(net, input_size=(1, 3)), k=3)
+    >>> guide.fit([torch.randn(16, 3)], input=None).bank.shape
+    torch.Size([16, 4])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(
+        self, rnet: Recorder, k: int = 10, *, fc: Selector | None = None
+    ) -> None:
+        """Find ``fc``; check ``k``."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            msg = f"NNGuide: k must be an int >= 1, got {k!r}"
+            raise ValueError(msg)
+        super().__init__(rnet, fc)
+        self.k = k
+        self.bank = torch.zeros(0, 0)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Every feature row of ``fc``'s input."""
+        return {self._keep_key(self.label, "input"): Concat()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the energy-scaled normalised features, chunk by chunk."""
+        rows = result[self.label]
+        rows = rows.reshape(rows.shape[0], -1)
+        self._check_k(rows.shape[0])
+        device = self.linear.weight.device
+        chunks = []
+        for start in range(0, rows.shape[0], 4096):
+            z = rows[start : start + 4096].to(device).float()
+            energy = torch.logsumexp(self.logits(z), dim=1)
+            chunks.append((functional.normalize(z, dim=1) * energy[:, None]).cpu())
+        self.bank = torch.cat(chunks)
+
+    def _check_k(self, n: int) -> None:
+        if self.k > n:
+            msg = (
+                f"NNGuide: k={self.k} is more than the {n} fit samples; fit on "
+                "more data or lower k."
+            )
+            raise ValueError(msg)
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return minus the energy times the guidance."""
+        f = self.features(result).float()
+        energy = torch.logsumexp(self.logits(f), dim=1)
+        z = functional.normalize(f, dim=1)
+        top = z.new_full((z.shape[0], 0), float("-inf"))
+        for start in range(0, self.bank.shape[0], 65536):
+            part = z @ self.bank[start : start + 65536].to(z.device).T
+            both = torch.cat([top, part], dim=1)
+            top = torch.topk(both, min(self.k, both.shape[1]), dim=1).values
+        scores: Tensor = -(top.mean(dim=1) * energy)
+        return scores
+
+    def config(self) -> dict[str, Any]:
+        """Return ``fc``'s label and ``k``."""
+        return {**super().config(), "k": self.k}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the bank."""
+        return {"bank": self.bank}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the guided bank ``[N, F]``, float32."""
+        return {"bank": StateEntry(("samples", self.linear.in_features), torch.float32)}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the bank."""
+        self._check_k(state["bank"].shape[0])
+        self.bank = state["bank"]
+
+
+# ----------------------------------------------------------------- RMDS
+class RMDS(Mahalanobis):
+    """Relative Mahalanobis distance (Ren et al., 2021).
+
+    ``fit`` (labelled in-distribution data, ``target=`` needed) takes the
+    class means ``mu_c`` and tied covariance ``S`` as :class:`Mahalanobis`
+    does, and the background Gaussian of all the features, class-agnostic:
+    mean ``mu_0``, covariance ``S_0`` (population, ``/ N``); both streaming,
+    in one pass. With ``MD_c(f) = (f - mu_c)^T S^+ (f - mu_c)`` and ``MD_0(f)
+    = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
+    MD_0(f))``.
+
+    Where our reading decided: pseudo-inverses (dead ReLU features have zero
+    variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
+    and adds a ``1e-6`` ridge before inverting, so its scores are ours
+    divided by ``N`` (the same ranking), up to the ridge.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> data = [(torch.randn(32, 3), torch.arange(32) % 2)]
+    >>> rmds = RMDS(rnet).fit(data, target=1)
+    >>> rmds.background_mean.shape, rmds(torch.randn(5, 3)).shape
+    (torch.Size([4]), torch.Size([5]))
+
+    """
+
+    def __init__(self, rnet: Recorder, layer: Selector | None = None) -> None:
+        """Resolve the features' layer."""
+        super().__init__(rnet, layer)
+        self.background_mean = torch.zeros(0, dtype=_F64)
+        self.background_precision = torch.zeros(0, 0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Class statistics and the class-agnostic covariance of the same records."""
+        both = Tee(SharedCovariance(self.num_classes), Covariance())
+        return {self._keep_key(self.label, self.kind): finite_keep(both)}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the class and the background Gaussians."""
+        stats = finite_result(self, self.label, self.kind, result[self.label])
+        classes, background = stats
+        self.fit_classes(classes)
+        self.background_mean = background.mean.reshape(-1)
+        self.background_precision = torch.linalg.pinv(
+            background.cov_population, hermitian=True
+        )
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the smallest class distance minus the background distance."""
+        f = self.features(result)
+        background = min_mahalanobis(
+            f, self.background_mean[None, :], self.background_precision
+        )
+        return min_mahalanobis(f, self.means, self.precision) - background
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the class statistics and the background Gaussian."""
+        return {
+            **super().state(),
+            "background_mean": self.background_mean,
+            "background_precision": self.background_precision,
+        }
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return Mahalanobis' entries, the background mean ``[F]`` and precision."""
+        f = self.feature_count()
+        return {
+            **super().state_entries(),
+            "background_mean": StateEntry((f,), _F64),
+            "background_precision": StateEntry((f, f), _F64),
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the class statistics and the background Gaussian."""
+        super().load_state(state)
+        self.background_mean = state["background_mean"]
+        self.background_precision = state["background_precision"]
+
+
+# ----------------------------------------------------------------- fDBD
+class fDBD(_LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
+    """fDBD, fast decision-boundary distance (Liu & Qin, ICML 2024).
+
+    With ``y^`` the class ``fc`` predicts, ``z = W f + b`` its logits and
+    ``mu`` the mean of ``fc``'s input on the fit data (streaming, float64):
+    ``score(x) = -1/(C - 1) sum_{c != y^} |z_{y^} - z_c| / ||w_{y^} - w_c||
+    / ||f - mu||`` (the distances to the decision boundaries, relative to
+    the distance to the mean).
+
+    Where our reading decided, with pytorch-ood 0.4: the prediction is
+    ``fc``'s (the net's own operation, in the features' dtype), the
+    distances are float64; ``||f - mu||`` is clamped to ``1e-8``; two
+    classes with equal weight vectors divide by zero (as in the paper).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    fc : selector, optional
+        The classification ``nn.Linear``; default the last one the net calls.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3))
+    >>> dbd = fDBD(Recorder(net, input_size=(1, 3)))
+    >>> bool((dbd.fit([torch.randn(16, 3)], input=None)(torch.randn(4, 3)) <= 0).all())
+    True
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(self, rnet: Recorder, *, fc: Selector | None = None) -> None:
+        """Find ``fc``; it needs two classes."""
+        super().__init__(rnet, fc)
+        if self.linear.out_features < 2:  # noqa: PLR2004 (a boundary needs two classes)
+            msg = (
+                f"fDBD: fc {rnet.table[self.label].describe()} has one output; "
+                "decision boundaries need at least two classes."
+            )
+            raise ValueError(msg)
+        self.mean = torch.zeros(0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Return the mean of ``fc``'s input to keep."""
+        return {self._keep_key(self.label, "input"): Moments()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the mean feature."""
+        self.mean = result[self.label].mean.reshape(-1).to(_F64).cpu()
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return minus the mean relative distance to the decision boundaries."""
+        f = self.features(result)
+        predicted = self.logits(f).argmax(dim=1)
+        g = f.to(_F64)
+        w = self.weight64().to(g.device)
+        z = g @ w.T + self.bias64().to(g.device)
+        gram = w @ w.T
+        sq = gram.diagonal()
+        apart = (sq[:, None] + sq[None, :] - 2 * gram).clamp(min=0).sqrt()
+        apart = apart.fill_diagonal_(1.0)[predicted]
+        gaps = (z - z.gather(1, predicted[:, None])).abs()
+        boundary = (gaps / apart).sum(dim=1) / (z.shape[1] - 1)
+        spread = (g - self.mean.to(g.device)).norm(dim=1).clamp(min=1e-8)
+        scores: Tensor = -boundary / spread
+        return scores
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the mean feature."""
+        return {"mean": self.mean}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the mean of ``fc``'s input ``[F]``."""
+        return {"mean": StateEntry((self.linear.in_features,), _F64)}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the mean feature."""
+        self.mean = state["mean"]
