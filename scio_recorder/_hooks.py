@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
+from ._tree import iter_tensors, map_leaves, map_tensors
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -217,7 +218,7 @@ class RecordOptions:
 
     def apply(self, value: Any) -> Any:
         """Return the record of ``value``: tensors anywhere inside are converted."""
-        return map_tensors(value, self._tensor) if self.transforms else value
+        return map_tensors(self._tensor, value) if self.transforms else value
 
     def _tensor(self, tensor: Tensor) -> Tensor:
         return convert(tensor, self.clone, self.detach, self.device, self.dtype)
@@ -341,7 +342,7 @@ class GradSlot:
             leaves.append(output)
             self.template: Any = _Leaf(0)
         else:
-            self.template = map_tensors(output, index)
+            self.template = map_tensors(index, output)
         self.grads: list[Tensor | None] = [None] * len(leaves)
         for i, leaf in enumerate(leaves):
             if leaf.requires_grad:
@@ -364,24 +365,12 @@ class GradSlot:
 
     def value(self) -> Any:
         """Return the gradients in the output's structure (``None`` if missing)."""
-        return _fill(self.template, self.grads)
+        grads = self.grads
+        return map_leaves(grads.__getitem__, self.template, _Leaf)
 
 
 class _Leaf(int):
     """Position of a tensor leaf inside a record template."""
-
-
-def _fill(template: Any, values: list[Any]) -> Any:
-    if isinstance(template, _Leaf):
-        return values[template]
-    if isinstance(template, tuple):
-        items = [_fill(item, values) for item in template]
-        return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
-    if isinstance(template, list):
-        return [_fill(item, values) for item in template]
-    if isinstance(template, dict):
-        return type(template)({k: _fill(v, values) for k, v in template.items()})
-    return template
 
 
 _NO_STARTS: dict[nn.Module, int] = {}
@@ -522,7 +511,7 @@ class PassState:
         if not (
             output.requires_grad
             if isinstance(output, Tensor)
-            else any(t.requires_grad for t in _tensors(output))
+            else any(t.requires_grad for t in iter_tensors(output))
         ):
             raise RuntimeError(self.no_grad_message(module, label))
         sink = self.grad_sink(label) if self.grad_sink is not None else None
@@ -599,44 +588,15 @@ class PassState:
             raise error
 
 
-def _tensors(value: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-
-    def visit(tensor: Tensor) -> Tensor:
-        found.append(tensor)
-        return tensor
-
-    map_tensors(value, visit)
-    return found
-
-
 def _versions(
     label: DepthIdx, kind: str, record: Any
 ) -> list[tuple[DepthIdx, str, Tensor, int]]:
     """Return the version entries of every tensor of ``record``."""
     return [
         (label, kind, tensor, tensor._version)  # noqa: SLF001 (version counter)
-        for tensor in _tensors(record)
+        for tensor in iter_tensors(record)
         if not tensor.is_inference()  # inference tensors have no version counter
     ]
-
-
-def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
-    """Apply ``func`` to every tensor in nested tuples, lists and dicts."""
-    if isinstance(value, Tensor):
-        return func(value)
-    if isinstance(value, tuple):
-        mapped = [map_tensors(item, func) for item in value]
-        if hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*mapped)
-        return tuple(mapped)
-    if isinstance(value, list):
-        return [map_tensors(item, func) for item in value]
-    if isinstance(value, dict):
-        return type(value)(
-            {key: map_tensors(item, func) for key, item in value.items()}
-        )
-    return value
 
 
 def _traced_state(token: int) -> Any:
