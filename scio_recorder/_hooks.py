@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
+
 from ._tree import iter_tensors, map_leaves, map_tensors
 
 if TYPE_CHECKING:

@@ -87,22 +87,30 @@ def _rebuild_mapping(value: Any, keys: list[Key]) -> Callable[[list[Any]], Any]:
 def _split(value: Any) -> _Node | None:
     """Return ``(keys, children, rebuild)`` of a container, ``None`` for a leaf."""
     cls = type(value)
+    rebuild: Callable[[list[Any]], Any]
     if cls is tuple or cls is list:  # the common cases first
-        return list(range(len(value))), list(value), cls
-    if cls is dict:
-        return list(value), list(value.values()), lambda items: dict(zip(value, items))
-    if isinstance(value, tuple):
-        return list(range(len(value))), list(value), _rebuild_tuple(value)
-    if isinstance(value, list):
-        return list(range(len(value))), list(value), cls
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        rebuild = cls
+    elif cls is dict:
+        keys = list(value)
+        return (
+            keys,
+            list(value.values()),
+            lambda items: dict(zip(keys, items, strict=True)),
+        )
+    elif isinstance(value, tuple):
+        rebuild = _rebuild_tuple(value)
+    elif isinstance(value, list):
+        rebuild = cls
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = [f.name for f in dataclasses.fields(value) if hasattr(value, f.name)]
         children = [getattr(value, name) for name in names]
         return list(names), children, _rebuild_dataclass(value, names)
-    if isinstance(value, MutableMapping):
+    elif isinstance(value, MutableMapping):
         keys = list(value)
         return keys, [value[key] for key in keys], _rebuild_mapping(value, keys)
-    return None
+    else:
+        return None
+    return list(range(len(value))), list(value), rebuild
 
 
 def map_leaves(

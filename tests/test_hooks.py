@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 
 from scio_recorder import CallPlanError, InPlaceWarning, Recorder
 from tests.nets import BranchNet, ListNet, LoopNet, SharedActNet, TrainOnlyNet
@@ -497,3 +499,69 @@ def test_postprocessor_list_consumed_in_hook_order():
     assert all(
         t is rnet.activations[label] for (_, t), label in zip(seen, order, strict=True)
     )
+
+
+# ----------------------------------------------------- records of nested values
+@dataclasses.dataclass(frozen=True)
+class Features:
+    hidden: torch.Tensor
+    extra: list[torch.Tensor]
+
+
+class ReadsFeatures(nn.Module):
+    def forward(self, features: Features) -> torch.Tensor:
+        return features.hidden + features.extra[0]
+
+
+class NestedNet(nn.Module):
+    """Passes a frozen dataclass to one layer, returns a ModelOutput from another.
+
+    (torchinfo's reference pass refuses dataclass *outputs* other than
+    mappings, so a plain dataclass appears as an argument here.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.read = ReadsFeatures()
+        self.head = HeadOut()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.features = Features(h, [h * 2])  # the test edits them in place
+        self.out = self.head(self.read(self.features))
+        return self.out.last_hidden_state
+
+
+class HeadOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=x * 3, hidden_states=(x * 4,))
+
+
+def test_clone_copies_tensors_inside_dataclasses_and_model_outputs():
+    """`clone=True` copies the tensors of dataclass and ModelOutput records."""
+    net = NestedNet()
+    rnet = Recorder(net, input_size=(2, 3))
+    rnet.record("head", inputs="read", clone=True, detach=True, dtype=torch.float64)
+    rnet(torch.randn(2, 3))
+    (label,) = rnet.inputs
+    (arg,) = rnet.inputs[label].args
+    out = rnet.activations[next(iter(rnet.activations))]
+    assert type(arg) is Features
+    assert type(out) is BaseModelOutput
+    assert out["last_hidden_state"] is out.last_hidden_state  # item and field agree
+    pairs = [
+        (net.features.hidden, arg.hidden),
+        (net.features.extra[0], arg.extra[0]),
+        (net.out.last_hidden_state, out.last_hidden_state),
+        (net.out.hidden_states[0], out.hidden_states[0]),
+    ]
+    kept = [original.detach().clone() for original, _ in pairs]
+    with torch.no_grad():
+        for original, _ in pairs:
+            original.add_(100.0)
+    for (_, record), before in zip(pairs, kept, strict=True):
+        # Converted from the very same tensors: equal to the bit.
+        assert record.dtype == torch.float64
+        assert not record.requires_grad
+        assert torch.equal(record, before.double())
