@@ -7,10 +7,15 @@ Why it is built this way:
   those whose inputs are captured), and none elsewhere, so unrecorded layers
   run at full speed (and fused kernels such as the ``TransformerEncoderLayer``
   fast path, which torch disables for any module carrying hooks, stay fused).
-* **No reference to the recorder.** A hook closes over an int token only.
+* **No reference to the recorder.** A hook holds an int token only.
   The state of the pass in progress is found through a thread-local mapping
   from tokens to states, so the recorder can be collected while hooks exist;
   a :func:`weakref.finalize` then removes them.
+* **The user's net stays savable.** Hooks are objects of a module-level class
+  that pickle and deep-copy to a :class:`DroppedHook`: ``torch.save(net)``,
+  ``pickle`` and ``copy.deepcopy`` of a recorded net work, and the copy is
+  the plain net (it records nothing, and drops those hooks on its first
+  pass).
 * **State local to the pass.** A :class:`PassState` lives for one pass. Each
   thread sees its own mapping, so concurrent passes never mix, and a call of
   the net that did not go through the recorder (or an open
@@ -28,12 +33,14 @@ __all__ = [
     "CallInputs",
     "CallPlan",
     "CallPlanError",
+    "DroppedHook",
     "EndSpec",
     "HookSet",
     "PassState",
     "Postprocessor",
     "RecordOptions",
     "convert",
+    "drop_copied_hooks",
     "enter_trace",
     "exit_trace",
     "new_token",
@@ -608,28 +615,79 @@ def _traced_state(token: int) -> Any:
     return state
 
 
-def _make_hooks(token: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Return the forward pre-hook and hook that serve one recorder's passes."""
-    active = ACTIVE
+class _RecorderHook:
+    """A hook of one recorder on a user's module: it serves that recorder's passes.
 
-    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+    An object of a module-level class, not a closure, so that the user's net
+    can still be saved while it is recorded: ``pickle``, ``torch.save`` and
+    ``copy.deepcopy`` of the net (which carry the modules' hook dicts) turn
+    it into a :class:`DroppedHook`, so the copy records nothing, into no
+    recorder, and drops those hooks on its first pass.
+    """
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __reduce__(self) -> tuple[type[DroppedHook], tuple[()]]:
+        """Copy (pickle, deep copy) to a hook that does nothing and drops itself."""
+        return DroppedHook, ()
+
+    def _state(self) -> Any:
         if TRACING.state is None:  # eager
-            state = active.states.get(token)
-        else:  # a compiled pass being traced
-            state = _traced_state(token)
+            return ACTIVE.states.get(self.token)
+        return _traced_state(self.token)  # a compiled pass being traced
+
+
+class _PreHook(_RecorderHook):
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        state = self._state()
         if state is not None:
             state.on_input(module, args, kwargs)
 
-    def hook(module: nn.Module, _args: Any, output: Any) -> Any:
-        if TRACING.state is None:  # eager
-            state = active.states.get(token)
-        else:  # a compiled pass being traced
-            state = _traced_state(token)
+
+class _PostHook(_RecorderHook):
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, _args: Any, output: Any) -> Any:
+        state = self._state()
         if state is None:
             return None
         return state.on_output(module, output)
 
-    return pre_hook, hook
+
+class DroppedHook:
+    """What a recorder's hook becomes in a pickled or deep-copied net.
+
+    It does nothing, and removes itself from the module on its first call (a
+    module carrying hooks keeps fused kernels off), so the copy behaves as the
+    plain net. A :class:`Recorder` wrapping such a net removes them at once.
+    Loading a net pickled while recorded needs this class, hence
+    ``scio_recorder``, importable.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, *_: Any) -> None:
+        if not torch.compiler.is_compiling():
+            drop_copied_hooks(module, recurse=False)
+
+
+def drop_copied_hooks(net: nn.Module, *, recurse: bool = True) -> None:
+    """Remove every :class:`DroppedHook` from ``net``'s modules (or ``net`` only)."""
+    for module in net.modules() if recurse else (net,):
+        for hooks, with_kwargs in (
+            (module._forward_hooks, module._forward_hooks_with_kwargs),  # noqa: SLF001 (no public API lists hooks)
+            (module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),  # noqa: SLF001
+        ):
+            for key in [k for k, hook in hooks.items() if type(hook) is DroppedHook]:
+                # torch reads the with-kwargs flag before calling a hook, so
+                # removing both while a pass runs the hooks is safe.
+                del hooks[key]
+                with_kwargs.pop(key, None)
 
 
 def _remove_all(handles: list[RemovableHandle]) -> None:
@@ -642,7 +700,7 @@ class HookSet:
     """The forward hooks of one recorder, removed when it is collected."""
 
     def __init__(self, owner: object, token: int) -> None:
-        self._pre_hook, self._hook = _make_hooks(token)
+        self._pre_hook, self._hook = _PreHook(token), _PostHook(token)
         self._handles: list[RemovableHandle] = []
         self._finalizer = weakref.finalize(owner, _remove_all, self._handles)
         self.modules: tuple[nn.Module, ...] = ()

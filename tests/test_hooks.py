@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import io
+import pickle
 import re
 
 import pytest
@@ -565,3 +568,78 @@ def test_clone_copies_tensors_inside_dataclasses_and_model_outputs():
         assert record.dtype == torch.float64
         assert not record.requires_grad
         assert torch.equal(record, before.double())
+
+
+# ------------------------------------------------------- saving a recorded net
+def _torch_save_load(net: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(net, buffer)
+    buffer.seek(0)
+    loaded: nn.Module = torch.load(buffer, weights_only=False)
+    return loaded
+
+
+def _pickle_copy(net: nn.Module) -> nn.Module:
+    copied: nn.Module = pickle.loads(pickle.dumps(net))  # noqa: S301 (our own bytes)
+    return copied
+
+
+def _hook_count(net: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+
+
+@pytest.mark.parametrize(
+    "copier",
+    [copy.deepcopy, _pickle_copy, _torch_save_load],
+    ids=["deepcopy", "pickle", "torch.save"],
+)
+def test_a_recorded_net_can_be_saved_and_its_copy_is_a_plain_net(copier):
+    """Saving or copying the user's net works while layers are recorded.
+
+    The copy computes the same outputs, records into no recorder, and drops
+    the copied hooks on its first pass; the recorder keeps recording.
+    """
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 1), inputs=(1, 3), grads=(1, 2))
+    assert _hook_count(net) == 3
+    copied = copier(net)
+    x = torch.randn(5, 3, requires_grad=True)
+    out = rnet(x)
+    out.sum().backward()
+    before = rnet.activations[(1, 1)], rnet.inputs[(1, 3)].args[0]
+    grads = rnet.gradients[(1, 2)]
+
+    out_copy = copied(x)
+    out_copy.sum().backward()
+    # The same weights, the same ops: equal to the bit.
+    assert torch.equal(out_copy, out)
+    assert _hook_count(copied) == 0  # dropped on the first pass
+    # The copy's pass recorded nothing into the recorder.
+    assert rnet.activations[(1, 1)] is before[0]
+    assert rnet.inputs[(1, 3)].args[0] is before[1]
+    assert rnet.gradients[(1, 2)] is grads
+
+    # The recorder still records, with its hooks on the original net only.
+    assert _hook_count(net) == 3
+    x2 = torch.randn(2, 3, requires_grad=True)
+    rnet(x2).sum().backward()
+    with torch.no_grad():
+        assert torch.equal(rnet.activations[(1, 1)], net[0](x2))
+    assert rnet.gradients[(1, 2)].shape == (2, 4)
+    assert rnet.inputs[(1, 3)].args[0].shape == (2, 4)
+
+
+def test_a_new_recorder_of_a_copied_net_drops_the_copied_hooks():
+    """Wrapping a net copied while recorded puts only the new recorder's hooks."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    first = Recorder(net, input_size=(1, 3))
+    first.record((1, 1), (1, 2))
+    copied = _pickle_copy(net)
+    assert _hook_count(copied) == 2
+    rnet = Recorder(copied, input_size=(1, 3))
+    assert _hook_count(copied) == 0
+    rnet.record((1, 2))
+    rnet(torch.randn(2, 3))
+    assert list(rnet.activations) == [(1, 2)]
