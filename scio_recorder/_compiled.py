@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ._hooks import CallInputs, EndSpec, PassState, convert, map_tensors
+from ._hooks import CallInputs, EndSpec, PassState, convert
+from ._tree import iter_tensors, map_tensors
 from .layers import label_str
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class GradDeposits:
     def value(self, target: Any) -> Any:
         """Return the gradients of the tensors of ``target`` (``None`` if none came)."""
         grads = self.grads
-        return map_tensors(target, lambda tensor: grads.get(_address(tensor)))
+        return map_tensors(lambda tensor: grads.get(_address(tensor)), target)
 
 
 _DEPOSITS: weakref.WeakValueDictionary[int, GradDeposits] = (
@@ -305,7 +306,7 @@ class TracedPass(PassState):
             passed_on = output if result is None else result
             self.check_grad(module, label, passed_on)
             key = self.deposit_key
-            result = map_tensors(passed_on, lambda t: _GradProbe.apply(t, key))  # type: ignore[no-untyped-call]
+            result = map_tensors(lambda t: _GradProbe.apply(t, key), passed_on)  # type: ignore[no-untyped-call]
             self.grad_targets[label] = result
         return result
 
@@ -316,14 +317,12 @@ class TracedPass(PassState):
             return value
         clone, detach, device, dtype = options
         return map_tensors(
-            value, lambda tensor: convert(tensor, clone, detach, device, dtype)
+            lambda tensor: convert(tensor, clone, detach, device, dtype), value
         )
 
     def check_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
         """Raise unless a gradient can flow back into ``output``."""
-        tensors: list[Tensor] = []
-        map_tensors(output, tensors.append)
-        if not any(tensor.requires_grad for tensor in tensors):
+        if not any(tensor.requires_grad for tensor in iter_tensors(output)):
             raise RuntimeError(self.no_grad_message(module, label))
 
 

@@ -7,10 +7,15 @@ Why it is built this way:
   those whose inputs are captured), and none elsewhere, so unrecorded layers
   run at full speed (and fused kernels such as the ``TransformerEncoderLayer``
   fast path, which torch disables for any module carrying hooks, stay fused).
-* **No reference to the recorder.** A hook closes over an int token only.
+* **No reference to the recorder.** A hook holds an int token only.
   The state of the pass in progress is found through a thread-local mapping
   from tokens to states, so the recorder can be collected while hooks exist;
   a :func:`weakref.finalize` then removes them.
+* **The user's net stays savable.** Hooks are objects of a module-level class
+  that pickle and deep-copy to a :class:`DroppedHook`: ``torch.save(net)``,
+  ``pickle`` and ``copy.deepcopy`` of a recorded net work, and the copy is
+  the plain net (it records nothing, and drops those hooks on its first
+  pass).
 * **State local to the pass.** A :class:`PassState` lives for one pass. Each
   thread sees its own mapping, so concurrent passes never mix, and a call of
   the net that did not go through the recorder (or an open
@@ -28,12 +33,14 @@ __all__ = [
     "CallInputs",
     "CallPlan",
     "CallPlanError",
+    "DroppedHook",
     "EndSpec",
     "HookSet",
     "PassState",
     "Postprocessor",
     "RecordOptions",
     "convert",
+    "drop_copied_hooks",
     "enter_trace",
     "exit_trace",
     "new_token",
@@ -50,6 +57,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
+
+from ._tree import iter_tensors, map_leaves, map_tensors
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -217,7 +226,7 @@ class RecordOptions:
 
     def apply(self, value: Any) -> Any:
         """Return the record of ``value``: tensors anywhere inside are converted."""
-        return map_tensors(value, self._tensor) if self.transforms else value
+        return map_tensors(self._tensor, value) if self.transforms else value
 
     def _tensor(self, tensor: Tensor) -> Tensor:
         return convert(tensor, self.clone, self.detach, self.device, self.dtype)
@@ -341,7 +350,7 @@ class GradSlot:
             leaves.append(output)
             self.template: Any = _Leaf(0)
         else:
-            self.template = map_tensors(output, index)
+            self.template = map_tensors(index, output)
         self.grads: list[Tensor | None] = [None] * len(leaves)
         for i, leaf in enumerate(leaves):
             if leaf.requires_grad:
@@ -364,24 +373,12 @@ class GradSlot:
 
     def value(self) -> Any:
         """Return the gradients in the output's structure (``None`` if missing)."""
-        return _fill(self.template, self.grads)
+        grads = self.grads
+        return map_leaves(grads.__getitem__, self.template, _Leaf)
 
 
 class _Leaf(int):
     """Position of a tensor leaf inside a record template."""
-
-
-def _fill(template: Any, values: list[Any]) -> Any:
-    if isinstance(template, _Leaf):
-        return values[template]
-    if isinstance(template, tuple):
-        items = [_fill(item, values) for item in template]
-        return type(template)(*items) if hasattr(template, "_fields") else tuple(items)
-    if isinstance(template, list):
-        return [_fill(item, values) for item in template]
-    if isinstance(template, dict):
-        return type(template)({k: _fill(v, values) for k, v in template.items()})
-    return template
 
 
 _NO_STARTS: dict[nn.Module, int] = {}
@@ -522,7 +519,7 @@ class PassState:
         if not (
             output.requires_grad
             if isinstance(output, Tensor)
-            else any(t.requires_grad for t in _tensors(output))
+            else any(t.requires_grad for t in iter_tensors(output))
         ):
             raise RuntimeError(self.no_grad_message(module, label))
         sink = self.grad_sink(label) if self.grad_sink is not None else None
@@ -599,44 +596,15 @@ class PassState:
             raise error
 
 
-def _tensors(value: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-
-    def visit(tensor: Tensor) -> Tensor:
-        found.append(tensor)
-        return tensor
-
-    map_tensors(value, visit)
-    return found
-
-
 def _versions(
     label: DepthIdx, kind: str, record: Any
 ) -> list[tuple[DepthIdx, str, Tensor, int]]:
     """Return the version entries of every tensor of ``record``."""
     return [
         (label, kind, tensor, tensor._version)  # noqa: SLF001 (version counter)
-        for tensor in _tensors(record)
+        for tensor in iter_tensors(record)
         if not tensor.is_inference()  # inference tensors have no version counter
     ]
-
-
-def map_tensors(value: Any, func: Callable[[Tensor], Any]) -> Any:
-    """Apply ``func`` to every tensor in nested tuples, lists and dicts."""
-    if isinstance(value, Tensor):
-        return func(value)
-    if isinstance(value, tuple):
-        mapped = [map_tensors(item, func) for item in value]
-        if hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*mapped)
-        return tuple(mapped)
-    if isinstance(value, list):
-        return [map_tensors(item, func) for item in value]
-    if isinstance(value, dict):
-        return type(value)(
-            {key: map_tensors(item, func) for key, item in value.items()}
-        )
-    return value
 
 
 def _traced_state(token: int) -> Any:
@@ -647,28 +615,79 @@ def _traced_state(token: int) -> Any:
     return state
 
 
-def _make_hooks(token: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Return the forward pre-hook and hook that serve one recorder's passes."""
-    active = ACTIVE
+class _RecorderHook:
+    """A hook of one recorder on a user's module: it serves that recorder's passes.
 
-    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+    An object of a module-level class, not a closure, so that the user's net
+    can still be saved while it is recorded: ``pickle``, ``torch.save`` and
+    ``copy.deepcopy`` of the net (which carry the modules' hook dicts) turn
+    it into a :class:`DroppedHook`, so the copy records nothing, into no
+    recorder, and drops those hooks on its first pass.
+    """
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __reduce__(self) -> tuple[type[DroppedHook], tuple[()]]:
+        """Copy (pickle, deep copy) to a hook that does nothing and drops itself."""
+        return DroppedHook, ()
+
+    def _state(self) -> Any:
         if TRACING.state is None:  # eager
-            state = active.states.get(token)
-        else:  # a compiled pass being traced
-            state = _traced_state(token)
+            return ACTIVE.states.get(self.token)
+        return _traced_state(self.token)  # a compiled pass being traced
+
+
+class _PreHook(_RecorderHook):
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        state = self._state()
         if state is not None:
             state.on_input(module, args, kwargs)
 
-    def hook(module: nn.Module, _args: Any, output: Any) -> Any:
-        if TRACING.state is None:  # eager
-            state = active.states.get(token)
-        else:  # a compiled pass being traced
-            state = _traced_state(token)
+
+class _PostHook(_RecorderHook):
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, _args: Any, output: Any) -> Any:
+        state = self._state()
         if state is None:
             return None
         return state.on_output(module, output)
 
-    return pre_hook, hook
+
+class DroppedHook:
+    """What a recorder's hook becomes in a pickled or deep-copied net.
+
+    It does nothing, and removes itself from the module on its first call (a
+    module carrying hooks keeps fused kernels off), so the copy behaves as the
+    plain net. A :class:`Recorder` wrapping such a net removes them at once.
+    Loading a net pickled while recorded needs this class, hence
+    ``scio_recorder``, importable.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, *_: Any) -> None:
+        if not torch.compiler.is_compiling():
+            drop_copied_hooks(module, recurse=False)
+
+
+def drop_copied_hooks(net: nn.Module, *, recurse: bool = True) -> None:
+    """Remove every :class:`DroppedHook` from ``net``'s modules (or ``net`` only)."""
+    for module in net.modules() if recurse else (net,):
+        for hooks, with_kwargs in (
+            (module._forward_hooks, module._forward_hooks_with_kwargs),  # noqa: SLF001 (no public API lists hooks)
+            (module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),  # noqa: SLF001
+        ):
+            for key in [k for k, hook in hooks.items() if type(hook) is DroppedHook]:
+                # torch reads the with-kwargs flag before calling a hook, so
+                # removing both while a pass runs the hooks is safe.
+                del hooks[key]
+                with_kwargs.pop(key, None)
 
 
 def _remove_all(handles: list[RemovableHandle]) -> None:
@@ -681,7 +700,7 @@ class HookSet:
     """The forward hooks of one recorder, removed when it is collected."""
 
     def __init__(self, owner: object, token: int) -> None:
-        self._pre_hook, self._hook = _make_hooks(token)
+        self._pre_hook, self._hook = _PreHook(token), _PostHook(token)
         self._handles: list[RemovableHandle] = []
         self._finalizer = weakref.finalize(owner, _remove_all, self._handles)
         self.modules: tuple[nn.Module, ...] = ()

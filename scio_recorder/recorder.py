@@ -67,6 +67,7 @@ from ._hooks import (
     PassState,
     Postprocessor,
     RecordOptions,
+    drop_copied_hooks,
     enter_trace,
     exit_trace,
     new_token,
@@ -183,6 +184,7 @@ class Recorder(nn.Module):
             msg = "You must provide `input_data` or `input_size`"
             raise ValueError(msg)
         net, compiler = unwrap_compiled(net)
+        drop_copied_hooks(net)  # of a net copied while another recorder hooked it
         self._net = net
         if force_static_flow:
             _check_static_flow(net)
@@ -1109,48 +1111,90 @@ class Recorder(nn.Module):
         """The modules that currently carry a hook of this recorder."""
         return self._hooks.modules
 
+    # The attributes a copy (deep copy, pickle) builds afresh: what ties a
+    # recorder to its hooks, its passes and its process.
+    _FRESH = frozenset(
+        {
+            "_deposits",
+            "_hooks",
+            "_token",
+            "_latest",
+            "_scopes",
+            "_warned_inplace",
+            "_compiled_call_impl",
+            "_traced_key",
+            "__call__",
+        }
+    )
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
         """Return a recorder of a deep copy of the net, with its own hooks.
 
         The default copy would carry this recorder's hooks onto the copied
-        modules, where they would keep serving this recorder. Here the hooks
-        are lifted while the net, the table and the selection are copied
-        (module references follow the copy), then placed again on both.
-        Records of the latest pass are not copied.
+        modules (as inert hooks). Here the hooks are lifted while the net, the
+        table and the selection are copied (module references follow the
+        copy), then placed again on both. Records of the latest pass are not
+        copied.
         """
         self._hooks.remove()
         try:
             new = type(self).__new__(type(self))
             memo[id(self)] = new
-            fresh = {
-                "_deposits",
-                "_hooks",
-                "_token",
-                "_latest",
-                "_scopes",
-                "_warned_inplace",
-                "_compiled_call_impl",
-                "__call__",
-            }
             for name, value in self.__dict__.items():
-                if name not in fresh:
+                if name == "_compiler":  # shared: a copied backend is another one
+                    object.__setattr__(new, name, value)
+                elif name not in self._FRESH:
                     object.__setattr__(new, name, copy.deepcopy(value, memo))
-            token = new_token()
-            hooks = HookSet(new, token)
-            object.__setattr__(new, "_token", token)
-            object.__setattr__(new, "_hooks", hooks)
-            object.__setattr__(new, "_latest", _Latest())
-            object.__setattr__(new, "_deposits", GradDeposits())
-            new._enter(self._compiler)  # noqa: SLF001 (a recorder's own)
-            object.__setattr__(new, "_scopes", [])
-            object.__setattr__(new, "_warned_inplace", set())
-            plan: CallPlan = new.__dict__["_plan"]
-            key = traced_key(plan, token, new.__dict__["_deposits"])
-            object.__setattr__(new, "_traced_key", key)
-            hooks.place(list(plan.ends), list(plan.starts))
+            new._renew()  # noqa: SLF001 (a recorder's own)
         finally:
             self._hooks.place(list(self._plan.ends), list(self._plan.starts))
         return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Return what ``pickle`` (and ``torch.save``) store of the recorder.
+
+        The net, the table and the selection; not the records of the latest
+        pass, nor the hooks (the unpickled recorder places its own).
+
+        Raises
+        ------
+        TypeError
+            For a recorder of a ``torch.compile``-d net, whose compiler
+            cannot be pickled.
+        """
+        if self._compiler is not None:
+            msg = (
+                "Cannot pickle a Recorder of a torch.compile-d net: the "
+                "compiler cannot be pickled. Save the net's weights "
+                "(`torch.save(rnet.net.state_dict(), path)`) and the records "
+                "(`scio_recorder.io.save_records(path, rnet.activations, "
+                "rnet)`), then wrap the loaded net in a new Recorder."
+            )
+            raise TypeError(msg)
+        return {k: v for k, v in self.__dict__.items() if k not in self._FRESH}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild an unpickled recorder: its own token, hooks and entry point."""
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        # The pickled hooks came back as inert ones: this recorder places its own.
+        drop_copied_hooks(self._net)
+        self._renew()
+
+    def _renew(self) -> None:
+        """Build the attributes of ``_FRESH`` and place the hooks (copies only)."""
+        token = new_token()
+        hooks = HookSet(self, token)
+        object.__setattr__(self, "_token", token)
+        object.__setattr__(self, "_hooks", hooks)
+        object.__setattr__(self, "_latest", _Latest())
+        object.__setattr__(self, "_deposits", GradDeposits())
+        self._enter(self._compiler)
+        object.__setattr__(self, "_scopes", [])
+        object.__setattr__(self, "_warned_inplace", set())
+        plan: CallPlan = self.__dict__["_plan"]
+        key = traced_key(plan, token, self.__dict__["_deposits"])
+        object.__setattr__(self, "_traced_key", key)
+        hooks.place(list(plan.ends), list(plan.starts))
 
     def __repr__(self) -> str:
         """Return the torchinfo table and the recorded labels."""

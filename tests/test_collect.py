@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -1098,3 +1099,52 @@ def test_collect_checks_class_labels_before_any_reducer_sees_them(reducer, bad):
     assert rnet.recording == ((1, 2),)
     rnet(x)
     torch.testing.assert_close(rnet.activations[(1, 2)], layer_outputs(net, x)[1])
+
+
+# ------------------------------------------------- device moves of nested values
+Pair = collections.namedtuple("Pair", "a b")  # noqa: PYI024 (a plain namedtuple on purpose)
+
+
+class SwapPair(nn.Module):
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> Pair:
+        return Pair(pair[1] * 2, pair[0] + 1)
+
+
+class PairNet(nn.Module):
+    """A parameter-free net (it runs on the meta device too) of a named tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swap = SwapPair()
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.swap(pair)[0]
+
+
+class Seen(Count):
+    """Count that keeps the records it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[Any] = []
+
+    def update(self, value, target=None):
+        self.values.append(value)
+        super().update(value, target)
+
+
+@pytest.mark.parametrize("option", ["device", "to"])
+def test_device_moves_named_tuple_arguments_and_records(option):
+    """`device=` moves named-tuple arguments, `to=` named-tuple records."""
+    # torchinfo (the reference pass) cannot count named-tuple inputs: the
+    # reference input is a plain tuple, the batches pass named tuples.
+    rnet = Recorder(PairNet(), input_data=[(torch.zeros(1, 3), torch.zeros(1, 3))])
+    seen = Seen()
+    batch = Pair(torch.randn(4, 3), torch.randn(4, 3))
+    collect(rnet, [batch], {(1, 1): seen}, input=lambda b: (b,), **{option: "meta"})
+    (record,) = seen.values
+    # With `device=` the net ran on meta tensors (the argument was moved);
+    # with `to=` the record was moved after the CPU pass.
+    assert type(record) is Pair
+    assert [t.device.type for t in record] == ["meta", "meta"]
+    assert [t.shape for t in record] == [(4, 3), (4, 3)]

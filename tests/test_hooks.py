@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import io
+import pickle
 import re
 
 import pytest
@@ -9,6 +13,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 
 from scio_recorder import CallPlanError, InPlaceWarning, Recorder
 from tests.nets import BranchNet, ListNet, LoopNet, SharedActNet, TrainOnlyNet
@@ -497,3 +502,144 @@ def test_postprocessor_list_consumed_in_hook_order():
     assert all(
         t is rnet.activations[label] for (_, t), label in zip(seen, order, strict=True)
     )
+
+
+# ----------------------------------------------------- records of nested values
+@dataclasses.dataclass(frozen=True)
+class Features:
+    hidden: torch.Tensor
+    extra: list[torch.Tensor]
+
+
+class ReadsFeatures(nn.Module):
+    def forward(self, features: Features) -> torch.Tensor:
+        return features.hidden + features.extra[0]
+
+
+class NestedNet(nn.Module):
+    """Passes a frozen dataclass to one layer, returns a ModelOutput from another.
+
+    (torchinfo's reference pass refuses dataclass *outputs* other than
+    mappings, so a plain dataclass appears as an argument here.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.read = ReadsFeatures()
+        self.head = HeadOut()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.features = Features(h, [h * 2])  # the test edits them in place
+        self.out = self.head(self.read(self.features))
+        return self.out.last_hidden_state
+
+
+class HeadOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=x * 3, hidden_states=(x * 4,))
+
+
+def test_clone_copies_tensors_inside_dataclasses_and_model_outputs():
+    """`clone=True` copies the tensors of dataclass and ModelOutput records."""
+    net = NestedNet()
+    rnet = Recorder(net, input_size=(2, 3))
+    rnet.record("head", inputs="read", clone=True, detach=True, dtype=torch.float64)
+    rnet(torch.randn(2, 3))
+    (label,) = rnet.inputs
+    (arg,) = rnet.inputs[label].args
+    out = rnet.activations[next(iter(rnet.activations))]
+    assert type(arg) is Features
+    assert type(out) is BaseModelOutput
+    assert out["last_hidden_state"] is out.last_hidden_state  # item and field agree
+    pairs = [
+        (net.features.hidden, arg.hidden),
+        (net.features.extra[0], arg.extra[0]),
+        (net.out.last_hidden_state, out.last_hidden_state),
+        (net.out.hidden_states[0], out.hidden_states[0]),
+    ]
+    kept = [original.detach().clone() for original, _ in pairs]
+    with torch.no_grad():
+        for original, _ in pairs:
+            original.add_(100.0)
+    for (_, record), before in zip(pairs, kept, strict=True):
+        # Converted from the very same tensors: equal to the bit.
+        assert record.dtype == torch.float64
+        assert not record.requires_grad
+        assert torch.equal(record, before.double())
+
+
+# ------------------------------------------------------- saving a recorded net
+def _torch_save_load(net: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(net, buffer)
+    buffer.seek(0)
+    loaded: nn.Module = torch.load(buffer, weights_only=False)
+    return loaded
+
+
+def _pickle_copy(net: nn.Module) -> nn.Module:
+    copied: nn.Module = pickle.loads(pickle.dumps(net))  # noqa: S301 (our own bytes)
+    return copied
+
+
+def _hook_count(net: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+
+
+@pytest.mark.parametrize(
+    "copier",
+    [copy.deepcopy, _pickle_copy, _torch_save_load],
+    ids=["deepcopy", "pickle", "torch.save"],
+)
+def test_a_recorded_net_can_be_saved_and_its_copy_is_a_plain_net(copier):
+    """Saving or copying the user's net works while layers are recorded.
+
+    The copy computes the same outputs, records into no recorder, and drops
+    the copied hooks on its first pass; the recorder keeps recording.
+    """
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 1), inputs=(1, 3), grads=(1, 2))
+    assert _hook_count(net) == 3
+    copied = copier(net)
+    x = torch.randn(5, 3, requires_grad=True)
+    out = rnet(x)
+    out.sum().backward()
+    before = rnet.activations[(1, 1)], rnet.inputs[(1, 3)].args[0]
+    grads = rnet.gradients[(1, 2)]
+
+    out_copy = copied(x)
+    out_copy.sum().backward()
+    # The same weights, the same ops: equal to the bit.
+    assert torch.equal(out_copy, out)
+    assert _hook_count(copied) == 0  # dropped on the first pass
+    # The copy's pass recorded nothing into the recorder.
+    assert rnet.activations[(1, 1)] is before[0]
+    assert rnet.inputs[(1, 3)].args[0] is before[1]
+    assert rnet.gradients[(1, 2)] is grads
+
+    # The recorder still records, with its hooks on the original net only.
+    assert _hook_count(net) == 3
+    x2 = torch.randn(2, 3, requires_grad=True)
+    rnet(x2).sum().backward()
+    with torch.no_grad():
+        assert torch.equal(rnet.activations[(1, 1)], net[0](x2))
+    assert rnet.gradients[(1, 2)].shape == (2, 4)
+    assert rnet.inputs[(1, 3)].args[0].shape == (2, 4)
+
+
+def test_a_new_recorder_of_a_copied_net_drops_the_copied_hooks():
+    """Wrapping a net copied while recorded puts only the new recorder's hooks."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    first = Recorder(net, input_size=(1, 3))
+    first.record((1, 1), (1, 2))
+    copied = _pickle_copy(net)
+    assert _hook_count(copied) == 2
+    rnet = Recorder(copied, input_size=(1, 3))
+    assert _hook_count(copied) == 0
+    rnet.record((1, 2))
+    rnet(torch.randn(2, 3))
+    assert list(rnet.activations) == [(1, 2)]

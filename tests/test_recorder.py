@@ -928,6 +928,48 @@ def test_deepcopy_gives_an_independent_recorder_of_a_copied_net():
     assert torch.equal(rnet(x), out)
 
 
+def test_pickle_gives_a_recorder_of_a_copied_net():
+    """``pickle`` and ``torch.save`` of a recorder give a working recorder."""
+    import io  # noqa: PLC0415 (only this test needs it)
+    import pickle  # noqa: PLC0415
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    rnet.record((1, 1), inputs=(1, 3), grads=(1, 2))
+    x = torch.randn(2, 3, requires_grad=True)
+    rnet(x)
+    buffer = io.BytesIO()
+    torch.save(rnet, buffer)
+    buffer.seek(0)
+    for copied in (
+        pickle.loads(pickle.dumps(rnet)),  # noqa: S301 (our own bytes)
+        torch.load(buffer, weights_only=False),
+    ):
+        assert copied.net is not net
+        assert not copied.activations  # the latest records are not saved
+        # Only the copy's own hooks: the pickled ones were dropped.
+        assert [len(m._forward_hooks) for m in copied.net] == [1, 1, 0]
+        assert [len(m._forward_pre_hooks) for m in copied.net] == [0, 0, 1]
+        out = copied(x)
+        out.sum().backward()
+        assert torch.equal(out, rnet(x))  # same weights, same ops
+        assert list(copied.activations) == [(1, 1)]
+        assert list(copied.inputs) == [(1, 3)]
+        assert copied.gradients[(1, 2)].shape == (2, 3)
+
+
+def test_pickling_a_recorder_of_a_compiled_net_says_what_to_save():
+    """The refusal names the cause and the state dict and records to save."""
+    import pickle  # noqa: PLC0415 (only this test needs it)
+
+    rnet = Recorder(torch.compile(nn.Linear(3, 2)), input_size=(1, 3))
+    with pytest.raises(
+        TypeError,
+        match=r"torch\.compile-d net.*rnet\.net\.state_dict\(\).*save_records",
+    ):
+        pickle.dumps(rnet)
+
+
 # -- helpful KeyErrors ---------------------------------------------------------
 
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from scio_recorder._tree import map_tensors
+
 if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
 
@@ -111,18 +113,15 @@ def as_arguments(
 
 
 def move_to(value: Any, device: torch.device) -> Any:
-    """Move the tensors in ``value`` to ``device`` (async toward accelerators)."""
-    if isinstance(value, Tensor):
-        # A copy toward the CPU must be synchronous: an asynchronous one
-        # returns before the data has arrived.
-        return value.to(device, non_blocking=device.type != "cpu")
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(move_to(v, device) for v in value)
-    if isinstance(value, list):
-        return [move_to(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: move_to(v, device) for k, v in value.items()}
-    return value
+    """Move the tensors in ``value`` to ``device`` (async toward accelerators).
+
+    Any nesting that :func:`~scio_recorder._tree.map_tensors` walks is kept:
+    named tuples, dict subclasses, dataclasses (model outputs).
+    """
+    # A copy toward the CPU must be synchronous: an asynchronous one returns
+    # before the data has arrived.
+    non_blocking = device.type != "cpu"
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), value)
 
 
 def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from scio_recorder._tree import tensor_items
 from scio_recorder.layers import nested_size
 
 if TYPE_CHECKING:
@@ -120,18 +121,13 @@ def shape_of(tensor: Tensor) -> Shape:
 
 
 def flatten(value: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:
-    """Yield ``(path, tensor)`` for every tensor inside ``value``."""
-    if isinstance(value, Tensor):
-        yield prefix, value
-    elif isinstance(value, dict) or hasattr(value, "items"):
-        for key, item in value.items():
-            yield from flatten(item, f"{prefix}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            yield from flatten(item, f"{prefix}.{i}")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from flatten(getattr(value, field.name), f"{prefix}.{field.name}")
+    """Yield ``(path, tensor)`` for every tensor inside ``value``.
+
+    A path is ``prefix`` followed by ``.key`` for each level (see
+    :func:`~scio_recorder._tree.tensor_items`).
+    """
+    for path, tensor in tensor_items(value):
+        yield prefix + "".join(f".{key}" for key in path), tensor
 
 
 def _op_name(func: Any) -> str:
