@@ -584,7 +584,7 @@ class _Unsummed(ModelStatistics):
     during the reference pass torchinfo builds this instead.
     """
 
-    def __init__(  # noqa: PLR0913 (torchinfo's signature)
+    def __init__(
         self,
         summary_list: list[LayerInfo],
         input_size: Any,
@@ -616,7 +616,7 @@ def _summary_patches() -> Iterator[None]:
     with _LOCK:
         original = LayerInfo.__dict__["calculate_size"]
         calculate = original.__func__
-        statistics = _torchinfo_impl.ModelStatistics
+        statistics = _torchinfo_impl.ModelStatistics  # type: ignore[attr-defined]
 
         def calculate_size(inputs: Any, batch_dim: int | None) -> tuple[list[int], int]:
             first = inputs[0] if isinstance(inputs, list | tuple) and inputs else inputs
@@ -626,12 +626,12 @@ def _summary_patches() -> Iterator[None]:
             return size, elem_bytes
 
         LayerInfo.calculate_size = staticmethod(calculate_size)  # type: ignore[method-assign]
-        _torchinfo_impl.ModelStatistics = _Unsummed  # type: ignore[misc]
+        _torchinfo_impl.ModelStatistics = _Unsummed  # type: ignore[attr-defined]
         try:
             yield
         finally:
             LayerInfo.calculate_size = original  # type: ignore[method-assign]
-            _torchinfo_impl.ModelStatistics = statistics  # type: ignore[misc]
+            _torchinfo_impl.ModelStatistics = statistics  # type: ignore[attr-defined]
 
 
 _SUMMARY_OPTIONS = frozenset(inspect.signature(torchinfo.summary).parameters) - {
@@ -693,6 +693,15 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     ------
     ValueError
         If neither ``input_data`` nor ``input_size`` is given.
+
+    Notes
+    -----
+    ``net`` is left as it was: every submodule's ``training`` flag, every
+    parameter's ``requires_grad`` and every buffer are put back after the
+    pass (torchinfo restores only the top module's flag, and a train-mode
+    pass moves BatchNorm running statistics). The work is linear in the
+    number of rows times the nesting depth, whatever torchinfo's own totals
+    would cost.
 
     Examples
     --------
