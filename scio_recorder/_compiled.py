@@ -56,6 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from ._hooks import CallInputs, EndSpec, PassState, convert
+from ._preserve import preserved
 from ._tree import iter_tensors, map_tensors
 from .layers import label_str
 
@@ -459,7 +460,7 @@ def export_records(  # noqa: PLR0913 (the options of torch.export.export)
     """Export ``recorder``'s pass; see :meth:`Recorder.export`."""
     args, kwargs, dynamic_shapes = _positional(net, args, kwargs, dynamic_shapes)
     root = _ExportRoot(recorder, postproc)
-    with warnings.catch_warnings():
+    with preserved(recorder), warnings.catch_warnings():
         # Strict export lists the records it stores as "side effects".
         warnings.filterwarnings(
             "ignore", message="While compiling, we found certain side effects"

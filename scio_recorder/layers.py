@@ -61,8 +61,10 @@ import torchinfo.torchinfo as _torchinfo_impl
 from torch import Tensor
 from torchinfo.enums import Units
 from torchinfo.formatting import FormattingOptions
-from torchinfo.layer_info import LayerInfo, get_children_layers, prod
+from torchinfo.layer_info import LayerInfo, prod
 from torchinfo.model_statistics import ModelStatistics
+
+from ._preserve import preserved
 
 if TYPE_CHECKING:
     from torch import nn
@@ -570,21 +572,51 @@ def nested_size(tensor: Tensor) -> list[int]:
 _LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def _nested_sizes() -> Iterator[None]:
-    """Let torchinfo size nested tensors, for the duration of one summary.
+class _Unsummed(ModelStatistics):
+    """torchinfo's statistics object, without torchinfo's statistics.
 
-    torchinfo sizes a call's inputs and outputs with
-    ``LayerInfo.calculate_size``, which fails on a nested tensor (the
-    padded-batch fast path of ``nn.TransformerEncoder`` in eval mode passes
-    them between its layers). During the reference pass only, a nested tensor
-    (or a tuple starting with one, as torchinfo sizes a call's inputs by the
-    first) is sized by :func:`nested_size`; everything else goes to
-    torchinfo's own function, which is put back on exit.
+    :func:`torchinfo.summary` totals its rows in ``ModelStatistics.__init__``
+    through ``LayerInfo.leftover_params``, which recurses into every
+    descendant of a row *and* each of their descendants: its work doubles with
+    each level of nesting (a ``Linear`` in 30 nested ``Sequential`` would take
+    hours). :func:`build_table` only keeps the formatting and the input sizes
+    of that object and totals its own rows (:func:`_restatistics`, linear), so
+    during the reference pass torchinfo builds this instead.
+    """
+
+    def __init__(
+        self,
+        summary_list: list[LayerInfo],
+        input_size: Any,
+        total_input_size: int,
+        formatting: FormattingOptions,
+    ) -> None:
+        self.summary_list = summary_list
+        self.input_size = input_size
+        self.formatting = formatting
+        self.total_input = total_input_size
+        self.total_mult_adds = 0
+        self.total_params, self.trainable_params = 0, 0
+        self.total_param_bytes, self.total_output_bytes = 0, 0
+
+
+@contextlib.contextmanager
+def _summary_patches() -> Iterator[None]:
+    """Patch torchinfo for the duration of one summary; put it back on exit.
+
+    * torchinfo sizes a call's inputs and outputs with
+      ``LayerInfo.calculate_size``, which fails on a nested tensor (the
+      padded-batch fast path of ``nn.TransformerEncoder`` in eval mode passes
+      them between its layers). A nested tensor (or a tuple starting with one,
+      as torchinfo sizes a call's inputs by the first) is sized by
+      :func:`nested_size`; everything else goes to torchinfo's own function.
+    * ``torchinfo.summary`` builds an :class:`_Unsummed` instead of its
+      exponential-time statistics.
     """
     with _LOCK:
         original = LayerInfo.__dict__["calculate_size"]
         calculate = original.__func__
+        statistics = _torchinfo_impl.ModelStatistics  # type: ignore[attr-defined]
 
         def calculate_size(inputs: Any, batch_dim: int | None) -> tuple[list[int], int]:
             first = inputs[0] if isinstance(inputs, list | tuple) and inputs else inputs
@@ -594,10 +626,12 @@ def _nested_sizes() -> Iterator[None]:
             return size, elem_bytes
 
         LayerInfo.calculate_size = staticmethod(calculate_size)  # type: ignore[method-assign]
+        _torchinfo_impl.ModelStatistics = _Unsummed  # type: ignore[attr-defined]
         try:
             yield
         finally:
             LayerInfo.calculate_size = original  # type: ignore[method-assign]
+            _torchinfo_impl.ModelStatistics = statistics  # type: ignore[attr-defined]
 
 
 _SUMMARY_OPTIONS = frozenset(inspect.signature(torchinfo.summary).parameters) - {
@@ -660,6 +694,15 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     ValueError
         If neither ``input_data`` nor ``input_size`` is given.
 
+    Notes
+    -----
+    ``net`` is left as it was: every submodule's ``training`` flag, every
+    parameter's ``requires_grad`` and every buffer are put back after the
+    pass (torchinfo restores only the top module's flag, and a train-mode
+    pass moves BatchNorm running statistics). The work is linear in the
+    number of rows times the nesting depth, whatever torchinfo's own totals
+    would cost.
+
     Examples
     --------
     >>> from torch import nn
@@ -690,7 +733,7 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
     handles = log.install()
     try:
-        with _nested_sizes():
+        with preserved(net), _summary_patches():
             summary = torchinfo.summary(net, **kwargs)
     finally:
         for handle in handles:
@@ -717,10 +760,20 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
 def _restatistics(summary: ModelStatistics, rows: list[_Row]) -> ModelStatistics:
     """Return torchinfo statistics over the rebuilt ``rows``."""
     counters: dict[int, int] = {}
-    for index, info in enumerate(rows):
+    for info in rows:
         counters[info.depth] = counters.get(info.depth, 0) + 1
         info.depth_index = counters[info.depth]
-        info.children = get_children_layers(list(rows), index)
+    # A row's children (as torchinfo's `get_children_layers` finds them) are
+    # the rows after it, up to the next row at its depth or above: close the
+    # open rows with a stack, in one pass.
+    ends = [len(rows)] * len(rows)
+    open_rows: list[int] = []
+    for index, info in enumerate(rows):
+        while open_rows and rows[open_rows[-1]].depth >= info.depth:
+            ends[open_rows.pop()] = index
+        open_rows.append(index)
+    for index, info in enumerate(rows):
+        info.children = list(rows[index + 1 : ends[index]])
     old = summary.formatting
     formatting = FormattingOptions(
         old.max_depth, old.verbose, old.col_names, old.col_width, old.row_settings

@@ -127,7 +127,10 @@ class Recorder(nn.Module):
         is required. Defaults: ``col_names=("input_size", "output_size",
         "num_params", "params_percent")``, ``depth=inf``,
         ``row_settings=("var_names", "depth")``, ``verbose=0``. Use
-        ``mode="train"`` to build the table in train mode.
+        ``mode="train"`` to build the table in train mode. The net is left
+        as it was: every submodule's ``training`` flag, every parameter's
+        ``requires_grad`` and every buffer (BatchNorm running statistics)
+        are put back after the reference pass.
 
     Raises
     ------
@@ -795,7 +798,8 @@ class Recorder(nn.Module):
         nodes too, and edges follow the data. Nothing is recorded into
         :attr:`activations`, the output is not returned, autograd is left as
         it is (``torch.no_grad()`` works, ``requires_grad`` is never set), no
-        hook, mode or patch remains afterwards, and fused kernels (the
+        hook, mode or patch remains afterwards, the net's modes, flags and
+        buffers are as before the pass, and fused kernels (the
         ``TransformerEncoder`` fast path) run as in a plain pass. See
         ``docs/graph.md``.
 
@@ -878,7 +882,8 @@ class Recorder(nn.Module):
         that call's output; when inputs are recorded, ``(output, activations,
         inputs)`` with ``inputs`` mapping labels to ``CallInputs``. A detector
         built on recorded features can then be deployed, saved with
-        :func:`torch.export.save`, without Python hooks.
+        :func:`torch.export.save`, without Python hooks. Exporting leaves the net's
+        modes, ``requires_grad`` flags and buffers as they were.
 
         Parameters
         ----------

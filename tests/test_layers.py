@@ -16,7 +16,7 @@ import torchinfo
 import torchinfo.torchinfo as torchinfo_impl
 from torch import nn
 
-from scio_recorder import CallPlanError, Recorder
+from scio_recorder import CallPlanError, Recorder, models
 from scio_recorder.layers import RaggedDim
 from tests.nets import (
     DirectChildNet,
@@ -696,3 +696,101 @@ def test_hf_encoder_called_with_an_attention_mask():
     assert torch.equal(out.last_hidden_state, want.last_hidden_state)
     (record,) = rnet.activations_of(name)
     assert torch.equal(record, dense)
+
+
+# ------------------------------------------------------------- deep nesting
+def nested_linear(depth: int) -> nn.Module:
+    """Return a ``Linear(4, 4)`` inside ``depth`` nested ``Sequential``."""
+    net: nn.Module = nn.Linear(4, 4)
+    for _ in range(depth):
+        net = nn.Sequential(net)
+    return net
+
+
+def test_hundred_deep_nesting_builds_with_right_rows_and_totals():
+    """A Linear in 100 nested Sequential builds (it took 2^depth steps before)."""
+    rnet = Recorder(nested_linear(100), input_size=X)
+    assert [row.label for row in rnet.table.rows] == [(d, 1) for d in range(101)]
+    assert [row.name for row in rnet.table.rows] == [
+        ".".join(["0"] * d) for d in range(101)
+    ]
+    assert type(rnet.table[(100, 1)].module) is nn.Linear
+    text = repr(rnet)
+    assert re.search(r"^Total params: 20$", text, re.MULTILINE)
+    assert re.search(r"^Trainable params: 20$", text, re.MULTILINE)
+    assert re.search(r"^Non-trainable params: 0$", text, re.MULTILINE)
+    assert line_of(rnet, "100-1").split()[-2:] == ["20", "100.00%"]
+    assert line_of(rnet, "99-1").split()[-2:] == ["--", "--"]
+
+
+@pytest.mark.parametrize("depth", [8, 16])
+def test_parameter_accounting_is_linear_in_depth(monkeypatch, depth):
+    """torchinfo's recursive ``leftover_params`` runs O(rows) times, not 2^depth."""
+    from torchinfo.layer_info import LayerInfo  # noqa: PLC0415 (the counted function)
+
+    calls = 0
+    original = LayerInfo.leftover_params
+
+    def counted(self):
+        nonlocal calls
+        calls += 1
+        return original(self)
+
+    monkeypatch.setattr(LayerInfo, "leftover_params", counted)
+    rnet = Recorder(nested_linear(depth), input_size=X)
+    repr(rnet)
+    assert calls <= len(rnet.table), f"{calls} calls for {len(rnet.table)} rows"
+
+
+def partly_frozen_resnet() -> nn.Module:
+    """Return a ResNet-18 whose first stage does not train."""
+    net = models.resnet18_cifar()
+    net.layer1.requires_grad_(False)
+    return net
+
+
+# Nets where torchinfo gives one row per call (on the traps its rows differ).
+REAL_NETS = [
+    (models.demo_model, (2, 3, 32, 32), {}),
+    (models.resnet18_cifar, (2, 3, 32, 32), {}),
+    (partly_frozen_resnet, (2, 3, 32, 32), {}),
+    (
+        lambda: models.transformer_encoder(d_model=32, nhead=4, num_layers=2),
+        (2, 5, 32),
+        {"mode": "train"},
+    ),
+    (StructuredNet, X, {}),
+    (ListNet, X, {}),
+]
+
+
+@pytest.mark.parametrize(("factory", "size", "options"), REAL_NETS)
+def test_totals_and_param_counts_equal_torchinfo(factory, size, options):
+    """Totals and per-row parameter counts are torchinfo's own numbers."""
+    net = factory()
+    theirs = torchinfo.summary(
+        net,
+        input_size=size,
+        depth=math.inf,
+        row_settings=("var_names", "depth"),
+        verbose=0,
+        **options,
+    )
+    torchinfo_impl._cached_forward_pass.pop(type(net).__name__, None)
+    ours = Recorder(net, input_size=size, **options).summary
+    for total in (
+        "total_params",
+        "trainable_params",
+        "total_mult_adds",
+        "total_output_bytes",
+        "total_param_bytes",
+        "total_input",
+    ):
+        assert getattr(ours, total) == getattr(theirs, total), total
+    assert [
+        (row.class_name, row.num_params, row.trainable_params)
+        for row in ours.summary_list
+    ] == [
+        (row.class_name, row.num_params, row.trainable_params)
+        for row in theirs.summary_list
+    ]

@@ -6,6 +6,8 @@ __all__ = ["trace_graph"]
 
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._preserve import preserved
+
 from ._capture import capture
 from ._model import ExecutionGraph, GraphError
 
@@ -43,7 +45,8 @@ def trace_graph(  # noqa: PLR0913 (the graph's options)
     ):
         msg = f"depth must be None or an int >= 0, got {depth!r}"
         raise ValueError(msg)
-    captured = capture(net, table, args, kwargs)
+    with preserved(net):
+        captured = capture(net, table, args, kwargs)
     graph = ExecutionGraph(captured, frozenset(recorded), depth=depth, roll=roll)
     error = captured.error
     if error is None:
