@@ -19,7 +19,8 @@ torch.Size([2, 4])
 
 """
 
-from ._hooks import CallInputs, CallPlanError, Postprocessor
+from ._engine.plan import CallPlanError, Postprocessor
+from ._engine.state import CallInputs
 from .calls import CallRecorder
 from .collect import CollectResult, Estimate, collect, estimate
 from .group import RecorderGroup

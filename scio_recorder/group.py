@@ -52,7 +52,7 @@ class _ModuleEntry:
                 return self.scope.records_of(self.name)
             except KeyError:  # nothing recorded yet: an empty buffer
                 return []
-        recorder = self.scope._recorder  # noqa: SLF001 (same package)
+        recorder = self.scope.recorder
         rows = resolve(recorder.table, recorder.net, [self.name])
         labels = [row.label for row in rows]
         per_label = [self.scope.inputs.get(label, []) for label in labels]

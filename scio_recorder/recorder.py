@@ -5,7 +5,7 @@ constructor, ``record``, ``forward``, ``activations``, ``recording``,
 ``recorded_modules``, ``recorded_params``, ``net``, ``summary`` and ``repr``),
 so code written for it runs unchanged. On top of it:
 
-* hooks sit only on modules with a selected call (see :mod:`._hooks`);
+* hooks sit only on modules with a selected call (see :mod:`._engine`);
 * labels follow the calls of the reference pass (see :mod:`.layers`);
 * each pass checks the call plan: every hooked module must be called exactly
   as often as the layer table says, or the pass raises and keeps nothing;
@@ -15,7 +15,7 @@ so code written for it runs unchanged. On top of it:
   work;
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
   into one graph, and :meth:`Recorder.export` exports it with the records as
-  outputs (see :mod:`._compiled` and ``docs/compile.md``).
+  outputs (see :mod:`._engine.compiled` and ``docs/compile.md``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,6 @@ __all__ = [
 
 import contextlib
 import copy
-import dataclasses
-import difflib
-import inspect
-import os
-import sys
-import warnings
-import weakref
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -47,35 +39,22 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
-from ._compiled import (
-    GradDeposits,
-    TracedPass,
-    entry_point,
-    export_records,
-    traced_key,
-    traced_plan,
-    unwrap_compiled,
-)
-from ._hooks import (
-    ACTIVE,
-    CallInputs,
+from ._engine.compiled import entry_point, export_records, unwrap_compiled
+from ._engine.hooks import drop_copied_hooks
+from ._engine.passes import Passes
+from ._engine.plan import (
     CallPlan,
     CallPlanError,
-    EndSpec,
-    GradSlot,
-    HookSet,
-    PassState,
     Postprocessor,
     RecordOptions,
-    drop_copied_hooks,
-    enter_trace,
-    exit_trace,
-    new_token,
+    Selection,
+    make_plan,
 )
+from ._engine.state import CallInputs, InPlaceWarning
 from .graph import ExecutionGraph, trace_graph
-from .layers import DepthIdx, Layer, LayerTable, build_table, example_inputs
-from .scope import Scope, ScopeState
-from .select import Selector, as_label, index_like, resolve
+from .layers import DepthIdx, LayerTable, build_table, example_inputs
+from .scope import Scope
+from .select import Selector, as_list, check_labels, resolve, resolve_params
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -83,17 +62,6 @@ if TYPE_CHECKING:
     from torch.nn.parameter import Parameter
     from torchinfo.model_statistics import ModelStatistics
     from typing_extensions import Self
-
-
-class InPlaceWarning(UserWarning):
-    """A record was modified in place after it was taken.
-
-    Raised (as a warning) at the end of a pass, once per label and recorder,
-    when a tensor of ``rnet.activations`` changed after it was recorded, for
-    example by a later ``ReLU(inplace=True)``. Silence it with
-    ``warnings.simplefilter("ignore", InPlaceWarning)``, or keep exact records
-    with ``rnet.record(..., clone=True)``.
-    """
 
 
 _DEFAULT_SUMMARY_KWARGS: dict[str, Any] = {
@@ -165,8 +133,7 @@ class Recorder(nn.Module):
     """  # noqa: E501 (a table row is long)
 
     _net_direct: nn.Module
-    _latest: _Latest
-    _plan: CallPlan
+    _passes: Passes
 
     def __init__(
         self,
@@ -191,21 +158,15 @@ class Recorder(nn.Module):
         self._net = net
         if force_static_flow:
             _check_static_flow(net)
-        self._token = new_token()
-        self._hooks = HookSet(self, self._token)
-        self._deposits = GradDeposits()
         self._summary_kwargs = _DEFAULT_SUMMARY_KWARGS | summary_kwargs
         self._table = build_table(net, self._summary_kwargs)
-        self._latest = _Latest()
         # A plain attribute: reading a submodule goes through the slower
         # `nn.Module.__getattr__`, and forward reads it on every pass.
         object.__setattr__(self, "_net_direct", net)
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
-        self._plan = CallPlan.empty(self._table.mode_description)
-        self._traced_key = traced_key(self._plan, self._token, self._deposits)
-        self._scopes: list[Scope] = []
-        self._warned_inplace: set[tuple[str, DepthIdx]] = set()
+        empty = CallPlan.empty(self._table.mode_description)
+        self._passes = Passes(self, self._table, empty)
         self._compiler = compiler
         self._enter(compiler)
 
@@ -216,7 +177,7 @@ class Recorder(nn.Module):
         ``nn.Module.compile`` does, with the settings the net was compiled
         with: the recorder's whole pass is traced as one graph.
         """
-        entry = entry_point(self, self._token)
+        entry = entry_point(self, self._passes.token)
         object.__setattr__(self, "__call__", entry)
         if compiler is not None:
             object.__setattr__(self, "_compiled_call_impl", compiler(entry))
@@ -357,19 +318,19 @@ class Recorder(nn.Module):
         ValueError: Following layers not found: {1, 2}. Did you mean `rnet.record((1, 2))`? Operation cancelled
 
         """  # noqa: E501 (doctest output)
-        if self._scopes:
+        if self._passes.listeners:
             msg = (
                 "Cannot change the selection while a `rnet.scope()` is open: "
                 "its records would mix two selections. Call `rnet.record(...)` "
                 "before entering the scope."
             )
             raise RuntimeError(msg)
-        self._check_labels(selectors)
         net, table = self._net, self._table
+        check_labels(table, selectors)
         outputs = resolve(table, net, selectors)
-        input_rows = resolve(table, net, _as_list(inputs))
-        grad_rows = resolve(table, net, _as_list(grads))
-        param_map = self._resolve_params(_as_list(params))
+        input_rows = resolve(table, net, as_list(inputs))
+        grad_rows = resolve(table, net, as_list(grads))
+        param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
             raise TypeError(msg)
@@ -379,7 +340,7 @@ class Recorder(nn.Module):
             device=torch.device(device) if device is not None else None,
             dtype=dtype,
         )
-        self._plan = _make_plan(table, outputs, input_rows, grad_rows, options)
+        plan = make_plan(table, outputs, input_rows, grad_rows, options)
         self._selection = Selection(
             tuple(sorted(row.label for row in outputs)),
             tuple(sorted(row.label for row in input_rows)),
@@ -387,63 +348,7 @@ class Recorder(nn.Module):
             tuple(param_map),
         )
         self._params = param_map
-        self._traced_key = traced_key(self._plan, self._token, self._deposits)
-        self._hooks.place(list(self._plan.ends), list(self._plan.starts))
-
-    def _check_labels(self, selectors: tuple[Selector, ...]) -> None:
-        """Check label-like selectors with the reference Recorder's messages."""
-        table = self._table
-        labels = [as_label(s) or s for s in selectors if _looks_like_label(s)]
-        unknown = {s for s in labels if s not in table}
-        if unknown:
-            hint = ""
-            if len(selectors) == 2 and all(map(index_like, selectors)):  # noqa: PLR2004 (a pair)
-                hint = f"Did you mean `rnet.record({selectors})`? "
-            shown = "{" + ", ".join(map(repr, sorted(unknown, key=repr))) + "}"
-            msg = f"Following layers not found: {shown}. {hint}Operation cancelled"
-            raise ValueError(msg)
-        refused = [table[s] for s in sorted(set(labels)) if not table[s].recordable]
-        if refused:
-            lines = [f"- {row.describe()}: {row.reason}" for row in refused]
-            names = {row.name for row in refused}
-            children = [
-                f"`{row.label}`"
-                for row in table.rows
-                if row.recordable
-                and any(row.name.startswith(f"{name}.") for name in names)
-            ]
-            if children:
-                examples = ", ".join(children[:3])
-                lines.append(f"Record its submodules' calls instead, e.g. {examples}.")
-            msg = "These layers cannot be recorded:\n" + "\n".join(lines)
-            raise ValueError(msg + "\nOperation cancelled")
-
-    def _resolve_params(self, selectors: list[Selector]) -> dict[str, Parameter]:
-        named = dict(self._net.named_parameters())
-        by_id = {id(p): name for name, p in named.items()}
-        found: dict[str, Parameter] = {}
-        module_selectors = []
-        modules = {name for name, _ in self._net.named_modules(remove_duplicate=False)}
-        for selector in selectors:
-            if isinstance(selector, str) and selector in named:
-                found[selector] = named[selector]
-            elif isinstance(selector, str) and selector not in modules:
-                close = difflib.get_close_matches(selector, [*named, *modules], n=3)
-                hint = f" Did you mean {', '.join(f'`{c}`' for c in close)}?"
-                msg = (
-                    f"No parameter or module named `{selector}` in the net."
-                    f"{hint if close else ''} `dict(net.named_parameters())` lists "
-                    "the parameter names. Operation cancelled"
-                )
-                raise ValueError(msg)
-            else:
-                module_selectors.append(selector)
-        for row in resolve(self._table, self._net, module_selectors):
-            for param in row.module.parameters():
-                name = by_id.get(id(param))
-                if name is not None:
-                    found[name] = param
-        return {name: found[name] for name in named if name in found}
+        self._passes.select(plan)
 
     # -- the pass --------------------------------------------------------
 
@@ -504,14 +409,12 @@ class Recorder(nn.Module):
         True
 
         """
+        net = self._net_direct
         if torch.compiler.is_compiling():
-            return self._traced_forward(args, kwargs, activation_postproc, dont_record)
-        return self._eager_forward(
-            *args,
-            activation_postproc=activation_postproc,
-            dont_record=dont_record,
-            **kwargs,
-        )
+            return self._passes.run_traced(
+                net, args, kwargs, activation_postproc, dont_record
+            )
+        return self._passes.run(net, args, kwargs, activation_postproc, dont_record)
 
     def _eager_forward(
         self,
@@ -525,130 +428,12 @@ class Recorder(nn.Module):
         ``__call__`` has already asked whether Dynamo is tracing; asking again
         would cost every eager pass a second check.
         """
-        net = self._net_direct
-        states = ACTIVE.states
-        key = self._token
-        outer = states.get(key)
-        plan = self._plan
-        if outer is None and not plan.ends and not plan.starts:  # nothing recorded
-            latest = self._latest
-            if (
-                latest.activations
-                or latest.inputs
-                or latest.grads
-                or latest.traced_grads
-            ):
-                self._clear()
-            return net(*args, **kwargs)
-        scope = outer if isinstance(outer, ScopeState) else None
-        state = PassState(
-            plan,
-            activation_postproc,
-            dont_record,
-            net.training,
-            None if scope is None else scope.grad_sink,
+        return self._passes.run(
+            self._net_direct, args, kwargs, activation_postproc, dont_record
         )
-        states[key] = state
-        try:
-            out = net(*args, **kwargs)
-            state.check_counts()
-        except BaseException:
-            self._clear()
-            raise
-        finally:
-            if outer is None:
-                del states[key]
-            else:
-                states[key] = outer
-        self._publish(state)
-        if scope is not None:
-            scope.feed(state)
-        return out
-
-    def _traced_forward(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        postproc: Postprocessor | Sequence[Postprocessor] | None,
-        dont_record: bool,  # noqa: FBT001 (private, mirrors forward)
-    ) -> Any:
-        """Run the pass as Dynamo traces it (``torch.compile``, ``torch.export``).
-
-        Everything here is traced into the graph: the hooks read the state
-        from the recorder's trace box instead of the thread-local registry,
-        the call plan is checked when the graph is traced, and the records
-        are graph outputs that Dynamo stores into the latest records after
-        every call (see :mod:`._compiled`).
-        """
-        if self._scopes:
-            msg = (
-                "`rnet.scope()` (and `collect`, which uses it) runs eagerly: "
-                "its reducers keep Python state that a compiled graph cannot "
-                "update. Call the recorder uncompiled inside the scope, or "
-                "compile the net and read `rnet.activations` after each call."
-            )
-            raise RuntimeError(msg)
-        net = self._net_direct
-        latest = self._latest
-        # The one guard on the selection (see TracedPlan).
-        traced = traced_plan(self._traced_key)
-        if not traced.ends and not traced.starts:  # nothing recorded
-            latest.activations, latest.inputs, latest.grads = {}, {}, {}
-            latest.traced_grads = {}
-            return net(*args, **kwargs)
-        state = TracedPass(traced, self._plan, postproc, dont_record, net.training)
-        enter_trace(state)
-        try:
-            out = net(*args, **kwargs)
-        finally:
-            exit_trace(state)
-        state.check_counts()
-        if state.grad_targets:
-            self._deposits.grads = {}  # replaced after every call of the graph
-        latest.activations = state.records
-        latest.inputs = state.inputs
-        latest.grads = {}
-        latest.traced_grads = state.grad_targets
-        return out
 
     _fast_forward = _eager_forward
     """What ``__call__``'s fast path runs (a subclass's own ``forward``)."""
-
-    def _clear(self) -> None:
-        latest = self._latest
-        latest.activations, latest.inputs, latest.grads = {}, {}, {}
-        latest.traced_grads = {}
-
-    def _publish(self, state: PassState) -> None:
-        """Make ``state``'s records the latest pass's (called after success).
-
-        Then compare the version counter of every recorded tensor with the one
-        it had when recorded: a change means an in-place operation overwrote
-        the record afterwards.
-        """
-        latest = self._latest
-        latest.activations = state.records
-        latest.inputs = state.inputs
-        latest.grads = state.grads
-        latest.traced_grads = {}
-        for label, kind, tensor, version in state.versions:
-            if tensor._version != version:  # noqa: SLF001 (version counter)
-                self._warn_inplace(label, kind)
-
-    def _warn_inplace(self, label: DepthIdx, kind: str) -> None:
-        if (kind, label) in self._warned_inplace:
-            return
-        self._warned_inplace.add((kind, label))
-        row = self._table[label]
-        what = "output" if kind == "activations" else "inputs"
-        msg = (
-            f"The record of layer {row.describe()} was modified in place "
-            "after it was recorded (e.g. by a later `inplace=True` "
-            f"operation): `rnet.{kind}[{label}]` no longer holds that "
-            f"layer's {what}. Use `rnet.record(..., clone=True)` to keep an "
-            "exact copy. Shown once per layer and recorder."
-        )
-        warnings.warn(msg, InPlaceWarning, stacklevel=_user_stacklevel())
 
     def scope(
         self,
@@ -724,7 +509,7 @@ class Recorder(nn.Module):
         (2, 2, torch.Size([1, 2]))
 
         """
-        return Scope(self, reduce, condition, inputs, input_args)
+        return Scope(self, self._passes, reduce, condition, inputs, input_args)
 
     @contextlib.contextmanager
     def selecting(  # noqa: PLR0913 (the options of record)
@@ -760,7 +545,7 @@ class Recorder(nn.Module):
         ((1, 2),)
 
         """
-        previous, options = self._selection, self._plan.options
+        previous, options = self._selection, self._passes.plan.options
         self.record(
             *selectors,
             inputs=inputs,
@@ -849,9 +634,7 @@ class Recorder(nn.Module):
             args, kwargs = example_inputs(self._net, self._summary_kwargs)
         selection = self._selection
         recorded = {*selection.outputs, *selection.inputs, *selection.grads}
-        states = ACTIVE.states
-        own = states.pop(self._token, None)  # an open scope ignores this pass
-        try:
+        with self._passes.suspended():  # an open scope ignores this pass
             return trace_graph(
                 self._net,
                 self._table,
@@ -861,9 +644,6 @@ class Recorder(nn.Module):
                 depth=depth,
                 roll=roll,
             )
-        finally:
-            if own is not None:
-                states[self._token] = own
 
     # -- views -------------------------------------------------------------
 
@@ -961,12 +741,7 @@ class Recorder(nn.Module):
         Keys are in the order outputs were produced. Empty after a failed pass
         or a pass with ``dont_record=True``.
         """
-        latest = self._latest
-        if type(latest.activations) is dict:  # first look at this pass
-            latest.activations = _Records(
-                latest.activations, self._table, "activations"
-            )
-        return MappingProxyType(latest.activations)
+        return self._passes.activations()
 
     @property
     def inputs(self) -> MappingProxyType[DepthIdx, CallInputs]:
@@ -986,10 +761,7 @@ class Recorder(nn.Module):
         torch.Size([4, 2])
 
         """
-        latest = self._latest
-        if type(latest.inputs) is dict:  # first look at this pass
-            latest.inputs = _Records(latest.inputs, self._table, "inputs")
-        return MappingProxyType(latest.inputs)
+        return self._passes.inputs()
 
     @property
     def gradients(self) -> MappingProxyType[DepthIdx, Any]:
@@ -1011,13 +783,7 @@ class Recorder(nn.Module):
         torch.Size([1, 2])
 
         """
-        latest = self._latest
-        grads = {k: v.value() for k, v in latest.grads.items()}
-        if latest.traced_grads:  # the latest pass was a compiled one
-            deposits = self._deposits
-            for label, target in latest.traced_grads.items():
-                grads[label] = deposits.value(target)
-        return MappingProxyType(grads)
+        return self._passes.gradients()
 
     @property
     def params(self) -> MappingProxyType[str, Parameter]:
@@ -1046,7 +812,7 @@ class Recorder(nn.Module):
     @property
     def record_options(self) -> RecordOptions:
         """The ``clone``/``detach``/``device``/``dtype`` options of ``record``."""
-        return self._plan.options
+        return self._passes.plan.options
 
     @property
     def selection(self) -> Selection:
@@ -1078,7 +844,7 @@ class Recorder(nn.Module):
 
         """
         rows = resolve(self._table, self._net, [selector])
-        records = self._latest.activations
+        records = self._passes.latest.activations
         missing = [row.label for row in rows if row.label not in records]
         if missing:
             msg = (
@@ -1114,23 +880,11 @@ class Recorder(nn.Module):
     @property
     def hooked_modules(self) -> tuple[nn.Module, ...]:
         """The modules that currently carry a hook of this recorder."""
-        return self._hooks.modules
+        return self._passes.hooks.modules
 
     # The attributes a copy (deep copy, pickle) builds afresh: what ties a
     # recorder to its hooks, its passes and its process.
-    _FRESH = frozenset(
-        {
-            "_deposits",
-            "_hooks",
-            "_token",
-            "_latest",
-            "_scopes",
-            "_warned_inplace",
-            "_compiled_call_impl",
-            "_traced_key",
-            "__call__",
-        }
-    )
+    _FRESH = frozenset({"_passes", "_compiled_call_impl", "__call__"})
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
         """Return a recorder of a deep copy of the net, with its own hooks.
@@ -1141,7 +895,8 @@ class Recorder(nn.Module):
         copy), then placed again on both. Records of the latest pass are not
         copied.
         """
-        self._hooks.remove()
+        passes = self._passes
+        passes.hooks.remove()
         try:
             new = type(self).__new__(type(self))
             memo[id(self)] = new
@@ -1150,9 +905,9 @@ class Recorder(nn.Module):
                     object.__setattr__(new, name, value)
                 elif name not in self._FRESH:
                     object.__setattr__(new, name, copy.deepcopy(value, memo))
-            new._renew()  # noqa: SLF001 (a recorder's own)
+            new._renew(copy.deepcopy(passes.plan, memo))  # noqa: SLF001 (a recorder's own)
         finally:
-            self._hooks.place(list(self._plan.ends), list(self._plan.starts))
+            passes.hooks.place(passes.plan)
         return new
 
     def __getstate__(self) -> dict[str, Any]:
@@ -1176,30 +931,22 @@ class Recorder(nn.Module):
                 "rnet)`), then wrap the loaded net in a new Recorder."
             )
             raise TypeError(msg)
-        return {k: v for k, v in self.__dict__.items() if k not in self._FRESH}
+        state = {k: v for k, v in self.__dict__.items() if k not in self._FRESH}
+        state["_plan"] = self._passes.plan
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild an unpickled recorder: its own token, hooks and entry point."""
+        plan = state.pop("_plan")
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         # The pickled hooks came back as inert ones: this recorder places its own.
         drop_copied_hooks(self._net)
-        self._renew()
+        self._renew(plan)
 
-    def _renew(self) -> None:
-        """Build the attributes of ``_FRESH`` and place the hooks (copies only)."""
-        token = new_token()
-        hooks = HookSet(self, token)
-        object.__setattr__(self, "_token", token)
-        object.__setattr__(self, "_hooks", hooks)
-        object.__setattr__(self, "_latest", _Latest())
-        object.__setattr__(self, "_deposits", GradDeposits())
+    def _renew(self, plan: CallPlan) -> None:
+        """Give a copy its own passes (token, hooks, records) and entry point."""
+        object.__setattr__(self, "_passes", Passes(self, self._table, plan))
         self._enter(self._compiler)
-        object.__setattr__(self, "_scopes", [])
-        object.__setattr__(self, "_warned_inplace", set())
-        plan: CallPlan = self.__dict__["_plan"]
-        key = traced_key(plan, token, self.__dict__["_deposits"])
-        object.__setattr__(self, "_traced_key", key)
-        hooks.place(list(plan.ends), list(plan.starts))
 
     def __repr__(self) -> str:
         """Return the torchinfo table and the recorded labels."""
@@ -1232,168 +979,10 @@ _GLOBAL_HOOKS = (
     _module_impl._global_backward_pre_hooks,  # noqa: SLF001 (what torch checks)
     _module_impl._global_backward_hooks,  # noqa: SLF001 (what torch checks)
 )
-_TORCH_MODULE_FILE = os.path.normcase(inspect.getfile(nn.Module))
-_PACKAGE_DIR = os.path.normcase(Path(__file__).parent)
-
-
-def _user_stacklevel() -> int:
-    """Return the ``stacklevel`` that points a warning at the user's code.
-
-    Counts frames from the caller of this function up to the first one
-    outside this package and outside torch's ``Module.__call__`` machinery.
-    """
-    level = 1
-    frame = sys._getframe(1)  # noqa: SLF001 (the only way to walk the stack)
-    while frame is not None:
-        filename = os.path.normcase(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR) and filename != _TORCH_MODULE_FILE:
-            return level
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level
-
-
-class _Records(dict[Any, Any]):
-    """The records of one pass, keyed by label, with a helpful ``KeyError``.
-
-    ``rnet.activations["layer3"]`` (a name where a label is expected) or a
-    label that was not recorded say what to do instead of a bare
-    ``KeyError``. The keys stay labels (the reference contract); the table is
-    held weakly, so a kept mapping does not keep the net alive.
-    """
-
-    __slots__ = ("_kind", "_table")
-
-    def __init__(self, records: dict[Any, Any], table: LayerTable, kind: str) -> None:
-        super().__init__(records)
-        self._table = weakref.ref(table)
-        self._kind = kind
-
-    def __missing__(self, key: object) -> Any:
-        raise KeyError(_missing_record(key, self._table(), self._kind)) from None
-
-
-def _missing_record(key: object, table: LayerTable | None, kind: str) -> str:
-    """Say why ``rnet.<kind>[key]`` is missing, and what to write instead."""
-    where = f"`rnet.{kind}`"
-    if table is None:
-        return f"{key!r} is not a label recorded in this pass of {where}."
-    if isinstance(key, str):
-        labels = [row.label for row in table.rows if row.name == key and row.recordable]
-        if not labels:
-            return (
-                f"{where} is keyed by `(depth, idx)` labels, and no module is "
-                f"named {key!r}: see `print(rnet)` for the labels and names."
-            )
-        calls = ", ".join(map(str, labels))
-        instead = f"`rnet.{kind}[{labels[0]}]`"
-        if kind == "activations":
-            instead = (
-                f"`rnet.activations_of({key!r})` (every recorded call of it) "
-                f"or {instead}"
-            )
-        return (
-            f"{where} is keyed by `(depth, idx)` labels, not names: use "
-            f"{instead}; {key!r} is labelled {calls}."
-        )
-    if isinstance(key, tuple) and key in table:
-        record = f"inputs={key!r}" if kind == "inputs" else repr(key)
-        return (
-            f"Layer {table[key].describe()} has no record in {where} of the "
-            f"latest pass: record it with `rnet.record({record})`, then run a pass."
-        )
-    return f"{key!r} is not a label of this net: see `print(rnet)` for the labels."
-
-
-class _Latest:
-    """The records of the latest completed pass (a plain object: cheap to set)."""
-
-    __slots__ = ("activations", "grads", "inputs", "traced_grads")
-
-    def __init__(self) -> None:
-        self.activations: dict[DepthIdx, Any] = {}
-        self.inputs: dict[DepthIdx, CallInputs] = {}
-        self.grads: dict[DepthIdx, GradSlot] = {}
-        self.traced_grads: dict[DepthIdx, Any] = {}
-        """Label -> what a compiled pass passed on (gradients: ``GradDeposits``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """What a recorder records (see :meth:`Recorder.record`).
-
-    Attributes
-    ----------
-    outputs, inputs, grads : tuple of DepthIdx
-        Sorted labels whose outputs, inputs and output gradients are recorded.
-    params : tuple of str
-        Qualified names of the selected parameters.
-    """
-
-    outputs: tuple[DepthIdx, ...] = ()
-    inputs: tuple[DepthIdx, ...] = ()
-    grads: tuple[DepthIdx, ...] = ()
-    params: tuple[str, ...] = ()
 
 
 def _labels(labels: tuple[DepthIdx, ...]) -> str:
     return ", ".join(f"{d}-{i}" for d, i in labels)
-
-
-def _looks_like_label(value: object) -> bool:
-    """Whether the reference Recorder would have taken ``value`` as a label."""
-    return index_like(value) or (
-        isinstance(value, tuple) and bool(value) and all(map(index_like, value))
-    )
-
-
-def _as_list(selectors: Selector | None) -> list[Selector]:
-    if selectors is None:
-        return []
-    if isinstance(selectors, list | set | frozenset):
-        return list(selectors)
-    return [selectors]
-
-
-def _make_plan(
-    table: LayerTable,
-    outputs: list[Layer],
-    inputs: list[Layer],
-    grads: list[Layer],
-    options: RecordOptions,
-) -> CallPlan:
-    """Return the call plan that captures the given rows."""
-    out_labels = {row.label for row in outputs}
-    grad_labels = {row.label for row in grads}
-    in_labels = {row.label for row in inputs}
-    ends: dict[nn.Module, tuple[EndSpec | None, ...]] = {}
-    starts: dict[nn.Module, tuple[DepthIdx | None, ...]] = {}
-    describe: dict[nn.Module, str] = {}
-    for row in (*outputs, *grads, *inputs):
-        module = row.module
-        if module in describe:
-            continue
-        calls = table.calls_of(module)
-        if any(call.label in out_labels or call.label in grad_labels for call in calls):
-            ends[module] = tuple(
-                EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
-                if call.label in out_labels or call.label in grad_labels
-                else None
-                for call in table.call_plan(module)
-            )
-        if any(call.label in in_labels for call in calls):
-            starts[module] = tuple(
-                call.label if call.label in in_labels else None for call in calls
-            )
-        name = f"`{row.name}`" if row.name else "the whole net"
-        describe[module] = (
-            f"module {name} ({type(module).__name__}, "
-            f"label{'s' if len(calls) > 1 else ''} "
-            f"{', '.join(call.label_str for call in calls)})"
-        )
-    return CallPlan(
-        ends, starts, describe, options, table.mode_description, len(out_labels)
-    )
 
 
 class _Tracer(torch.fx.Tracer):

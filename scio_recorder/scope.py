@@ -8,7 +8,7 @@ and feeds each pass's records to one reducer per label.
 Why it is built this way: a pass made directly through the net has no
 ``Recorder.forward`` around it to set up and check its state. While a scope is
 open, the net itself carries three hooks that delimit such passes: a
-pre-hook (first of all pre-hooks) opens a :class:`~._hooks.PassState`, a
+pre-hook (first of all pre-hooks) opens a :class:`~._engine.state.PassState`, a
 forward hook marks that the call completed, and a last forward hook with
 ``always_call=True`` closes it, checking the call plan when the call completed
 and discarding the partial pass when it raised. Leaving the block removes the
@@ -21,9 +21,12 @@ answer is kept on a small ticket that the pass's gradient sinks share, so the
 gradients that ``backward()`` delivers later follow the same decision as the
 outputs and inputs of that pass.
 
-The scope needs of its recorder only a few attributes, named by the
-:class:`ScopeOwner` protocol, so this module does not import the recorder
-(which imports it): no import circle.
+The passes themselves are opened, checked, published and closed by the
+recorder's :class:`~scio_recorder._engine.passes.Passes`, as for ``rnet(x)``;
+the scope registers a :class:`ScopeState` (a listener) there, and receives
+every completed pass. Of its recorder the scope uses only the public ``net``
+and ``table`` (the :class:`ScopeOwner` protocol), so this module does not
+import the recorder (which imports it): no import circle.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
-from ._hooks import ACTIVE, CallInputs, PassState, pick_argument
+from ._engine.state import CallInputs, Listener, PassState, pick_argument
 from .reduce import Keep, make_reducer
 from .select import resolve
 
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from typing_extensions import Self
 
-    from ._hooks import CallPlan
+    from ._engine.passes import Passes
     from .layers import DepthIdx, LayerTable
     from .reduce import Reducer
     from .select import Selector
@@ -57,10 +60,6 @@ InputArg = int | str
 class ScopeOwner(Protocol):
     """What a :class:`Scope` uses of its :class:`~scio_recorder.Recorder`."""
 
-    _token: int
-    _plan: CallPlan
-    _scopes: list[Scope]
-
     @property
     def net(self) -> nn.Module:
         """The wrapped network."""
@@ -70,10 +69,6 @@ class ScopeOwner(Protocol):
     def table(self) -> LayerTable:
         """The layer table."""
         ...
-
-    def _clear(self) -> None: ...
-
-    def _publish(self, state: PassState) -> None: ...
 
 
 class _Ticket:
@@ -85,8 +80,13 @@ class _Ticket:
         self.keep: bool | None = None  # decided when the pass is fed
 
 
-class ScopeState:
-    """The handler of a recorder with an open scope and no explicit pass."""
+class ScopeState(Listener):
+    """The listener a scope registers: it receives the recorder's passes.
+
+    Registered while no pass of the recorder runs, so that hooks find
+    nothing to do (see :class:`~scio_recorder._engine.state.Listener`);
+    ``current`` is the pass of the net called directly, while it runs.
+    """
 
     __slots__ = ("completed", "current", "scope", "ticket")
 
@@ -95,17 +95,6 @@ class ScopeState:
         self.current: PassState | None = None
         self.completed = False
         self.ticket: _Ticket | None = None  # of the pass in progress
-
-    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        """Forward a call start to the pass in progress, if any."""
-        if self.current is not None:
-            self.current.on_input(module, args, kwargs)
-
-    def on_output(self, module: nn.Module, output: Any) -> Any:
-        """Forward a call end to the pass in progress, if any."""
-        if self.current is None:  # a submodule called outside a pass
-            return None
-        return self.current.on_output(module, output)
 
     def grad_sink(self, label: DepthIdx) -> Callable[[Any], None]:
         """Return where the gradient of ``label`` goes when it arrives.
@@ -155,16 +144,19 @@ class Scope:
         them while the scope is open.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913, PLR0917 (made by Recorder.scope only)
         self,
         recorder: ScopeOwner,
+        passes: Passes,
         reduce: Any,
         condition: Callable[[], object] | None,
         inputs: Any = "all",
         input_args: InputArg | Sequence[InputArg] | None = None,
     ) -> None:
         """Prepare a scope of ``recorder``; see :meth:`Recorder.scope`."""
-        self._recorder = recorder
+        self.recorder = recorder
+        """The recorder (or what stands for it) whose passes are reduced."""
+        self._passes = passes
         self._specs, self._default = _split_specs(reduce)
         self._input_specs, self._input_default = _split_specs(inputs)
         self._input_args, self._input_many = _check_input_args(input_args)
@@ -187,19 +179,16 @@ class Scope:
         if self._open:
             msg = "This scope is already open; use `rnet.scope()` for another one."
             raise RuntimeError(msg)
-        recorder = self._recorder
         state = ScopeState(self)
-        key = recorder._token  # noqa: SLF001 (the scope is part of the recorder)
-        self._previous = ACTIVE.states.get(key)
-        ACTIVE.states[key] = state
+        self._previous = self._passes.listen(state)
         self._state = state
-        net = recorder.net
+        net = self.recorder.net
         self._handles = [
             net.register_forward_pre_hook(self._open_pass, prepend=True),
             net.register_forward_hook(self._mark_completed),
             net.register_forward_hook(self._close_pass, always_call=True),
         ]
-        recorder._scopes.append(self)  # noqa: SLF001 (the scope is part of the recorder)
+        self._passes.listeners.append(self)
         self._open = True
         return self
 
@@ -214,63 +203,46 @@ class Scope:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._recorder._scopes.remove(self)  # noqa: SLF001 (the scope is part of the recorder)
-        # Remove our state only (scopes of other recorders, under other keys,
-        # may still be open: exits out of order are fine).
-        states = ACTIVE.states
-        key = self._recorder._token  # noqa: SLF001 (the scope is part of the recorder)
-        if states.get(key) is self._state:
-            if self._previous is None:
-                del states[key]
-            else:
-                states[key] = self._previous
+        self._passes.listeners.remove(self)
+        # Remove our listener only (scopes of other recorders, under other
+        # keys, may still be open: exits out of order are fine).
+        if self._state is not None:
+            self._passes.unlisten(self._state, self._previous)
         self._previous = None
         self._state = None
 
-    def _mine(self) -> ScopeState | None:
-        state = ACTIVE.states.get(self._recorder._token)  # noqa: SLF001 (the scope is part of the recorder)
-        return state if state is self._state else None
-
     def _open_pass(self, module: nn.Module, _args: Any) -> None:
-        state = self._mine()
-        if state is None:  # an explicit pass, or another thread
+        state, passes = self._state, self._passes
+        if state is None:
             return
-        # A root call starts a pass. A pass left open by a `KeyboardInterrupt`
-        # (torch runs no hook then) is dropped here. A net calling itself at
-        # the root is not supported: its inner call restarts the pass, which
-        # then fails the call-plan check, loudly.
-        state.current = PassState(
-            self._recorder._plan,  # noqa: SLF001 (the scope is part of the recorder)
-            None,
-            False,  # noqa: FBT003 (dont_record)
-            module.training,
-            state.grad_sink,
-        )
+        if state.current is not None and passes.is_open(state.current):
+            # A pass left open by a `KeyboardInterrupt` (torch runs no hook
+            # then) is dropped here. A net calling itself at the root is not
+            # supported: its inner call restarts the pass, which then fails
+            # the call-plan check, loudly.
+            passes.listen(state)  # drops the stale pass
+        if not passes.listening(state):  # an explicit pass, or another thread
+            return
+        state.current = passes.open_direct(state, module.training)
         state.completed = False
 
     def _mark_completed(self, _module: nn.Module, _args: Any, _output: Any) -> None:
-        state = self._mine()
-        if state is not None:
+        state = self._state
+        if state is not None and state.current is not None:
             state.completed = True
 
     def _close_pass(self, _module: nn.Module, _args: Any, _output: Any) -> None:
-        state = self._mine()
-        if state is None or state.current is None:
+        state, passes = self._state, self._passes
+        if state is None or state.current is None or not passes.is_open(state.current):
             return
         current, completed = state.current, state.completed
         state.current, state.completed = None, False
-        if not completed:  # the call raised: drop the pass
-            state.ticket = None
-            self._recorder._clear()  # noqa: SLF001 (the scope is part of the recorder)
-            return
         try:
-            current.check_counts()
+            if not passes.close_direct(state, current, completed):
+                state.ticket = None
         except BaseException:
             state.ticket = None
-            self._recorder._clear()  # noqa: SLF001 (the scope is part of the recorder)
             raise
-        self._recorder._publish(current)  # noqa: SLF001 (the scope is part of the recorder)
-        state.feed(current)
 
     # -- feeding -----------------------------------------------------------
 
@@ -280,7 +252,7 @@ class Scope:
         specs: Mapping[Any, Any],
         default: Any,
     ) -> Reducer:
-        row = self._recorder.table[label]
+        row = self.recorder.table[label]
         spec = specs.get(label, specs.get(row.name, default))
         reducer = make_reducer(spec)
         if reducer is spec:  # a reducer given as a template: one per label
@@ -326,7 +298,7 @@ class Scope:
             if arg is None and _keeps_all(reducer):
                 reducer.update(inputs)
             else:
-                layer = self._recorder.table[label]
+                layer = self.recorder.table[label]
                 reducer.update(pick_argument(inputs, arg, layer.describe()))
 
     def feed_grad(
@@ -422,7 +394,7 @@ class Scope:
         4
 
         """
-        recorder = self._recorder
+        recorder = self.recorder
         rows = [
             row
             for row in resolve(recorder.table, recorder.net, [selector])

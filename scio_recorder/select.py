@@ -23,11 +23,15 @@ from __future__ import annotations
 __all__ = [
     "Selector",
     "as_label",
+    "as_list",
+    "check_labels",
     "children",
     "index_like",
+    "looks_like_label",
     "modules",
     "resolve",
     "resolve_one",
+    "resolve_params",
 ]
 
 import dataclasses
@@ -400,3 +404,106 @@ def resolve_one(
         )
         raise ValueError(msg)
     return rows[0]
+
+
+def check_labels(table: LayerTable, selectors: tuple[Selector, ...]) -> None:
+    """Refuse label-like selectors that name no recordable row.
+
+    With the reference Recorder's messages (``record(1, 2)`` gets the hint
+    ``rnet.record((1, 2))``); nothing is changed when this raises.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(2, 2)), input_size=(1, 2))
+    >>> check_labels(rnet.table, ((1, 1),))
+    >>> check_labels(rnet.table, (1, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: Following layers not found: {1, 2}. Did you mean `rnet.record((1, 2))`? Operation cancelled
+
+    """  # noqa: E501 (doctest output)
+    labels = [as_label(s) or s for s in selectors if looks_like_label(s)]
+    unknown = {s for s in labels if s not in table}
+    if unknown:
+        hint = ""
+        if len(selectors) == 2 and all(map(index_like, selectors)):  # noqa: PLR2004 (a pair)
+            hint = f"Did you mean `rnet.record({selectors})`? "
+        shown = "{" + ", ".join(map(repr, sorted(unknown, key=repr))) + "}"
+        msg = f"Following layers not found: {shown}. {hint}Operation cancelled"
+        raise ValueError(msg)
+    refused = [table[s] for s in sorted(set(labels)) if not table[s].recordable]
+    if refused:
+        lines = [f"- {row.describe()}: {row.reason}" for row in refused]
+        names = {row.name for row in refused}
+        children = [
+            f"`{row.label}`"
+            for row in table.rows
+            if row.recordable and any(row.name.startswith(f"{name}.") for name in names)
+        ]
+        if children:
+            examples = ", ".join(children[:3])
+            lines.append(f"Record its submodules' calls instead, e.g. {examples}.")
+        msg = "These layers cannot be recorded:\n" + "\n".join(lines)
+        raise ValueError(msg + "\nOperation cancelled")
+
+
+def resolve_params(
+    table: LayerTable, net: nn.Module, selectors: list[Selector]
+) -> dict[str, nn.Parameter]:
+    """Return the parameters that ``selectors`` name, by qualified name.
+
+    A selector is a parameter name (``"fc.weight"``) or picks modules as
+    :func:`resolve` does (their parameters, in the net's order).
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(2, 2)), input_size=(1, 2))
+    >>> list(resolve_params(rnet.table, rnet.net, ["0"]))
+    ['0.weight', '0.bias']
+
+    """
+    named = dict(net.named_parameters())
+    by_id = {id(p): name for name, p in named.items()}
+    found: dict[str, nn.Parameter] = {}
+    module_selectors = []
+    modules = {name for name, _ in net.named_modules(remove_duplicate=False)}
+    for selector in selectors:
+        if isinstance(selector, str) and selector in named:
+            found[selector] = named[selector]
+        elif isinstance(selector, str) and selector not in modules:
+            close = difflib.get_close_matches(selector, [*named, *modules], n=3)
+            hint = f" Did you mean {', '.join(f'`{c}`' for c in close)}?"
+            msg = (
+                f"No parameter or module named `{selector}` in the net."
+                f"{hint if close else ''} `dict(net.named_parameters())` lists "
+                "the parameter names. Operation cancelled"
+            )
+            raise ValueError(msg)
+        else:
+            module_selectors.append(selector)
+    for row in resolve(table, net, module_selectors):
+        for param in row.module.parameters():
+            name = by_id.get(id(param))
+            if name is not None:
+                found[name] = param
+    return {name: found[name] for name in named if name in found}
+
+
+def looks_like_label(value: object) -> bool:
+    """Whether the reference Recorder would have taken ``value`` as a label."""
+    return index_like(value) or (
+        isinstance(value, tuple) and bool(value) and all(map(index_like, value))
+    )
+
+
+def as_list(selectors: Selector | None) -> list[Selector]:
+    """Return the selectors of an option: ``None``, one selector, or a list."""
+    if selectors is None:
+        return []
+    if isinstance(selectors, list | set | frozenset):
+        return list(selectors)
+    return [selectors]

@@ -871,10 +871,10 @@ def select_everything(rnet: Recorder) -> None:
 def test_selection_restored_after_collect():
     rnet = Recorder(deep_net(), input_size=(1, 3))
     select_everything(rnet)
-    before, options = rnet.selection, rnet._plan.options
+    before, options = rnet.selection, rnet.record_options
     collect(rnet, make_batches([2]), {(1, 5): "concat"})
     assert rnet.selection == before
-    assert rnet._plan.options == options
+    assert rnet.record_options == options
     out = rnet(torch.randn(2, 3))
     assert rnet.activations[(1, 3)].dtype == F64
     assert out.shape == (2, 2)
@@ -883,7 +883,7 @@ def test_selection_restored_after_collect():
 def test_selection_restored_after_an_error():
     rnet = Recorder(deep_net(), input_size=(1, 3))
     select_everything(rnet)
-    before, options = rnet.selection, rnet._plan.options
+    before, options = rnet.selection, rnet.record_options
     with pytest.raises(RuntimeError, match="boom"):
         collect(
             rnet,
@@ -891,7 +891,7 @@ def test_selection_restored_after_an_error():
             {(1, 5): "concat"},
         )
     assert rnet.selection == before
-    assert rnet._plan.options == options
+    assert rnet.record_options == options
 
 
 @pytest.mark.parametrize("grad", [False, True])

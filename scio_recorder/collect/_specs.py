@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from torch import Tensor
 
-from scio_recorder._hooks import CallInputs, pick_argument
+from scio_recorder._engine.state import CallInputs, pick_argument
 from scio_recorder.layers import label_str
 from scio_recorder.reduce import (
     Concat,

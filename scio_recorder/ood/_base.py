@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._hooks import pick_argument
+from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.collect._loop import as_arguments, batch_getter, first_batch_size

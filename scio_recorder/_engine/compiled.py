@@ -5,7 +5,7 @@ Why it is built this way:
 * **The pass state is found without the thread-local registry.** Dynamo
   cannot trace the pass registry of eager mode as it is used there. While a
   compiled pass is traced, ``Recorder.forward`` puts a :class:`TracedPass`
-  into :data:`._hooks.TRACING`, which the hooks read first. Dynamo sees an
+  into :data:`.hooks.TRACING`, which the hooks read first. Dynamo sees an
   attribute of an object that exists before the frame, so the hooks inline
   into the graph and leave only tensor operations behind. The records are
   graph outputs, which Dynamo stores into ``rnet``'s latest records after
@@ -55,16 +55,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ._hooks import CallInputs, EndSpec, PassState, convert
-from ._preserve import preserved
-from ._tree import iter_tensors, map_tensors
-from .layers import label_str
+from scio_recorder._preserve import preserved
+from scio_recorder._tree import iter_tensors, map_tensors
+from scio_recorder.layers import label_str
+
+from .plan import EndSpec, convert
+from .state import CallInputs, PassState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ._hooks import CallPlan, Postprocessor
-    from .layers import DepthIdx
+    from scio_recorder.layers import DepthIdx
+
+    from .plan import CallPlan, Postprocessor
 
 
 Address = tuple[int, torch.device, tuple[int, ...], tuple[int, ...]]
@@ -205,11 +208,11 @@ traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result
 class TracedPass(PassState):
     """The state of one pass traced by Dynamo (or run by non-strict export).
 
-    The same plan and the same checks as :class:`~._hooks.PassState`, without
+    The same plan and the same checks as :class:`~.state.PassState`, without
     what cannot live in a graph: version counters (in-place changes are left
     to functionalization, see the docs) and tensor hooks (gradients go through
     :class:`_GradProbe`). The success path reads only the constant
-    :class:`TracedPlan`; ``plan`` (the recorder's :class:`~._hooks.CallPlan`)
+    :class:`TracedPlan`; ``plan`` (the recorder's :class:`~.plan.CallPlan`)
     serves the error messages.
     """
 
@@ -227,7 +230,7 @@ class TracedPass(PassState):
         self.deposit_key = traced.deposit_key
         self.ends = dict(traced.ends)
         self.starts_plan = dict(traced.starts)
-        self.outer: TracedPass | None = None  # see _hooks.enter_trace
+        self.outer: TracedPass | None = None  # see hooks.enter_trace
         self.inputs = {}
         self.grad_targets: dict[DepthIdx, Any] = {}
         # Calls so far, by id(module).
@@ -252,11 +255,9 @@ class TracedPass(PassState):
 
     def raise_mismatch(self) -> None:
         """Raise the eager pass's error for these counts (on failure only)."""
-        ends, starts = self.plan.ends, self.plan.starts
-        counts = {m: self.end_counts.get(id(m), 0) for m in ends}
-        self.counts = {m: n for m, n in counts.items() if n}
-        started = {m: self.start_counts.get(id(m), 0) for m in starts}
-        self.starts = {m: n for m, n in started.items() if n}
+        plan = self.plan
+        self.counts = [self.end_counts.get(id(m), 0) for m in plan.end_slots]
+        self.starts = [self.start_counts.get(id(m), 0) for m in plan.start_slots]
         super().check_counts()
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
@@ -312,7 +313,7 @@ class TracedPass(PassState):
         return result
 
     def apply(self, value: Any) -> Any:
-        """Return the record of ``value`` (see :class:`~._hooks.RecordOptions`)."""
+        """Return the record of ``value`` (see :class:`~.plan.RecordOptions`)."""
         options = self.options
         if options is None:
             return value

@@ -1,0 +1,228 @@
+"""The plan of a recording pass: what to capture at each call, fixed per selection.
+
+:meth:`Recorder.record` resolves its selectors (see :mod:`scio_recorder.select`)
+into rows of the layer table; :func:`make_plan` turns those rows into a
+:class:`CallPlan`: for each hooked module, what to do at its k-th call, how
+many calls a pass must make, and the slot that the module's hook counts in.
+Everything that can be computed once per selection is computed here, so that
+the hooks (:mod:`.hooks`) do nothing per call that a selection could have
+done.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallPlan",
+    "CallPlanError",
+    "EndSpec",
+    "Postprocessor",
+    "RecordOptions",
+    "Selection",
+    "convert",
+    "make_plan",
+]
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+
+from scio_recorder._tree import map_tensors
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from scio_recorder.layers import DepthIdx, Layer, LayerTable
+
+Postprocessor: TypeAlias = Callable[[Any], Any]
+"""``postproc(output) -> replacement output or None``."""
+
+
+class CallPlanError(RuntimeError):
+    """A recorded module was not called as often as in the reference pass.
+
+    Labels name calls by their rank, so when the number of calls differs no
+    label can be trusted: the pass keeps no activations.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordOptions:
+    """How records are stored (see :meth:`Recorder.record`)."""
+
+    clone: bool = False
+    detach: bool = False
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    transforms: bool = dataclasses.field(init=False, repr=False)
+    """Whether the record differs from the very tensor (derived)."""
+
+    def __post_init__(self) -> None:
+        transforms = (
+            self.clone
+            or self.detach
+            or self.device is not None
+            or self.dtype is not None
+        )
+        object.__setattr__(self, "transforms", transforms)
+
+    def apply(self, value: Any) -> Any:
+        """Return the record of ``value``: tensors anywhere inside are converted."""
+        return map_tensors(self._tensor, value) if self.transforms else value
+
+    def _tensor(self, tensor: Tensor) -> Tensor:
+        return convert(tensor, self.clone, self.detach, self.device, self.dtype)
+
+    def as_tuple(self) -> tuple[bool, bool, torch.device | None, torch.dtype | None]:
+        """Return ``(clone, detach, device, dtype)`` (see :func:`convert`)."""
+        return (self.clone, self.detach, self.device, self.dtype)
+
+
+def convert(
+    tensor: Tensor,
+    clone: bool,  # noqa: FBT001
+    detach: bool,  # noqa: FBT001
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+) -> Tensor:
+    """Return the record of ``tensor`` under the options of :class:`RecordOptions`."""
+    out = tensor.detach() if detach else tensor
+    if device is not None or (dtype is not None and out.is_floating_point()):
+        moved = out.to(device=device, dtype=dtype if out.is_floating_point() else None)
+        if moved is not out:
+            return moved
+    return out.clone() if clone else out
+
+
+class EndSpec(NamedTuple):
+    """What to capture when a call ends: its label, output and/or gradient."""
+
+    label: DepthIdx
+    output: bool
+    grad: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    """What to do at each call of each hooked module, fixed for one pass.
+
+    ``ends[module][k]`` says what to capture when the k-th call of ``module``
+    to *end* in a pass ends (``None``: nothing, but the call is counted);
+    ``starts[module][k]`` is the label whose inputs are captured when the
+    k-th call *starts*; ``describe[module]`` names the module and its labels
+    for messages; ``reference`` says how the reference pass ran.
+    """
+
+    ends: dict[nn.Module, tuple[EndSpec | None, ...]]
+    starts: dict[nn.Module, tuple[DepthIdx | None, ...]]
+    describe: dict[nn.Module, str]
+    options: RecordOptions
+    reference: str
+    outputs_per_pass: int
+    end_slots: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
+    """The slot of each hooked module in a pass's call counts (derived)."""
+    expected_counts: list[int] = dataclasses.field(init=False, repr=False)
+    """Calls per pass of the module of each slot (derived; never mutated)."""
+    start_slots: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
+    """The slot of each pre-hooked module in a pass's start counts (derived)."""
+    expected_start_counts: list[int] = dataclasses.field(init=False, repr=False)
+    """Call starts per pass of the module of each slot (derived)."""
+
+    def __post_init__(self) -> None:
+        derived = {
+            "end_slots": {module: i for i, module in enumerate(self.ends)},
+            "expected_counts": [len(specs) for specs in self.ends.values()],
+            "start_slots": {module: i for i, module in enumerate(self.starts)},
+            "expected_start_counts": [len(labels) for labels in self.starts.values()],
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def empty(cls, reference: str) -> CallPlan:
+        """Return the plan that records nothing."""
+        return cls({}, {}, {}, RecordOptions(), reference, 0)
+
+    def mismatch(
+        self,
+        module: nn.Module,
+        observed: str,
+        expected: int,
+        *,
+        training: bool,
+        grad: bool,
+    ) -> CallPlanError:
+        """Return the error for ``module`` called ``observed`` times."""
+        now = f"{'train' if training else 'eval'} mode with gradients " + (
+            "enabled" if grad else "disabled"
+        )
+        return CallPlanError(
+            f"Call plan mismatch: {self.describe[module]} was called {observed} "
+            f"in this pass, but the layer table expects {expected} "
+            f"call{'s' if expected != 1 else ''}. Labels cannot be matched to "
+            "calls, so no activations were kept. Likely causes: the mode differs "
+            f"from the reference pass (table built in {self.reference}; this "
+            f"pass ran in {now}: build the table in the mode you run with "
+            '`Recorder(net, ..., mode="train")`, or call `rnet.eval()`), a '
+            "fused fast path that skips submodules in some modes, or control "
+            "flow that depends on the input (data-dependent branches or loops)."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What a recorder records (see :meth:`Recorder.record`).
+
+    Attributes
+    ----------
+    outputs, inputs, grads : tuple of DepthIdx
+        Sorted labels whose outputs, inputs and output gradients are recorded.
+    params : tuple of str
+        Qualified names of the selected parameters.
+    """
+
+    outputs: tuple[DepthIdx, ...] = ()
+    inputs: tuple[DepthIdx, ...] = ()
+    grads: tuple[DepthIdx, ...] = ()
+    params: tuple[str, ...] = ()
+
+
+def make_plan(
+    table: LayerTable,
+    outputs: list[Layer],
+    inputs: list[Layer],
+    grads: list[Layer],
+    options: RecordOptions,
+) -> CallPlan:
+    """Return the call plan that captures the given rows."""
+    out_labels = {row.label for row in outputs}
+    grad_labels = {row.label for row in grads}
+    in_labels = {row.label for row in inputs}
+    ends: dict[nn.Module, tuple[EndSpec | None, ...]] = {}
+    starts: dict[nn.Module, tuple[DepthIdx | None, ...]] = {}
+    describe: dict[nn.Module, str] = {}
+    for row in (*outputs, *grads, *inputs):
+        module = row.module
+        if module in describe:
+            continue
+        calls = table.calls_of(module)
+        if any(call.label in out_labels or call.label in grad_labels for call in calls):
+            ends[module] = tuple(
+                EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
+                if call.label in out_labels or call.label in grad_labels
+                else None
+                for call in table.call_plan(module)
+            )
+        if any(call.label in in_labels for call in calls):
+            starts[module] = tuple(
+                call.label if call.label in in_labels else None for call in calls
+            )
+        name = f"`{row.name}`" if row.name else "the whole net"
+        describe[module] = (
+            f"module {name} ({type(module).__name__}, "
+            f"label{'s' if len(calls) > 1 else ''} "
+            f"{', '.join(call.label_str for call in calls)})"
+        )
+    return CallPlan(
+        ends, starts, describe, options, table.mode_description, len(out_labels)
+    )

@@ -1,0 +1,528 @@
+"""The state of one recording pass, and the records it leaves behind.
+
+A :class:`PassState` lives for one pass of the net: the calls counted so
+far (one slot per hooked module, see :class:`~.plan.CallPlan`), the records
+being built, the version counters that detect later in-place changes, the
+gradient slots. It is created when the pass opens and dropped when it closes
+(see :mod:`.passes`), never stored on a module, so concurrent passes from two
+threads, and nested recorders, never mix. A :class:`Listener` stands in the
+registry when no pass runs (an open scope), and hooks find nothing to do.
+
+:class:`Latest` holds the records of the latest completed pass; the views
+``rnet.activations`` and ``rnet.inputs`` wrap them in :class:`Records`,
+whose ``KeyError`` says what to write instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CallInputs",
+    "GradSlot",
+    "InPlaceWarning",
+    "Latest",
+    "Listener",
+    "PassState",
+    "Records",
+    "missing_record",
+    "pick_argument",
+    "user_stacklevel",
+]
+
+import inspect
+import os
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.autograd import Variable
+
+from scio_recorder._tree import iter_tensors, map_leaves, map_tensors
+
+if TYPE_CHECKING:
+    from scio_recorder.layers import DepthIdx, LayerTable
+
+    from .plan import CallPlan, CallPlanError, EndSpec, Postprocessor, RecordOptions
+
+
+class InPlaceWarning(UserWarning):
+    """A record was modified in place after it was taken.
+
+    Raised (as a warning) at the end of a pass, once per label and recorder,
+    when a tensor of ``rnet.activations`` changed after it was recorded, for
+    example by a later ``ReLU(inplace=True)``. Silence it with
+    ``warnings.simplefilter("ignore", InPlaceWarning)``, or keep exact records
+    with ``rnet.record(..., clone=True)``.
+    """
+
+
+class CallInputs(NamedTuple):
+    """The inputs of one call: positional ``args`` and keyword ``kwargs``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def pick_argument(
+    inputs: CallInputs,
+    arg: int | str | None,
+    layer: str,
+    option: str = "input_args=",
+) -> Any:
+    """Return one argument of a call.
+
+    ``arg`` is a positional index, a keyword name, or ``None`` for the first
+    tensor argument. ``layer`` describes the layer and ``option`` names the
+    option that chooses the argument, for the message raised when the call
+    has no such argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> call = CallInputs((torch.zeros(2), 3), {"mask": None})
+    >>> pick_argument(call, None, "1-1").shape, pick_argument(call, 1, "1-1")
+    (torch.Size([2]), 3)
+    >>> pick_argument(call, "scale", "1-1 (Mix `mix`)")
+    Traceback (most recent call last):
+    ...
+    ValueError: Cannot reduce the inputs of 1-1 (Mix `mix`): the call has no keyword argument 'scale'. Name an argument the module receives with `input_args=` (ints for positional arguments, strings for keyword ones).
+
+    """  # noqa: E501 (doctest output)
+    if arg is None:
+        for value in (*inputs.args, *inputs.kwargs.values()):
+            if isinstance(value, Tensor):
+                return value
+        msg = (
+            f"Cannot reduce the inputs of {layer}: the call has no tensor "
+            f"argument. Name the argument with `{option}`."
+        )
+        raise ValueError(msg)
+    if isinstance(arg, str):
+        if arg in inputs.kwargs:
+            return inputs.kwargs[arg]
+        where = f"keyword argument {arg!r}"
+    elif -len(inputs.args) <= arg < len(inputs.args):
+        return inputs.args[arg]
+    else:
+        where = f"positional argument {arg}"
+    msg = (
+        f"Cannot reduce the inputs of {layer}: the call has no {where}. Name an "
+        f"argument the module receives with `{option}` (ints for positional "
+        "arguments, strings for keyword ones)."
+    )
+    raise ValueError(msg)
+
+
+class GradSlot:
+    """The gradient of one recorded output, filled in during backward.
+
+    Tensor hooks on the output (registered before any later in-place change,
+    so they see the gradient of the value the layer produced) store each
+    tensor's gradient. When a ``sink`` is given (an open scope), the whole
+    structure is handed to it once the backward pass that delivered the
+    gradients has finished, with ``None`` for tensors that got none.
+    """
+
+    __slots__ = ("grads", "options", "queued", "sink", "template")
+
+    def __init__(
+        self,
+        output: Any,
+        options: RecordOptions,
+        sink: Callable[[Any], None] | None,
+    ) -> None:
+        self.options = options
+        self.sink = sink
+        self.queued = False
+        leaves: list[Tensor] = []
+
+        def index(tensor: Tensor) -> Any:
+            leaves.append(tensor)
+            return _Leaf(len(leaves) - 1)
+
+        if isinstance(output, Tensor):  # the common case, without a tree walk
+            leaves.append(output)
+            self.template: Any = _Leaf(0)
+        else:
+            self.template = map_tensors(index, output)
+        self.grads: list[Tensor | None] = [None] * len(leaves)
+        for i, leaf in enumerate(leaves):
+            if leaf.requires_grad:
+                leaf.register_hook(self._hook(i))  # type: ignore[no-untyped-call]
+
+    def _hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            self.grads[i] = self.options.apply(grad)
+            if self.sink is not None and not self.queued:
+                # Runs once this backward pass is over (as DDP's hooks do).
+                self.queued = True
+                Variable._execution_engine.queue_callback(self._flush)  # noqa: SLF001 (no public API)
+
+        return hook
+
+    def _flush(self) -> None:
+        self.queued = False
+        if self.sink is not None:
+            self.sink(self.value())
+
+    def value(self) -> Any:
+        """Return the gradients in the output's structure (``None`` if missing)."""
+        grads = self.grads
+        return map_leaves(grads.__getitem__, self.template, _Leaf)
+
+
+class _Leaf(int):
+    """Position of a tensor leaf inside a record template."""
+
+
+_NO_INPUTS: dict[DepthIdx, CallInputs] = {}
+_NO_GRADS: dict[DepthIdx, GradSlot] = {}
+GradSink = Callable[["DepthIdx"], Callable[[Any], None] | None]
+"""``grad_sink(label)``: where that label's gradient goes once it arrives."""
+
+
+class Listener:
+    """What the registry holds for a recorder while no pass of it runs.
+
+    An open scope registers one (see :class:`~scio_recorder.scope.Scope`):
+    its submodules called outside a pass find it, and the hooks do nothing.
+    ``plan`` is ``None``, which no hook's plan is, so the hooks' fast path
+    (``state.plan is plan``) leads here.
+    """
+
+    plan: CallPlan | None = None
+    grad_sink: GradSink | None = None
+
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Ignore a call start outside a pass."""
+
+    def on_output(self, module: nn.Module, output: Any) -> Any:
+        """Ignore a call end outside a pass."""
+
+    def feed(self, state: PassState) -> None:
+        """Receive a completed pass made while this listener was registered."""
+
+
+class PassState:
+    """Everything that lives for one pass of the net.
+
+    Built on every pass, so only what every pass needs is set in
+    ``__init__``; the rest starts as class-level defaults (shared empty dicts
+    are replaced, never written, see ``on_input`` and ``watch_grad``).
+    ``counts[slot]`` counts the calls of the hooked module of that slot
+    (``plan.end_slots``), ``starts[slot]`` the call starts of a pre-hooked
+    one; ``plain`` says that a recorded output is stored as it is (no
+    postprocessor, ``dont_record`` off): the hooks' fast path.
+    """
+
+    post_index = 0
+    grad_sink: GradSink | None = None
+    inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
+    grads: dict[DepthIdx, GradSlot] = _NO_GRADS
+
+    def __init__(
+        self,
+        plan: CallPlan,
+        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        dont_record: bool,  # noqa: FBT001 (positional: built on every pass)
+        training: bool,  # noqa: FBT001 (positional: built on every pass)
+        grad_sink: GradSink | None = None,
+    ) -> None:
+        self.plan = plan
+        self.postproc = postproc
+        self.dont_record = dont_record
+        self.plain = postproc is None and not dont_record
+        self.training = training
+        if grad_sink is not None:
+            self.grad_sink = grad_sink
+        self.counts = [0] * len(plan.expected_counts)
+        self.starts = [0] * len(plan.expected_start_counts)
+        self.records: dict[DepthIdx, Any] = {}
+        # (label, kind, tensor, version), one per recorded tensor, checked at
+        # the end of the pass to detect in-place modifications of records.
+        self.versions: list[tuple[DepthIdx, str, Tensor, int]] = []
+
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Handle the start of a call of a module whose inputs are captured."""
+        plan = self.plan
+        slot = plan.start_slots.get(module)
+        if slot is None:  # hooked after this pass started
+            return
+        labels = plan.starts[module]
+        k = self.starts[slot]
+        self.starts[slot] = k + 1
+        if k >= len(labels):
+            raise self.extra_call(module, k + 1, len(labels))
+        label = labels[k]
+        if label is None or self.dont_record:
+            return
+        if self.inputs is _NO_INPUTS:
+            self.inputs = {}
+        options = plan.options
+        if options.transforms:
+            args, kwargs = options.apply(args), options.apply(kwargs)
+        record = CallInputs(tuple(args), dict(kwargs))
+        self.inputs[label] = record
+        if not options.clone:
+            versions = self.versions
+            for item in (*record.args, *record.kwargs.values()):
+                if isinstance(item, Tensor):  # the common case, without a tree walk
+                    try:
+                        version = item._version  # noqa: SLF001 (version counter)
+                    except RuntimeError:  # inference tensors have no version counter
+                        continue
+                    versions.append((label, "inputs", item, version))
+                else:
+                    versions += _versions(label, "inputs", item)
+
+    def on_output(self, module: nn.Module, output: Any) -> Any:
+        """Handle the end of a call of a hooked ``module`` (the general path).
+
+        The hooks of :mod:`.hooks` count calls themselves and call
+        :meth:`end_call`; this finds the module's slot first, for a hook
+        placed by another plan than this pass's.
+        """
+        plan = self.plan
+        slot = plan.end_slots.get(module)
+        if slot is None:  # hooked after this pass started
+            return None
+        specs = plan.ends[module]
+        k = self.counts[slot]
+        self.counts[slot] = k + 1
+        if k >= len(specs):
+            raise self.extra_call(module, k + 1, len(specs))
+        spec = specs[k]
+        if spec is None:
+            return None
+        return self.end_call(module, spec, output)
+
+    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:
+        """Capture what ``spec`` asks of a call's ``output``; return its edit."""
+        label, wants_output, wants_grad = spec
+        if not wants_output:
+            if not self.dont_record:
+                self.watch_grad(module, label, output)
+            return None
+        options = self.plan.options
+        record = None
+        if not self.dont_record:
+            record = options.apply(output) if options.transforms else output
+            self.records[label] = record
+        result = None if self.postproc is None else self.postprocess(output)
+        if record is not None and not options.clone:
+            if isinstance(record, Tensor):
+                try:
+                    version = record._version  # noqa: SLF001 (version counter)
+                except RuntimeError:  # inference tensors have no version counter
+                    pass
+                else:
+                    self.versions.append((label, "activations", record, version))
+            else:
+                self.versions += _versions(label, "activations", record)
+        if wants_grad and not self.dont_record:
+            self.watch_grad(module, label, output if result is None else result)
+        return result
+
+    def postprocess(self, output: Any) -> Any:
+        """Run the next postprocessor on ``output``; return its result."""
+        postproc = self.postproc
+        if callable(postproc):
+            result = postproc(output)
+        else:
+            assert postproc is not None  # noqa: S101 (checked by the caller)
+            if self.post_index >= len(postproc):
+                raise ValueError(self.too_few_message(len(postproc)))
+            func = postproc[self.post_index]
+            self.post_index += 1
+            result = func(output)
+        if self.versions:  # in-place edits by postprocessors are the user's
+            self.versions = [
+                (label, kind, t, t._version)  # noqa: SLF001 (version counter)
+                for label, kind, t, _ in self.versions
+            ]
+        return result
+
+    def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
+        """Capture the gradient that will flow back into ``output``."""
+        if not (
+            output.requires_grad
+            if isinstance(output, Tensor)
+            else any(t.requires_grad for t in iter_tensors(output))
+        ):
+            raise RuntimeError(self.no_grad_message(module, label))
+        sink = self.grad_sink(label) if self.grad_sink is not None else None
+        if self.grads is _NO_GRADS:
+            self.grads = {}
+        self.grads[label] = GradSlot(output, self.plan.options, sink)
+
+    def extra_call(self, module: nn.Module, calls: int, expected: int) -> CallPlanError:
+        """Return the error for the ``calls``-th call of ``module`` (one too many)."""
+        return self.plan.mismatch(
+            module,
+            f"at least {calls} times",
+            expected,
+            training=self.training,
+            grad=torch.is_grad_enabled(),
+        )
+
+    def no_grad_message(self, module: nn.Module, label: DepthIdx) -> str:
+        """Return the error message for a gradient that cannot flow back."""
+        return (
+            f"Cannot capture the gradient of {self.plan.describe[module]} at "
+            f"label {label[0]}-{label[1]}: its output does not require grad "
+            "(the pass ran under `torch.no_grad()` or `torch.inference_mode()`"
+            ", or nothing before it requires grad). Run the pass with "
+            "gradients enabled, or record without `grads=`."
+        )
+
+    def too_few_message(self, given: int) -> str:
+        """Return the error message for a postprocessor list that is too short."""
+        return (
+            "There were not enough postprocessing functions for every recorded "
+            f"layer: {given} given, {self.plan.outputs_per_pass} recorded calls "
+            "per pass. If you wish to use the same function for every recorded "
+            "layer, use the signature `rnet(*args, activation_postproc: "
+            "Postprocessor, **kwargs)`. See `help(rnet.forward)` for more "
+            "information"
+        )
+
+    def check_counts(self) -> None:
+        """Raise :class:`CallPlanError` unless every hooked module ran as planned.
+
+        With ``dont_record`` fewer calls are accepted (nothing is recorded, and
+        the reference Recorder accepted them); extra calls raise in the hook.
+        """
+        plan = self.plan
+        if (
+            self.counts == plan.expected_counts
+            and self.starts == plan.expected_start_counts
+        ):
+            return  # the usual case, checked in C
+        for module, slot in plan.start_slots.items():
+            observed, expected = self.starts[slot], len(plan.starts[module])
+            if observed != expected and not (self.dont_record and observed < expected):
+                raise plan.mismatch(
+                    module,
+                    f"{observed} time{'s' if observed != 1 else ''}",
+                    expected,
+                    training=self.training,
+                    grad=torch.is_grad_enabled(),
+                )
+        for module, slot in plan.end_slots.items():
+            specs = plan.ends[module]
+            observed, expected = self.counts[slot], len(specs)
+            if observed == expected or (self.dont_record and observed < expected):
+                continue
+            error = plan.mismatch(
+                module,
+                f"{observed} time{'s' if observed != 1 else ''}",
+                expected,
+                training=self.training,
+                grad=torch.is_grad_enabled(),
+            )
+            missing = sorted(
+                spec.label for spec in specs[observed:] if spec is not None
+            )
+            if missing:
+                error.args = (f"Missing {missing} activations. {error.args[0]}",)
+            raise error
+
+
+def _versions(
+    label: DepthIdx, kind: str, record: Any
+) -> list[tuple[DepthIdx, str, Tensor, int]]:
+    """Return the version entries of every tensor of ``record``."""
+    return [
+        (label, kind, tensor, tensor._version)  # noqa: SLF001 (version counter)
+        for tensor in iter_tensors(record)
+        if not tensor.is_inference()  # inference tensors have no version counter
+    ]
+
+
+class Latest:
+    """The records of the latest completed pass (a plain object: cheap to set)."""
+
+    __slots__ = ("activations", "grads", "inputs", "traced_grads")
+
+    def __init__(self) -> None:
+        self.activations: dict[DepthIdx, Any] = {}
+        self.inputs: dict[DepthIdx, CallInputs] = {}
+        self.grads: dict[DepthIdx, GradSlot] = {}
+        self.traced_grads: dict[DepthIdx, Any] = {}
+        """Label -> what a compiled pass passed on (gradients: ``GradDeposits``)."""
+
+
+class Records(dict[Any, Any]):
+    """The records of one pass, keyed by label, with a helpful ``KeyError``.
+
+    ``rnet.activations["layer3"]`` (a name where a label is expected) or a
+    label that was not recorded say what to do instead of a bare
+    ``KeyError``. The keys stay labels (the reference contract); the table is
+    held weakly, so a kept mapping does not keep the net alive.
+    """
+
+    __slots__ = ("_kind", "_table")
+
+    def __init__(self, records: dict[Any, Any], table: LayerTable, kind: str) -> None:
+        super().__init__(records)
+        self._table = weakref.ref(table)
+        self._kind = kind
+
+    def __missing__(self, key: object) -> Any:
+        raise KeyError(missing_record(key, self._table(), self._kind)) from None
+
+
+def missing_record(key: object, table: LayerTable | None, kind: str) -> str:
+    """Say why ``rnet.<kind>[key]`` is missing, and what to write instead."""
+    where = f"`rnet.{kind}`"
+    if table is None:
+        return f"{key!r} is not a label recorded in this pass of {where}."
+    if isinstance(key, str):
+        labels = [row.label for row in table.rows if row.name == key and row.recordable]
+        if not labels:
+            return (
+                f"{where} is keyed by `(depth, idx)` labels, and no module is "
+                f"named {key!r}: see `print(rnet)` for the labels and names."
+            )
+        calls = ", ".join(map(str, labels))
+        instead = f"`rnet.{kind}[{labels[0]}]`"
+        if kind == "activations":
+            instead = (
+                f"`rnet.activations_of({key!r})` (every recorded call of it) "
+                f"or {instead}"
+            )
+        return (
+            f"{where} is keyed by `(depth, idx)` labels, not names: use "
+            f"{instead}; {key!r} is labelled {calls}."
+        )
+    if isinstance(key, tuple) and key in table:
+        record = f"inputs={key!r}" if kind == "inputs" else repr(key)
+        return (
+            f"Layer {table[key].describe()} has no record in {where} of the "
+            f"latest pass: record it with `rnet.record({record})`, then run a pass."
+        )
+    return f"{key!r} is not a label of this net: see `print(rnet)` for the labels."
+
+
+_TORCH_MODULE_FILE = os.path.normcase(inspect.getfile(nn.Module))
+_PACKAGE_DIR = os.path.normcase(Path(__file__).parent.parent)
+
+
+def user_stacklevel() -> int:
+    """Return the ``stacklevel`` that points a warning at the user's code.
+
+    Counts frames from the caller of this function up to the first one
+    outside this package and outside torch's ``Module.__call__`` machinery.
+    """
+    level = 1
+    frame = sys._getframe(1)  # noqa: SLF001 (the only way to walk the stack)
+    while frame is not None:
+        filename = os.path.normcase(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR) and filename != _TORCH_MODULE_FILE:
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
