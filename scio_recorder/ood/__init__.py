@@ -17,9 +17,13 @@ several detectors sharing passes and rates them
 | an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | from gradients | :class:`GradNorm` |
+| several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
+| neural collapse, the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
+| an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module
-(``_logits``, ``_shaping``, ``_features``, ``_gradient``), the protocol and
+(``_logits``, ``_shaping``, ``_features``, ``_gradient``,
+``_multilayer``, ``_collapse``, ``_edits``), the protocol and
 the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
 
 Examples
@@ -44,15 +48,22 @@ __all__ = [
     "ASH",
     "KNN",
     "MSP",
+    "NCI",
+    "NECO",
+    "VRA",
     "Detector",
     "Energy",
     "Entropy",
     "Evaluation",
     "GradNorm",
+    "Gram",
     "Mahalanobis",
+    "MahalanobisEnsemble",
     "MaxLogit",
     "NotFittedError",
+    "RankFeat",
     "ReAct",
+    "Residual",
     "Scale",
     "ViM",
     "evaluate",
@@ -60,8 +71,11 @@ __all__ = [
 ]
 
 from ._base import Detector, NotFittedError, fit_detectors
+from ._collapse import NCI, NECO, Residual
+from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
+from ._multilayer import Gram, MahalanobisEnsemble
 from ._shaping import ASH, ReAct, Scale
