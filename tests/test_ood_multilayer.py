@@ -235,7 +235,11 @@ def test_bert_mean_tokens_respect_the_mask():
     )
     layers = ["bert.encoder.layer.0", "bert.encoder.layer.1"]
     ens = MahalanobisEnsemble(
-        rnet, layers, token="mean", mask="attention_mask", shrinkage=0.1
+        rnet,
+        layers,
+        token="mean",  # noqa: S106 (not a password)
+        mask="attention_mask",
+        shrinkage=0.1,
     )
     batches = [({"input_ids": ids, "attention_mask": mask}, torch.arange(6) % 2)]
     ens.fit(batches, input=lambda b: b[0], target=1)
@@ -271,10 +275,12 @@ def test_gram_matches_formula(cnn, data):
         for cut in (net.features[:2], net.features[:5]):
             f, g = cut(xs).to(F64), cut(x).to(F64)
             for p in (1, 2):
+
                 def vec(t, p=p):
                     t = (t.reshape(t.shape[0], t.shape[1], -1)) ** p
                     s = (t @ t.transpose(1, 2)).sum(2)
                     return s.sign() * s.abs() ** (1 / p)
+
                 gf, gg = vec(f), vec(g)
                 lo = torch.stack([gf[ys == c].amin(0) for c in range(3)])[pred]
                 hi = torch.stack([gf[ys == c].amax(0) for c in range(3)])[pred]
@@ -380,11 +386,15 @@ def test_against_pytorch_ood(pood, cnn, data, capsys):
     diffs = {}
     # NCI
     ours = NCI(rnet, alpha=0.1).fit(data)
-    theirs = pood.NCI(lambda t: net.classifier[:3](net.features(t)), net.classifier[3], 0.1)
+    theirs = pood.NCI(
+        lambda t: net.classifier[:3](net.features(t)), net.classifier[3], 0.1
+    )
     theirs.fit_features(net.classifier[:3](net.features(xs)).detach())
     diffs["NCI"] = (ours(x) - theirs.predict(x).to(F64)).abs().max().item()
     # RankFeat
-    theirs = pood.RankFeat(net.features[:2], lambda t: net.classifier(net.features[2:](t)))
+    theirs = pood.RankFeat(
+        net.features[:2], lambda t: net.classifier(net.features[2:](t))
+    )
     ours = RankFeat(rnet, layer="features.1")
     diffs["RankFeat"] = (ours(x) - theirs.predict(x)).abs().max().item()
     # VRA

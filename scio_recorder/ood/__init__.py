@@ -18,7 +18,7 @@ several detectors sharing passes and rates them
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | from gradients | :class:`GradNorm` |
 | several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
-| neural collapse, the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
+| the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module

@@ -64,7 +64,8 @@ class _Head(Detector):
         if isinstance(d, bool) or not isinstance(d, int) or not 0 < d < features:
             msg = (
                 f"{type(self).__name__}: d must be an int in [1, {features}) (the "
-                f"input features of {self.rnet.table[self.label].describe()}), got {d!r}"
+                f"input features of {self.rnet.table[self.label].describe()}), "
+                f"got {d!r}"
             )
             raise ValueError(msg)
 
@@ -108,7 +109,7 @@ class NCI(_Head):
         self.mean = torch.zeros(0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The features' mean."""
+        """Return the features' mean."""
         return {InputOf(self.label): Moments()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
@@ -120,10 +121,11 @@ class NCI(_Head):
         f = self.features(result)
         centred = f - self.mean.to(f)
         w = self.weight.to(f)[self.logits(f).argmax(dim=1)]
-        cosine = (centred * w).sum(dim=1) / centred.norm(dim=1)
+        cosine: Tensor = (centred * w).sum(dim=1) / centred.norm(dim=1)
         if self.alpha <= 0:
             return -cosine
-        return -cosine - self.alpha * f.abs().sum(dim=1)
+        penalty: Tensor = self.alpha * f.abs().sum(dim=1)
+        return -cosine - penalty
 
     def config(self) -> dict[str, Any]:
         """Return ``fc``'s label and ``alpha``."""
@@ -191,7 +193,7 @@ class NECO(_Head):
         self.basis = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The features' mean and covariance."""
+        """Return the features' mean and covariance."""
         return {InputOf(self.label): Covariance()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
@@ -210,7 +212,7 @@ class NECO(_Head):
         """Return minus the principal share of the norm (times the max logit)."""
         f = self.features(result)
         z = (f - self.mean.to(f)) / self.scale.to(f)
-        neco = (z @ self.basis.to(f)).norm(dim=1) / z.norm(dim=1)
+        neco: Tensor = (z @ self.basis.to(f)).norm(dim=1) / z.norm(dim=1)
         if self.use_max_logit:
             neco = neco * self.logits(f).amax(dim=1)
         return -neco
@@ -272,7 +274,7 @@ class Residual(_Head):
         self.residual = torch.zeros(self.weight.shape[1], 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
-        """The features' mean and covariance."""
+        """Return the features' mean and covariance."""
         return {InputOf(self.label): Covariance()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
@@ -287,7 +289,8 @@ class Residual(_Head):
     def score_pass(self, result: Pass) -> Tensor:
         """Return the residual norm."""
         f = self.features(result)
-        return ((f - self.u.to(f)) @ self.residual.to(f)).norm(dim=1)
+        norms: Tensor = ((f - self.u.to(f)) @ self.residual.to(f)).norm(dim=1)
+        return norms
 
     def config(self) -> dict[str, Any]:
         """Return ``fc``'s label and ``d``."""

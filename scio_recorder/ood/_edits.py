@@ -53,7 +53,8 @@ def remove_rank1(x: Tensor) -> Tensor:
     m = x.reshape(x.shape[0], x.shape[1], -1)
     u, s, vh = torch.linalg.svd(m, full_matrices=False)
     rank1 = s[:, 0:1].unsqueeze(2) * u[:, :, 0:1].bmm(vh[:, 0:1, :])
-    return (m - rank1).reshape(x.shape)
+    out: Tensor = (m - rank1).reshape(x.shape)
+    return out
 
 
 class RankFeat(_Shaping):

@@ -95,7 +95,7 @@ def resolve_layers(
 def pool_features(
     value: Tensor,
     pool: str | None = "mean",
-    token: str = "cls",
+    token: str = "cls",  # noqa: S107 (not a password)
     mask: Tensor | None = None,
 ) -> Tensor:
     """Return one feature vector per sample, ``[B, F]``, in float64.
@@ -122,7 +122,7 @@ def pool_features(
     if value.dim() == _MAP:
         return value.mean(dim=(2, 3))
     if value.dim() == _TOKENS:
-        if token == "cls":
+        if token == "cls":  # noqa: S105 (not a password)
             return value[:, 0]
         if mask is None:
             return value.mean(dim=1)
@@ -194,7 +194,7 @@ class _MultiLayer(Detector):
         layers: Sequence[Selector],
         *,
         pool: str | None = "mean",
-        token: str = "cls",
+        token: str = "cls",  # noqa: S107 (not a password)
         mask: int | str | None = None,
     ) -> None:
         super().__init__(rnet)
@@ -341,7 +341,7 @@ class MahalanobisEnsemble(_MultiLayer):
         *,
         weights: Sequence[float] | None = None,
         pool: str | None = "mean",
-        token: str = "cls",
+        token: str = "cls",  # noqa: S107 (not a password)
         mask: int | str | None = None,
         shrinkage: float = 0.0,
     ) -> None:
@@ -612,7 +612,10 @@ class Gram(_MultiLayer):
             msg = f"Gram: num_poles_list must hold ints >= 1, got {poles!r}"
             raise ValueError(msg)
         if not 0.0 <= validation_fraction < 1.0:
-            msg = f"Gram: validation_fraction must be in [0, 1), got {validation_fraction}"
+            msg = (
+                "Gram: validation_fraction must be in [0, 1), got "
+                f"{validation_fraction}"
+            )
             raise ValueError(msg)
         self.poles = poles
         self.validation_fraction = float(validation_fraction)
