@@ -14,7 +14,10 @@ graph
 A model is ``package.module:callable`` (a class or a factory, called with
 ``--arg``/``--kwarg``), ``path/to/file.py:callable``, or a built-in name
 (``demo``, ``resnet18_cifar``, ``mlp``, ``transformer``). Errors are one line
-and exit code 2; ``--debug`` shows the traceback.
+and exit code 2; ``--debug`` (before or after the command) shows the traceback.
+While the target is imported, built and run, ``sys.argv`` is ``[TARGET]``, so
+a module that parses the command line at import sees no arguments of ours; a
+target that calls ``sys.exit`` is reported as an error, never as a success.
 
 Run ``scio-recorder --help`` or ``scio-recorder COMMAND --help``.
 """
@@ -25,8 +28,11 @@ __all__ = ["main"]
 
 import argparse
 import ast
+import contextlib
 import importlib
 import importlib.util
+import math
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -46,7 +52,7 @@ from scio_recorder.models import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 DIST_NAME = "scio-recorder"
 
@@ -61,6 +67,12 @@ BUILTINS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 class CLIError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""
+
+
+MAX_DIM = 2**31 - 1
+"""The largest size of one dimension that ``--input-size`` accepts."""
+
+DEBUG_HELP = "show the traceback of an error (before or after COMMAND)"
 
 
 def _version() -> str:
@@ -89,6 +101,21 @@ EXAMPLES = {
         "  scio-recorder graph my_models.py:build --input-size 1,3,64,64 -o g.dot"
     ),
 }
+
+
+def _depth(text: str) -> int:
+    """Parse ``--depth``: an integer >= 0, the same for every command."""
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = -1
+    if depth < 0:
+        msg = (  # argparse prefixes "argument --depth: "
+            "give an integer >= 0 (0: the whole model as one row or node), "
+            f"not {text!r}; leave --depth out to show every depth"
+        )
+        raise argparse.ArgumentTypeError(msg)
+    return depth
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -138,8 +165,12 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Run `scio-recorder COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an error"
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    # every command accepts --debug too; SUPPRESS keeps a command's parser from
+    # writing False over a --debug given before the command
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -155,6 +186,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
         epilog=EXAMPLES["demo"],
         formatter_class=formatter,
+        parents=[common],
     )
     demo.add_argument(
         "--out",
@@ -173,10 +205,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "depth-idx; with --record, run one pass and describe the recorded layers.",
         epilog=EXAMPLES["summary"],
         formatter_class=formatter,
+        parents=[common],
     )
     _model_options(summary)
     summary.add_argument(
-        "--depth", type=int, metavar="N", help="show the table down to depth N"
+        "--depth",
+        type=_depth,
+        metavar="N",
+        help="show the table down to depth N >= 0 (default: every depth)",
     )
     summary.add_argument(
         "--record",
@@ -192,13 +228,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "labelled like the table, the operations between them, shapes on edges.",
         epilog=EXAMPLES["graph"],
         formatter_class=formatter,
+        parents=[common],
     )
     _model_options(graph)
     graph.add_argument(
         "--depth",
-        type=int,
+        type=_depth,
         metavar="N",
-        help="fold calls deeper than N into their ancestor",
+        help="fold calls deeper than N >= 0 into their ancestor (default: none)",
     )
     graph.add_argument(
         "--roll", action="store_true", help="one node per repeated module"
@@ -224,6 +261,27 @@ def _literal(text: str) -> Any:
         return text
 
 
+def _import_file(path: str, target: str) -> Any:
+    """Import ``path/to/file.py`` as a module named after the file."""
+    file = Path(path)
+    if not file.is_file():
+        msg = f"no file {path!r} (from {target!r})"
+        raise CLIError(msg)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None:
+        msg = f"cannot import {path!r} as a Python module"
+        raise CLIError(msg)
+    module = importlib.util.module_from_spec(spec)
+    registered = sys.modules.setdefault(file.stem, module) is module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if registered:  # no half-imported module left behind
+            del sys.modules[file.stem]
+        raise
+    return module
+
+
 def _callable(target: str) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
     if target in BUILTINS:
         factory, size = BUILTINS[target]
@@ -235,18 +293,9 @@ def _callable(target: str) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
             f"path/to/file.py:callable, or one of {', '.join(BUILTINS)}"
         )
         raise CLIError(msg)
+    module: Any
     if path.endswith(".py"):
-        file = Path(path)
-        if not file.is_file():
-            msg = f"no file {path!r} (from {target!r})"
-            raise CLIError(msg)
-        spec = importlib.util.spec_from_file_location(file.stem, file)
-        if spec is None or spec.loader is None:
-            msg = f"cannot import {path!r} as a Python module"
-            raise CLIError(msg)
-        module: Any = importlib.util.module_from_spec(spec)
-        sys.modules.setdefault(file.stem, module)
-        spec.loader.exec_module(module)
+        module = _import_file(path, target)
     else:
         try:
             module = importlib.import_module(path)
@@ -265,6 +314,38 @@ def _callable(target: str) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
         )
         raise CLIError(msg)
     return found, None
+
+
+@contextlib.contextmanager
+def _as_program(target: str) -> Iterator[None]:
+    """Import, build and run ``target`` as if it were the program.
+
+    ``sys.argv`` is ``[target]`` inside (restored after), so a module that
+    parses the command line at import sees none of our arguments, and a
+    ``sys.exit`` of the target becomes a :class:`CLIError` naming it (a silent
+    ``sys.exit(0)`` would otherwise look like a success). ``KeyboardInterrupt``
+    passes through.
+    """
+    saved = sys.argv
+    sys.argv = [target]
+    try:
+        yield
+    except SystemExit as error:
+        status = 0 if error.code is None else error.code
+        how = (
+            f"with exit code {status}"
+            if isinstance(status, int)
+            else f"with the message {str(status)!r}"
+        )
+        msg = (
+            f"the target {target!r} called sys.exit {how} while the CLI imported, "
+            "built or ran it, so there is no model to show; if its module runs a "
+            "script or parses the command line at import, put that code under "
+            '`if __name__ == "__main__":`'
+        )
+        raise CLIError(msg) from error
+    finally:
+        sys.argv = saved
 
 
 def _model(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
@@ -302,34 +383,77 @@ def _load_weights(net: nn.Module, path: str) -> None:
         raise CLIError(msg) from error
 
 
+def _memory_bytes() -> int | None:
+    """Physical memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return None
+
+
+def _input_sizes(text: str) -> list[tuple[int, ...]]:
+    """Parse and bound ``--input-size`` (``1,3,32,32`` or ``1,8;1,8``)."""
+    try:
+        sizes = [tuple(int(n) for n in part.split(",")) for part in text.split(";")]
+    except ValueError as error:
+        msg = (
+            f"bad --input-size {text!r}: give integers with the batch, "
+            "e.g. 1,3,32,32 (several inputs: 1,8;1,8)"
+        )
+        raise CLIError(msg) from error
+    for n in (n for size in sizes for n in size):
+        if not 0 < n <= MAX_DIM:
+            msg = (
+                f"bad --input-size {text!r}: {n} is not a size; give integers "
+                f"from 1 to {MAX_DIM} with the batch, e.g. 1,3,32,32"
+            )
+            raise CLIError(msg)
+    dtype = torch.get_default_dtype()
+    elements = sum(math.prod(size) for size in sizes)
+    needed = elements * torch.empty((), dtype=dtype).element_size()
+    memory = _memory_bytes()
+    if memory is not None and needed > memory:
+        msg = (
+            f"--input-size {text!r} asks for {elements:,} input values "
+            f"({needed / 2**30:,.3g} GiB as {dtype}), more than this machine's "
+            f"memory ({memory / 2**30:,.3g} GiB); give a smaller shape (batch 1 "
+            "is enough for a table or a graph)"
+        )
+        raise CLIError(msg)
+    return sizes
+
+
+def _input_data(path: str) -> dict[str, Any]:
+    """Read ``--input-data``: a safetensors file of the model's inputs."""
+    from safetensors import SafetensorError  # noqa: PLC0415 (only with a file)
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    if not Path(path).is_file():
+        msg = f"no input file {path!r}"
+        raise CLIError(msg)
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError) as error:
+        msg = (
+            f"cannot read --input-data {path!r}: it is not a safetensors file "
+            f"({error}); write one with safetensors.torch.save_file("
+            "{'0': x}, 'inputs.safetensors') (keys 0, 1, ...: positional "
+            "inputs; other keys: keyword inputs); torch.save/pickle files are "
+            "not read"
+        )
+        raise CLIError(msg) from error
+    if all(key.isdigit() for key in tensors):
+        return {"input_data": [tensors[k] for k in sorted(tensors, key=int)]}
+    return {"input_data": dict(tensors)}
+
+
 def _inputs(
     args: argparse.Namespace, default: tuple[int, ...] | None
 ) -> dict[str, Any]:
     if args.input_data:
-        from safetensors.torch import load_file  # noqa: PLC0415 (only with a file)
-
-        if not Path(args.input_data).is_file():
-            msg = f"no input file {args.input_data!r}"
-            raise CLIError(msg)
-        tensors = load_file(args.input_data)
-        if all(key.isdigit() for key in tensors):
-            return {"input_data": [tensors[k] for k in sorted(tensors, key=int)]}
-        return {"input_data": dict(tensors)}
+        return _input_data(args.input_data)
     if args.input_size:
-        try:
-            sizes = [
-                tuple(int(n) for n in part.split(","))
-                for part in args.input_size.split(";")
-            ]
-        except ValueError as error:
-            msg = (
-                f"bad --input-size {args.input_size!r}: give integers with the "
-                "batch, e.g. 1,3,32,32 (several inputs: 1,8;1,8)"
-            )
-            raise CLIError(msg) from error
-        if any(n <= 0 for size in sizes for n in size):
-            msg = f"bad --input-size {args.input_size!r}: sizes must be positive"
-            raise CLIError(msg)
+        sizes = _input_sizes(args.input_size)
         return {"input_size": sizes[0] if len(sizes) == 1 else sizes}
     if default is None:
         msg = "give the model's input: --input-size 1,3,32,32 or --input-data FILE"
@@ -451,8 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     """
     args = _build_parser().parse_args(argv)
+    target = getattr(args, "target", None)
     try:
-        return COMMANDS[args.command](args)
+        with contextlib.nullcontext() if target is None else _as_program(target):
+            return COMMANDS[args.command](args)
     except Exception as error:
         if args.debug:
             raise

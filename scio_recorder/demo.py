@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._extras import install_hint
 from .data import batches, make_blobs_images, ood_sets, train_classifier
 from .explain import grad_cam
 from .graph._dot import INSTALL_DOT
@@ -179,7 +180,8 @@ def _pictures(
 ) -> list[Path]:
     files: list[Path] = []
     if importlib.util.find_spec("matplotlib") is None:
-        echo("no pictures of scores and Grad-CAM: `pip install 'scio-recorder[plot]'`")
+        hint = install_hint("plot", "matplotlib")
+        echo(f"no pictures of scores and Grad-CAM: {hint}")
     else:
         from .plot import gradcam_overlay, roc_curves, score_histograms  # noqa: PLC0415 (optional)
 

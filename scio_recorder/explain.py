@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = ["ablate", "grad_cam", "layer_means", "patch"]
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from ._outputs import logits_of
 from .collect import collect
-from .select import resolve, resolve_one
+from .select import as_label, resolve, resolve_one
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -263,7 +264,7 @@ def ablate(
     x: Any,
     layers: Selector | list[Selector],
     *,
-    means: dict[DepthIdx, Tensor] | None = None,
+    means: Mapping[Any, Tensor] | None = None,
     where: Any = None,
 ) -> Any:
     """Run ``x`` with ``layers``' activations zeroed, or set to their means.
@@ -276,9 +277,12 @@ def ablate(
         The net's inputs.
     layers : selector or list of selectors
         The layers ablated.
-    means : dict, optional
-        Label -> mean activation (from :func:`layer_means`): mean-ablation;
-        default zero-ablation.
+    means : Mapping, optional
+        Layer -> mean activation, as :func:`layer_means` returns it:
+        mean-ablation; default zero-ablation. A key is a label ``(depth,
+        idx)`` or any selector of the layer; keys of layers not ablated are
+        ignored. A mean must broadcast to the layer's output (its shape
+        without the batch dimension, as :func:`layer_means` gives, does).
     where : index, optional
         Ablate only ``output[where]``.
 
@@ -286,6 +290,16 @@ def ablate(
     -------
     Any
         The net's output, ablated.
+
+    Raises
+    ------
+    TypeError
+        If ``means`` is not a mapping, or one of its values is not a tensor.
+    ValueError
+        If a key of ``means`` is not a layer of the net, or a mean does not
+        broadcast to its layer's output.
+    KeyError
+        If an ablated layer has no mean in ``means``.
 
     Examples
     --------
@@ -300,25 +314,110 @@ def ablate(
 
     """
     labels = _labels(rnet, layers, "ablate")
+    by_label = None if means is None else _means_by_label(rnet, means)
     edits: dict[DepthIdx, Callable[[Tensor], Tensor]] = {}
     for label in labels:
-        if means is not None and label not in means:
+        if by_label is None:
+            edits[label] = _ablation(None, where)
+            continue
+        if label not in by_label:
             msg = (
                 f"ablate: no mean for layer {rnet.table[label].describe()}: compute "
                 "them with `layer_means(rnet, batches, layers)`."
             )
             raise KeyError(msg)
-        edits[label] = _ablation(None if means is None else means[label], where)
+        key, mean = by_label[label]
+        edits[label] = _ablation(
+            mean, where, f"means[{key!r}]", rnet.table[label].describe()
+        )
     return _run_edited(rnet, x, edits)
 
 
-def _ablation(mean: Tensor | None, where: Any) -> Callable[[Tensor], Tensor]:
-    def edit(output: Tensor) -> Tensor:
-        value = (
-            torch.zeros_like(output)
-            if mean is None
-            else mean.to(output).expand_as(output).clone()
+_MEANS_ADVICE = (
+    "pass `means=layer_means(rnet, batches, layers)`, a mapping from each "
+    "ablated layer's label to its mean activation"
+)
+
+
+def _means_by_label(
+    rnet: Recorder, means: object
+) -> dict[DepthIdx, tuple[object, Tensor]]:
+    """Check ``ablate``'s ``means``; return label -> (the user's key, mean)."""
+    if not isinstance(means, Mapping):
+        shown = (
+            f"a Tensor of shape {list(means.shape)}"
+            if isinstance(means, Tensor)
+            else f"a {type(means).__name__}"
         )
+        msg = (
+            f"ablate: `means` must be a mapping from layer to mean activation, "
+            f"got {shown}: {_MEANS_ADVICE}, e.g. `means={{(1, 2): mean}}` for one "
+            "layer."
+        )
+        raise TypeError(msg)
+    by_label: dict[DepthIdx, tuple[object, Tensor]] = {}
+    for key, mean in means.items():
+        if not isinstance(mean, Tensor):
+            msg = (
+                f"ablate: `means[{key!r}]` is a {type(mean).__name__}, not a "
+                f"tensor: {_MEANS_ADVICE}."
+            )
+            raise TypeError(msg)
+        for label in _key_labels(rnet, key):
+            if label in by_label:
+                msg = (
+                    f"ablate: `means` has two means for layer "
+                    f"{rnet.table[label].describe()}, under the keys "
+                    f"{by_label[label][0]!r} and {key!r}: keep one of them."
+                )
+                raise ValueError(msg)
+            by_label[label] = (key, mean)
+    return by_label
+
+
+def _key_labels(rnet: Recorder, key: object) -> list[DepthIdx]:
+    """Return the labels a key of ``means`` stands for, or raise naming it."""
+    label = as_label(key)
+    if label is not None and label in rnet.table:
+        return [label]
+    problem = "no label of this net"
+    if label is None:
+        try:
+            rows = resolve(rnet.table, rnet.net, [key])
+        except (KeyError, ValueError, TypeError) as error:
+            problem = str(error)
+        else:
+            if rows:
+                return [row.label for row in rows]
+            problem = "it selects no layer"
+    msg = (
+        f"ablate: the key {key!r} of `means` is not a layer of this net "
+        f"({problem}); see `print(rnet)` for the labels, and {_MEANS_ADVICE}."
+    )
+    raise ValueError(msg)
+
+
+def _ablation(
+    mean: Tensor | None, where: Any, name: str = "", layer: str = ""
+) -> Callable[[Tensor], Tensor]:
+    def edit(output: Tensor) -> Tensor:
+        if mean is None:
+            return _put(output, torch.zeros_like(output), where)
+        try:
+            shape = torch.broadcast_shapes(mean.shape, output.shape)  # type: ignore[no-untyped-call]
+            fits = shape == output.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            msg = (
+                f"ablate: `{name}` has shape {list(mean.shape)}, which does not "
+                f"broadcast to the output {list(output.shape)} of layer {layer}: "
+                f"pass the layer's mean activation, of shape "
+                f"{list(output.shape[1:])} (the output without its batch "
+                "dimension, as `layer_means` returns it)."
+            )
+            raise ValueError(msg)
+        value = mean.to(output).expand_as(output).clone()
         return _put(output, value, where)
 
     return edit

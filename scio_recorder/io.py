@@ -38,6 +38,7 @@ from __future__ import annotations
 __all__ = [
     "DEFAULT_FILENAME",
     "FORMAT_VERSION",
+    "MAX_NESTING",
     "RecordInfo",
     "RecordKey",
     "Records",
@@ -75,6 +76,16 @@ FORMAT_VERSION = 1
 
 DEFAULT_FILENAME = "records.safetensors"
 """The file name used when :func:`save_records` is given a directory."""
+
+MAX_NESTING = 250
+"""The deepest nesting of tuples, lists and dicts a record may have.
+
+A tensor inside 250 nested lists saves and loads; one more level is refused
+by :func:`save_records` (before anything is written) and, in a file made by
+other means, by :func:`load_records`. Both walk the structure recursively:
+the limit keeps them, and the JSON of the label map (two levels per
+container), well inside Python's default recursion limit of 1000.
+"""
 
 _PREFIX = "scio_recorder."
 _FORMAT_KEY = _PREFIX + "format_version"
@@ -315,6 +326,7 @@ def save_records(
             entry["name"] = row.name
             entry["call_index"] = row.call_index
             entry["module_type"] = type(row.module).__name__
+        encoder.records[_key_str(key)] = record
         entry["record"] = encoder.encode(record, prefix, _key_str(key), "")
         entries.append(entry)
     metadata |= {
@@ -340,8 +352,14 @@ class _Encoder:
         # The tensors given, kept alive so that their addresses stay theirs
         # (a mapping may compute its values on access).
         self._given: list[torch.Tensor] = []
+        # Each record by its name in messages, to measure one nested too deeply.
+        self.records: dict[str, object] = {}
 
-    def encode(self, value: object, key: str, record: str, where: str) -> Any:
+    def encode(
+        self, value: object, key: str, record: str, where: str, depth: int = 0
+    ) -> Any:
+        if depth > MAX_NESTING:
+            raise ValueError(_too_deep(self.records[record], record, where))
         if isinstance(value, torch.Tensor):
             return self._tensor(value, key, record, where)
         scalar = _scalar_node(value)
@@ -350,7 +368,7 @@ class _Encoder:
         if isinstance(value, tuple | list):
             kind = "tuple" if isinstance(value, tuple) else "list"
             items = [
-                self.encode(item, f"{key}/{i}", record, f"{where}[{i}]")
+                self.encode(item, f"{key}/{i}", record, f"{where}[{i}]", depth + 1)
                 for i, item in enumerate(value)
             ]
             return {"type": kind, "items": items}
@@ -365,7 +383,11 @@ class _Encoder:
                     )
                     raise TypeError(msg)
                 node = self.encode(
-                    item, f"{key}/{_escape(name)}", record, f"{where}[{name!r}]"
+                    item,
+                    f"{key}/{_escape(name)}",
+                    record,
+                    f"{where}[{name!r}]",
+                    depth + 1,
                 )
                 pairs.append([str(name), node])
             return {"type": "dict", "items": pairs}
@@ -422,6 +444,52 @@ class _Encoder:
         if view is not None:
             self._views[view] = key
         return node
+
+
+def _too_deep(value: object, record: str, where: str) -> str:
+    """Return the message for a record nested deeper than :data:`MAX_NESTING`."""
+    depth = _nesting_depth(value)
+    how_deep = (
+        "holds itself, so it is infinitely deep"
+        if depth is None
+        else f"is nested {depth} containers deep"
+    )
+    return (
+        f"Cannot save the record of {record}: it {how_deep} (`{where:.40}...`), "
+        f"deeper than the limit scio_recorder.io.MAX_NESTING = {MAX_NESTING} "
+        "that `load_records` reads back. Flatten it (e.g. into a dict with str "
+        "keys) or save its parts under several keys. Nothing was written."
+    )
+
+
+def _nesting_depth(value: object) -> int | None:
+    """Return how many containers deep ``value`` is, ``None`` if it holds itself.
+
+    The depth of the deepest item: iterative, so any depth is measured
+    without recursion. A tensor and ``[]`` are 0 deep, ``[tensor]`` and
+    ``[[]]`` 1, ``{"a": [tensor]}`` 2.
+    """
+    deepest = 0
+    on_path: set[int] = set()
+    stack: list[tuple[object, int, bool]] = [(value, 0, True)]
+    while stack:
+        item, depth, entering = stack.pop()
+        if not entering:
+            on_path.discard(id(item))
+            continue
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, tuple | list):
+            children = list(item)
+        else:
+            continue
+        if id(item) in on_path:
+            return None
+        on_path.add(id(item))
+        stack.append((item, depth, False))
+        stack.extend((child, depth + 1, True) for child in children)
+    return deepest
 
 
 def _scalar_node(value: object) -> dict[str, Any] | None:
@@ -664,8 +732,12 @@ class _Decoder:
         return kind
 
     def decode(self, node: Any, where: str, path: tuple[str, ...]) -> Any:  # noqa: C901, PLR0911 (one branch per node type)
-        if len(path) > sys.getrecursionlimit() // 4:
-            self.fail(f"the structure of {where} is nested too deeply")
+        if len(path) > MAX_NESTING:
+            self.fail(
+                f"the structure of {where:.60}... is nested more than "
+                f"scio_recorder.io.MAX_NESTING = {MAX_NESTING} containers deep, "
+                "the limit `save_records` writes"
+            )
         kind = self.node_type(node, where)
         value = node.get("value")
         if kind == "tensor":

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._extras import install_hint
 from .ood.metrics import roc_curve
 
 if TYPE_CHECKING:
@@ -40,10 +41,7 @@ if TYPE_CHECKING:
 
     from .ood import Evaluation
 
-INSTALL = (
-    "Plots need matplotlib: `pip install 'scio-recorder[plot]'` (or `pip install "
-    "matplotlib`)."
-)
+INSTALL = f"Plots need matplotlib: {install_hint('plot', 'matplotlib')}."
 
 
 def _figure(*args: Any, **kwargs: Any) -> Figure:

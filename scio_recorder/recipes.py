@@ -3,16 +3,22 @@
 The recipes run end to end on a laptop CPU in seconds, without downloads:
 :func:`make_blobs_images` builds a toy image classification data set in code,
 :func:`train_classifier` fits a small network on it (both live in
-:mod:`scio_recorder.data` and are re-exported here), and the out-of-distribution
-(OoD) detection recipe scores samples with :func:`mahalanobis_scores` from the
-per-class means and shared covariance that
-:class:`~scio_recorder.reduce.SharedCovariance` computes, then rates the
-detector with :func:`auroc`.
+:mod:`scio_recorder.data` and are re-exported here). The out-of-distribution
+(OoD) detection recipe uses the detectors of :mod:`scio_recorder.ood`
+(:class:`~scio_recorder.ood.Mahalanobis`) and their metrics
+(:mod:`scio_recorder.ood.metrics`); :func:`mahalanobis_scores` is the
+detector's score written out from the statistics of
+:class:`~scio_recorder.reduce.SharedCovariance`, with the opposite sign.
+
+``auroc`` was removed from this module: it rated scores with the
+in-distribution samples as positives, and returned ``1 - x`` where
+:func:`scio_recorder.ood.metrics.auroc` returns ``x`` on the same lists.
+Importing it raises an :class:`ImportError` that says what to use.
 
 Examples
 --------
 >>> import torch
->>> from scio_recorder.recipes import auroc, make_blobs_images, mahalanobis_scores
+>>> from scio_recorder.recipes import make_blobs_images, mahalanobis_scores
 >>> images, labels = make_blobs_images(6, num_classes=3, image_size=8, seed=0)
 >>> images.shape, torch.bincount(labels).tolist()
 (torch.Size([6, 3, 8, 8]), [2, 2, 2])
@@ -22,8 +28,6 @@ Examples
 ... )
 >>> scores.tolist()
 [-1.0, -25.0]
->>> auroc([3.0, 2.0], [1.0, 2.0])
-0.875
 
 """
 
@@ -31,24 +35,32 @@ from __future__ import annotations
 
 __all__ = [
     "Pattern",
-    "auroc",
     "class_colours",
     "mahalanobis_scores",
     "make_blobs_images",
     "train_classifier",
 ]
 
-from typing import TYPE_CHECKING
+from typing import NoReturn
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .data import Pattern, class_colours, make_blobs_images, train_classifier
 from .ood._features import min_mahalanobis
 
-if TYPE_CHECKING:
-    import numpy.typing as npt
+_AUROC_REMOVED = (
+    "scio_recorder.recipes.auroc was removed: it counted in-distribution "
+    "samples as positives (higher score = more in-distribution) and so returned "
+    "1 - x where scio_recorder.ood.metrics.auroc returns x on the same lists. "
+    "Use `from scio_recorder.ood.metrics import auroc`: `auroc(id_scores, "
+    "ood_scores)` counts OoD samples as positives (higher score = more OoD, the "
+    "convention of every detector of scio_recorder.ood), i.e. it is the "
+    "probability that an OoD sample scores higher than an in-distribution one. "
+    "For confidence scores (higher = more in-distribution, as "
+    "`mahalanobis_scores` returns), negate them: `auroc(-in_scores, "
+    "-out_scores)` is the number the removed function gave."
+)
 
 
 def mahalanobis_scores(
@@ -63,7 +75,10 @@ def mahalanobis_scores(
     ReLU layer, whose variance is zero, from breaking the score). Higher
     means more in-distribution. This is the single-layer detector without
     input preprocessing; feed it the ``means`` and ``cov`` of a
-    :class:`~scio_recorder.reduce.SharedCovarianceResult`.
+    :class:`~scio_recorder.reduce.SharedCovarianceResult`. The detector
+    :class:`scio_recorder.ood.Mahalanobis` scores ``-mahalanobis_scores``
+    (higher = more OoD, the convention of :mod:`scio_recorder.ood` and of
+    :func:`scio_recorder.ood.metrics.auroc`).
 
     Computed in float64 on the device of ``features``, one class at a time
     (memory ``O(N F)``, no ``[N, C, F]`` tensor).
@@ -120,62 +135,13 @@ def mahalanobis_scores(
     return -min_mahalanobis(flat, means, precision)
 
 
-def auroc(
-    in_scores: npt.ArrayLike | Tensor, out_scores: npt.ArrayLike | Tensor
-) -> float:
-    """Return the area under the ROC curve of a detector, computed in numpy.
+def __getattr__(name: str) -> NoReturn:
+    """Raise for ``auroc`` (removed), as for any name.
 
-    In-distribution samples are the positives and a higher score means "more
-    in-distribution": the AUROC is the probability that a random
-    in-distribution sample scores higher than a random out-of-distribution
-    one, ties counting one half (the Mann-Whitney statistic, computed from
-    mid-ranks in ``O(n log n)``). 1 is a perfect detector, 0.5 chance.
-
-    Parameters
-    ----------
-    in_scores : array_like or Tensor
-        Scores of in-distribution samples (any shape; flattened).
-    out_scores : array_like or Tensor
-        Scores of out-of-distribution samples.
-
-    Returns
-    -------
-    float
-        The AUROC, in ``[0, 1]``.
-
-    Raises
-    ------
-    ValueError
-        If either set is empty, or a score is NaN.
-
-    Examples
-    --------
-    >>> from scio_recorder.recipes import auroc
-    >>> auroc([0.9, 0.8, 0.7], [0.1, 0.75])
-    0.8333333333333334
-    >>> auroc([1.0, 2.0], [1.0, 2.0])
-    0.5
-
+    ``from scio_recorder.recipes import auroc`` raises :class:`ImportError`
+    with the message, which names the replacement and its convention.
     """
-    pos = _as_numpy(in_scores)
-    neg = _as_numpy(out_scores)
-    if pos.size == 0 or neg.size == 0:
-        msg = "auroc: both score sets must be non-empty"
-        raise ValueError(msg)
-    scores = np.concatenate([pos, neg])
-    if np.isnan(scores).any():
-        msg = "auroc: scores must not be NaN"
-        raise ValueError(msg)
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    # Mid-rank (1-based) of each distinct value: ranks of the tied block averaged.
-    ends = np.cumsum(counts)
-    mid_ranks = ends - (counts - 1) / 2.0
-    rank_sum = float(mid_ranks[inverse[: pos.size]].sum())
-    u = rank_sum - pos.size * (pos.size + 1) / 2.0
-    return u / (pos.size * neg.size)
-
-
-def _as_numpy(values: npt.ArrayLike | Tensor) -> npt.NDArray[np.float64]:
-    if isinstance(values, Tensor):
-        values = values.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(values, dtype=np.float64).reshape(-1)
+    if name == "auroc":
+        raise ImportError(_AUROC_REMOVED, name=__name__)
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import textwrap
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from scio_recorder import Recorder
@@ -146,9 +151,278 @@ def test_errors_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, argv, mes
     assert "Traceback" not in err
 
 
-def test_debug_shows_the_traceback(capsys):
-    with pytest.raises(Exception, match="unknown model"):
-        main(["--debug", "summary", "nope"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--debug", "summary", "nope"],
+        ["summary", "--debug", "nope"],
+        ["summary", "nope", "--debug"],
+        ["graph", "nope", "--debug"],
+    ],
+)
+def test_debug_shows_the_traceback_before_or_after_the_command(capsys, argv):
+    # every error line suggests --debug: it works wherever the user puts it
+    with pytest.raises(Exception, match="unknown model 'nope'"):
+        main(argv)
+
+
+def test_without_debug_the_command_does_not_turn_it_on(capsys):
+    # the command's parser must not write debug=False over a --debug given
+    # before it, nor True where none was given
+    assert run(capsys, "summary", "nope")[0] == 2
+
+
+def write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+LINEAR = """
+from torch import nn
+
+def build():
+    return nn.Linear(4, 2)
+"""
+
+
+@pytest.mark.parametrize(
+    ("prologue", "status"),
+    [
+        ("import sys\nsys.exit(0)\n", "with exit code 0"),
+        ("import sys\nsys.exit()\n", "with exit code 0"),
+        ("raise SystemExit(3)\n", "with exit code 3"),
+        ("import sys\nsys.exit('no GPU here')\n", "with the message 'no GPU here'"),
+    ],
+)
+def test_a_target_that_exits_at_import_is_an_error_naming_it(
+    capsys, tmp_path, prologue, status
+):
+    source = write(tmp_path, "exits_at_import.py", prologue + LINEAR)
+    target = f"{source}:build"
+    code, out, err = run(capsys, "summary", target, "--input-size", "1,4")
+    assert code == 2  # not a silent success
+    assert out == ""
+    assert err.startswith(f"scio-recorder: error: the target {target!r} called ")
+    assert f"sys.exit {status}" in err
+    assert 'if __name__ == "__main__":' in err
+    assert "exits_at_import" not in sys.modules  # no half-imported module kept
+
+
+def test_a_target_that_exits_while_building_is_an_error_naming_it(capsys, tmp_path):
+    source = write(
+        tmp_path,
+        "exits_in_factory.py",
+        """
+        import sys
+
+        def build():
+            sys.exit(0)
+        """,
+    )
+    target = f"{source}:build"
+    code, _, err = run(capsys, "graph", target, "--input-size", "1,4")
+    assert code == 2
+    assert f"the target {target!r} called sys.exit with exit code 0" in err
+
+
+def test_ctrl_c_in_a_target_still_interrupts(tmp_path):
+    source = write(tmp_path, "interrupted.py", "raise KeyboardInterrupt\n" + LINEAR)
+    with pytest.raises(KeyboardInterrupt):
+        main(["summary", f"{source}:build", "--input-size", "1,4"])
+
+
+ARGPARSE_AT_IMPORT = """
+import argparse
+import sys
+
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--width", type=int, default=3)
+SEEN_ARGV = list(sys.argv)
+WIDTH = parser.parse_args().width
+
+def build():
+    return nn.Sequential(nn.Linear(4, WIDTH), nn.ReLU())
+"""
+
+
+def test_a_target_parsing_argv_at_import_sees_none_of_our_arguments(
+    capsys, tmp_path, monkeypatch
+):
+    source = write(tmp_path, "parses_argv.py", ARGPARSE_AT_IMPORT)
+    target = f"{source}:build"
+    # the console script: main() reads sys.argv, full of our own options, which
+    # the target's parser would refuse with its own usage as if it were ours
+    argv = ["scio-recorder", "summary", target, "--input-size", "2,4", "--depth", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    code = main()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert err == ""
+    assert "├─Linear (0): 1-1" in out
+    assert "[2, 3]" in out  # the target's own default width
+    seen = sys.modules["parses_argv"].SEEN_ARGV
+    assert seen == [target]
+    assert sys.argv == argv  # restored
+
+
+def test_a_target_whose_argparse_fails_reports_the_target(capsys, tmp_path):
+    source = write(
+        tmp_path,
+        "needs_argv.py",
+        ARGPARSE_AT_IMPORT.replace("default=3", "required=True"),
+    )
+    target = f"{source}:build"
+    argv_before = list(sys.argv)
+    code, _, err = run(capsys, "summary", target, "--input-size", "1,4")
+    assert code == 2
+    # argparse prints the target's usage under the target's name, not ours
+    assert err.startswith(f"usage: {source.name}:build [-h] --width WIDTH")
+    assert f"the target {target!r} called sys.exit with exit code 2" in err
+    assert sys.argv == argv_before
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (
+            "1,99999999999999999999999",
+            (
+                "bad --input-size '1,99999999999999999999999': "
+                "99999999999999999999999 is not a size; give integers from 1 to "
+                "2147483647"
+            ),
+        ),
+        ("1,2147483648", "2147483648 is not a size"),
+        ("1,0", "bad --input-size '1,0': 0 is not a size"),
+        ("1,8;1,-8", "bad --input-size '1,8;1,-8': -8 is not a size"),
+        (
+            "1,100000,100000,100000",
+            (
+                "--input-size '1,100000,100000,100000' asks for "
+                "1,000,000,000,000,000 input values"
+            ),
+        ),
+    ],
+)
+def test_input_sizes_are_bounded_with_a_message(capsys, sizes, message):
+    code, _, err = run(capsys, "summary", "mlp", f"--input-size={sizes}")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert message in err
+    assert "frame #" not in err  # no C++ backtrace
+    assert "give" in err  # and what to do
+
+
+# valid sizes stay small (at most 64**4 values): a big valid shape would allocate
+SIZE = st.one_of(
+    st.integers(1, 64), st.integers(-(2**70), 0), st.integers(2**31, 2**70)
+)
+
+
+@given(st.lists(SIZE, min_size=1, max_size=4))
+@settings(max_examples=40, deadline=None)
+def test_any_input_size_is_a_table_or_a_one_line_error(sizes):
+    # only sizes a model rejects may reach torch; all others stop with a message
+    text = ",".join(str(n) for n in sizes)
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()) as err,
+    ):
+        code = main(["summary", "mlp", f"--input-size={text}"])
+    if code == 0:
+        return
+    assert code == 2
+    line = err.getvalue()
+    assert line.count("\n") == 1
+    assert "frame #" not in line
+    if any(not 0 < n < 2**31 for n in sizes):
+        assert f"bad --input-size {text!r}" in line
+
+
+@pytest.mark.parametrize("command", ["summary", "graph"])
+@pytest.mark.parametrize("depth", ["-1", "-3", "x", "1.5"])
+def test_depth_is_a_non_negative_int_for_every_command(capsys, command, depth):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "mlp", "--depth", depth])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --depth: give an integer >= 0" in err
+    assert f"not {depth!r}" in err
+
+
+@pytest.mark.parametrize("command", ["summary", "graph"])
+def test_depth_zero_is_the_model_as_one_row_or_node(capsys, command):
+    code, out, _ = run(capsys, command, "mlp", "--depth", "0")
+    assert code == 0
+    assert "Linear" not in out
+
+
+@pytest.mark.parametrize(
+    ("content", "name"),
+    [(b"hello", "notes.txt"), (b"", "empty.safetensors")],
+)
+def test_input_data_that_is_not_safetensors_names_the_file(
+    capsys, tmp_path, content, name
+):
+    path = tmp_path / name
+    path.write_bytes(content)
+    code, _, err = run(capsys, "summary", "mlp", "--input-data", str(path))
+    assert code == 2
+    assert err.count("\n") == 1
+    expected = f"cannot read --input-data {str(path)!r}: it is not a safetensors file"
+    assert expected in err
+    assert "safetensors.torch.save_file(" in err
+
+
+def test_input_data_saved_with_torch_save_names_the_file(capsys, tmp_path):
+    path = tmp_path / "inputs.pt"
+    torch.save({"0": torch.ones(1, 16)}, path)
+    code, _, err = run(capsys, "summary", "mlp", "--input-data", str(path))
+    assert code == 2
+    assert f"--input-data {str(path)!r}: it is not a safetensors file" in err
+    assert "torch.save/pickle files are not read" in err
+
+
+def test_the_cli_passes_leave_every_module_in_eval_mode(capsys, tmp_path):
+    # the CLI puts the model in eval mode; the reference pass of the table, the
+    # recorded pass and the graph pass must neither flip it back nor change a
+    # submodule's own mode
+    source = write(
+        tmp_path,
+        "mode_probe.py",
+        """
+        from torch import nn
+
+        SEEN = []
+        BUILT = []
+
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, x):
+                SEEN.append(tuple(m.training for m in self.modules()))
+                return self.head(self.body(x))
+
+        def build():
+            BUILT.append(Probe().train())
+            return BUILT[-1]
+        """,
+    )
+    target = f"{source}:build"
+    for argv in (["summary", "--record", "body"], ["graph"]):
+        code, _, err = run(capsys, argv[0], target, "--input-size", "1,4", *argv[1:])
+        assert code == 0, err
+        probe = sys.modules.pop("mode_probe")  # each run imports the file anew
+        assert len(probe.SEEN) == 2  # the table's reference pass, then the command's
+        assert all(not any(modes) for modes in probe.SEEN)
+        (net,) = probe.BUILT
+        assert not any(m.training for m in net.modules())
 
 
 def test_graph_writes_dot_and_svg(capsys, tmp_path):

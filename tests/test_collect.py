@@ -6,12 +6,20 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import safetensors
+import safetensors.torch
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +27,7 @@ from torch import nn
 
 from scio_recorder import InPlaceWarning, Recorder
 from scio_recorder.collect import (
+    LOCK,
     MANIFEST,
     CollectResult,
     Estimate,
@@ -523,6 +532,279 @@ def test_truncated_spill_file_is_refused(tmp_path):
     (tmp_path / "concat-1-1.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="incomplete"):
         collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+
+
+# ------------------------------------------------- one run per spill folder
+LOCK_CHILD = """
+import sys, torch
+from torch import nn
+from scio_recorder import Recorder
+from scio_recorder.collect import collect
+
+torch.manual_seed(0)
+rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+
+def batches():
+    yield torch.ones(2, 3)
+    print("holding", flush=True)
+    sys.stdin.readline()  # the parent says when to go on
+    yield torch.ones(2, 3)
+
+collect(rnet, batches(), {(1, 1): "concat"}, input=None, spill_dir=sys.argv[1])
+print("done", flush=True)
+"""
+
+
+def test_a_second_process_in_a_locked_spill_dir_is_refused(tmp_path):
+    """A real second process holds the folder: the run is refused, naming the
+    folder, the owner's pid and what to do; once it has ended, the folder is
+    free (and the lock file gone)."""
+    rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    with subprocess.Popen(  # noqa: S603 (this interpreter, a fixed script)
+        [sys.executable, "-c", LOCK_CHILD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        assert child.stdin is not None
+        try:
+            assert child.stdout.readline().strip() == "holding"
+            owner = json.loads((tmp_path / LOCK).read_text())
+            assert owner["pid"] == child.pid
+            assert owner["host"] == socket.gethostname()
+            pattern = (
+                rf"'{re.escape(str(tmp_path))}' is in use by another collect run: "
+                rf"locked by pid {child.pid} on host .*Wait for that run to end, "
+                r"use another `spill_dir`, or delete the lock file"
+            )
+            with pytest.raises(RuntimeError, match=pattern):
+                collect(
+                    rnet,
+                    [torch.ones(2, 3)],
+                    {(1, 1): "concat"},
+                    input=None,
+                    spill_dir=tmp_path,
+                )
+            # the refused run touched nothing of the owner's run
+            assert json.loads((tmp_path / LOCK).read_text()) == owner
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+            assert child.wait(timeout=60) == 0
+        finally:
+            child.kill()
+    assert not (tmp_path / LOCK).exists()
+    result = collect(
+        rnet,
+        [torch.ones(2, 3)] * 2,
+        {(1, 1): "concat"},
+        input=None,
+        spill_dir=tmp_path,
+    )  # the child's finished run, resumed
+    assert result.samples == 4
+
+
+def test_a_second_thread_in_a_locked_spill_dir_is_refused(tmp_path):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    other = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([2, 2])
+    inside, leave = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def slow():
+        yield batches[0]
+        inside.set()
+        leave.wait(30)
+        yield batches[1]
+
+    def first():
+        results["first"] = collect(rnet, slow(), {(1, 1): "concat"}, spill_dir=tmp_path)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(RuntimeError, match=r"this process: another thread"):
+            collect(other, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+    finally:
+        leave.set()
+        thread.join(30)
+    assert results["first"][(1, 1)].shape == (4, 4)
+    assert not (tmp_path / LOCK).exists()
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.parametrize("whose", ["dead process", "earlier process, same pid"])
+def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, whose):
+    pid = dead_pid() if whose == "dead process" else os.getpid()
+    stale = {"pid": pid, "host": socket.gethostname(), "started": "x", "token": "0"}
+    (tmp_path / LOCK).write_text(json.dumps(stale))
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([2, 3])
+    with pytest.warns(RuntimeWarning, match=rf"locked by pid {pid} .*no longer runs"):
+        result = collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+    assert result[(1, 1)].shape == (5, 4)
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_a_lock_of_another_host_is_not_taken_over(tmp_path):
+    owner = {"pid": 1, "host": "elsewhere.invalid", "started": "x", "token": "0"}
+    (tmp_path / LOCK).write_text(json.dumps(owner))
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    with pytest.raises(RuntimeError, match=r"pid 1 on host 'elsewhere\.invalid'"):
+        collect(rnet, make_batches([2]), {(1, 1): "concat"}, spill_dir=tmp_path)
+    assert json.loads((tmp_path / LOCK).read_text()) == owner
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_the_lock_is_removed_after_an_error(tmp_path, error):
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([2, 2, 2])
+    with pytest.raises(error):
+        collect(
+            rnet,
+            Flaky(batches, 1, error("injected")),
+            {(1, 1): "concat"},
+            spill_dir=tmp_path,
+        )
+    assert not (tmp_path / LOCK).exists()
+    result = collect(rnet, batches, {(1, 1): "concat"}, spill_dir=tmp_path)
+    assert result[(1, 1)].shape == (6, 4)
+
+
+# ------------------------------------------------ damaged or edited manifests
+DAMAGE_KEEP = {(1, 1): "concat", (1, 2): "moments", (1, 3): "concat"}
+
+
+@functools.cache
+def interrupted_run() -> tuple[Path, dict[str, Any]]:
+    """A run interrupted after 3 of 5 batches: its folder and its manifest."""
+    folder = Path(tempfile.mkdtemp(prefix="scio-test-interrupted-"))
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([4, 3, 5, 4, 4])
+    with pytest.raises(RuntimeError):
+        collect(rnet, Flaky(batches, 3, RuntimeError()), DAMAGE_KEEP, spill_dir=folder)
+    return folder, json.loads((folder / MANIFEST).read_text())
+
+
+def damaged_copy(where: Path) -> Path:
+    folder, _ = interrupted_run()
+    shutil.copytree(folder, where)
+    return where
+
+
+WRONG = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.lists(st.integers(-3, 40), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+FIELDS = [
+    ("batches",),
+    ("samples",),
+    ("complete",),
+    ("states",),
+    ("concat",),
+    ("format",),
+    ("fingerprint",),
+    *(
+        ("concat", key, field)
+        for key in ("1-1", "1-3")
+        for field in ("file", "rows", "bytes", "dtype", "shape")
+    ),
+]
+
+
+def same_json(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    field=st.sampled_from(FIELDS),
+    value=st.one_of(WRONG, st.just("<delete>")),
+)
+def test_a_damaged_manifest_is_refused_never_resumed(field, value):
+    """Any field set to a wrong type, a negative or an inconsistent value (or
+    deleted) is a ValueError naming the folder and `resume=False`."""
+    _, manifest = interrupted_run()
+    data = json.loads(json.dumps(manifest))
+    *parents, last = field
+    holder = data
+    for key in parents:
+        holder = holder[key]
+    if value == "<delete>":
+        del holder[last]
+    else:
+        if same_json(holder[last], value):
+            return  # not a change
+        holder[last] = value
+    with tempfile.TemporaryDirectory() as where:
+        folder = damaged_copy(Path(where) / "run")
+        (folder / MANIFEST).write_text(json.dumps(data))
+        rnet = shared_rnet()
+        batches = make_batches([4, 3, 5, 4, 4])
+        with pytest.raises(ValueError, match=re.escape(str(folder))) as info:
+            collect(rnet, batches, DAMAGE_KEEP, spill_dir=folder)
+        assert "resume=False" in str(info.value)
+        result = collect(rnet, batches, DAMAGE_KEEP, spill_dir=folder, resume=False)
+        assert result.samples == 20
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("batches", -2), ("batches", 1), ("samples", 11), ("complete", True)],
+)
+def test_consistent_looking_edits_are_refused(tmp_path, field, value):
+    """Edits of the right type and range: the states file names the truth.
+    (A negative batch count used to resume into 550 samples instead of 400.)"""
+    folder = damaged_copy(tmp_path / "run")
+    data = json.loads((folder / MANIFEST).read_text())
+    data[field] = value
+    (folder / MANIFEST).write_text(json.dumps(data))
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    with pytest.raises(ValueError, match=rf"'{re.escape(str(folder))}'.*edited"):
+        collect(rnet, make_batches([4, 3, 5, 4, 4]), DAMAGE_KEEP, spill_dir=folder)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_a_damaged_states_file_is_a_value_error_naming_it(tmp_path, damage):
+    folder = damaged_copy(tmp_path / "run")
+    path = folder / json.loads((folder / MANIFEST).read_text())["states"]
+    raw = path.read_bytes()
+    path.write_bytes(
+        {"empty": b"", "truncated": raw[: len(raw) // 2], "garbage": b"x" * 64}[damage]
+    )
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    with pytest.raises(ValueError, match=rf"'{re.escape(str(path))}'.*cannot be read"):
+        collect(rnet, make_batches([4, 3, 5, 4, 4]), DAMAGE_KEEP, spill_dir=folder)
+
+
+def test_a_states_file_without_the_digest_still_resumes(tmp_path):
+    """States written before the manifest digest: resumed, fields still checked."""
+    folder = damaged_copy(tmp_path / "run")
+    path = folder / json.loads((folder / MANIFEST).read_text())["states"]
+    with safetensors.safe_open(path, "pt") as file:
+        meta = file.metadata()
+        states = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118
+    meta.pop("manifest", None)
+    safetensors.torch.save_file(states, str(path), meta)
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    batches = make_batches([4, 3, 5, 4, 4])
+    resumed = collect(rnet, batches, DAMAGE_KEEP, spill_dir=folder)
+    expected = collect(rnet, batches, DAMAGE_KEEP)
+    for label in expected:
+        assert equal_results(resumed[label], expected[label])
 
 
 # ------------------------------------------------------------------- progress

@@ -1,14 +1,17 @@
 """Every Python example of the README and the docs runs as written.
 
 The pages are discovered (the README and every ``docs/**/*.md``), so a new
-page is tested without being listed. The ```python blocks of a page run in
-order in one fresh namespace, in an empty working folder, as a reader
-following the page would run them. Two kinds of block are marked on their
-first line, visibly on the page:
+page is tested without being listed. Every ```python block of a page runs,
+in order, in one fresh namespace named ``__main__``, in an empty working
+folder, as a reader pasting the page's blocks one after the other into a new
+interpreter would run them: the first block must be self-contained (its
+imports included), and no block is skipped. (A ``# not run:`` escape once
+hid a first block that failed with ``NameError: runtime_checkable`` when
+pasted; there is no escape any more.) The one other kind of block is marked
+on its first line, visibly on the page:
 
 * ``# torchrun --nproc_per_node=2 example.py``: a complete script for
-  ``torch.distributed``; it is run by a 2-process gloo launch;
-* ``# not run: <reason>``: a sketch, shown with its reason; it must give one.
+  ``torch.distributed``; it is run on its own by a 2-process gloo launch.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 TORCHRUN = "# torchrun "
-SKIP = "# not run:"
 
 
 def documents() -> list[str]:
@@ -57,20 +59,35 @@ def test_pages_are_discovered():
 
 @pytest.mark.parametrize("document", documents())
 def test_document_examples_run(document, tmp_path, monkeypatch):
-    """Every ```python block of the page runs, in order, in one namespace."""
+    """Every ```python block of the page runs, in order, in one fresh namespace.
+
+    As a reader pasting them into a new interpreter: ``__name__`` is
+    ``"__main__"``, nothing is defined before the first block.
+    """
     blocks = python_blocks(document)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # a module a block writes
-    namespace: dict[str, object] = {"__name__": f"docs_{Path(document).stem}"}
+    namespace: dict[str, object] = {"__name__": "__main__"}
     for index, block in enumerate(blocks):
         if block.startswith(TORCHRUN):
-            continue  # test_torchrun_examples_run
-        if block.startswith(SKIP):
-            reason = block.splitlines()[0].removeprefix(SKIP).strip()
-            assert reason, f"{document} block {index}: `# not run:` needs a reason"
-            continue
+            continue  # a script of its own: test_torchrun_examples_run
         where = f"{document} (python block {index})"
         exec(compile(block, where, "exec"), namespace)  # noqa: S102 (our own docs)
+
+
+def test_a_block_that_needs_an_earlier_name_fails(tmp_path, monkeypatch):
+    """The runner is not lenient: a first block using an unimported name fails.
+
+    The bug this guards against: docs/reductions.md's first block used
+    ``runtime_checkable`` without importing it, and was skipped.
+    """
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\n@runtime_checkable\nclass P: ...\n```\n", encoding="utf-8"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(NameError, match="runtime_checkable"):
+        test_document_examples_run("page.md", tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize(

@@ -137,3 +137,57 @@ def test_ablating_two_layers_applies_each_edit_to_its_own_layer(net, rnet):
         want = net.fc(torch.zeros(2, 5))
     got = ablate(rnet, x, ["conv1", "pool"])
     torch.testing.assert_close(got, want)
+
+
+def test_ablate_refuses_means_that_is_not_a_mapping(rnet):
+    """A bare tensor for `means` names `means` and what to pass, before running."""
+    x = torch.randn(2, 3, 8, 8)
+    msg = (
+        r"ablate: `means` must be a mapping from layer to mean activation, got "
+        r"a Tensor of shape \[4, 8, 8\]: pass `means=layer_means\(rnet, batches, "
+        r"layers\)`"
+    )
+    with pytest.raises(TypeError, match=msg):
+        ablate(rnet, x, "relu", means=torch.zeros(4, 8, 8))
+    with pytest.raises(TypeError, match="got a list"):
+        ablate(rnet, x, "relu", means=[torch.zeros(4, 8, 8)])
+
+
+def test_ablate_refuses_a_mean_that_is_not_a_tensor(rnet):
+    with pytest.raises(
+        TypeError, match=r"ablate: `means\[\(1, 2\)\]` is a float, not a tensor"
+    ):
+        ablate(rnet, torch.randn(2, 3, 8, 8), "relu", means={(1, 2): 0.5})
+
+
+@pytest.mark.parametrize("key", [(7, 7), "no_such_layer"])
+def test_ablate_refuses_a_key_that_is_not_a_layer(rnet, key):
+    msg = (
+        rf"ablate: the key {re.escape(repr(key))} of `means` is not a layer of "
+        r"this net .*see `print\(rnet\)` for the labels"
+    )
+    with pytest.raises(ValueError, match=msg):
+        ablate(rnet, torch.randn(2, 3, 8, 8), "relu", means={key: torch.zeros(4)})
+
+
+def test_ablate_refuses_a_mean_of_the_wrong_shape(rnet):
+    msg = (
+        r"ablate: `means\[\(1, 2\)\]` has shape \[5\], which does not broadcast "
+        r"to the output \[2, 4, 8, 8\] of layer 1-2 \(ReLU `relu`\): pass the "
+        r"layer's mean activation, of shape \[4, 8, 8\]"
+    )
+    with pytest.raises(ValueError, match=msg):
+        ablate(rnet, torch.randn(2, 3, 8, 8), "relu", means={(1, 2): torch.zeros(5)})
+
+
+def test_ablate_means_keyed_by_name_and_broadcast(net, rnet):
+    """A selector key and a broadcastable mean act as the full label-keyed mean."""
+    x = torch.randn(2, 3, 8, 8)
+    per_channel = torch.arange(4.0).reshape(4, 1, 1)
+    full = {(1, 2): per_channel.expand(4, 8, 8).clone()}
+    want = ablate(rnet, x, "relu", means=full)
+    # the same float32 values put in the same place: bit-exact
+    assert torch.equal(ablate(rnet, x, "relu", means={"relu": per_channel}), want)
+    # a mean for a layer not ablated is ignored (layer_means of a superset)
+    more = {**full, (1, 1): torch.zeros(1)}
+    assert torch.equal(ablate(rnet, x, "relu", means=more), want)

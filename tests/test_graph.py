@@ -7,18 +7,23 @@ layer; a chain reads its predecessor).
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
+import subprocess
 import sys
+import unicodedata
 
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
 from scio_recorder.graph import ExecutionGraph, GraphError
-from scio_recorder.graph._dot import INSTALL_DOT, INSTALL_PACKAGE
+from scio_recorder.graph._dot import INSTALL_DOT, INSTALL_PACKAGE, to_dot
+from scio_recorder.graph._nodes import Cluster, Edge, Node
 from scio_recorder.models import demo_model, resnet18_cifar, transformer_encoder
 from tests.test_properties import cases, oracle
 
@@ -424,6 +429,106 @@ def test_dot_of_small_nets_matches_the_golden_file(name, expected):
     graph = rnet.graph(torch.zeros(size))
     expected(f"graph/{name}.dot", graph.to_dot())
     expected(f"graph/{name}-nested.dot", graph.to_dot(expand_nested=True))
+
+
+# ------------------------------------------------------------- DOT escaping
+DOT_STRING = re.compile(r'label=("(?:[^"\\]|\\.)*")', re.DOTALL)
+ENTITY = re.compile(r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")
+
+
+def entity_text(match: re.Match[str]) -> str:
+    """Decode an entity as Graphviz does: numeric ones to their code point.
+
+    (``html.unescape`` follows HTML5, which drops control characters.)
+    """
+    entity = match[0]
+    if entity.startswith(("&#x", "&#X")):
+        return chr(int(entity[3:-1], 16))
+    if entity.startswith("&#"):
+        return chr(int(entity[2:-1]))
+    return html.unescape(entity)
+
+
+def drawn_text(quoted: str) -> str:
+    """The text Graphviz draws for a quoted label, read as Graphviz reads it.
+
+    1. the DOT lexer: ``\\"`` is a quote, backslash-newline is nothing, any
+       other backslash pair is kept;
+    2. the object escapes ``\\N``, ``\\G``, ... would be replaced by names:
+       there must be none;
+    3. the HTML entities of every label (``&amp;``, ``&#13;``) are decoded;
+    4. the label escapes: ``\\n``, ``\\l``, ``\\r`` end a line, ``\\x`` is ``x``.
+    """
+    assert quoted.startswith('"')
+    assert quoted.endswith('"')
+    lexed = re.sub(
+        r"\\(.)",
+        lambda m: {'"': '"', "\n": ""}.get(m[1], m[0]),
+        quoted[1:-1],
+        flags=re.DOTALL,
+    )
+    pairs = re.findall(r"\\.", lexed, flags=re.DOTALL)
+    assert not [p for p in pairs if p[1] in "NGETHL"], (quoted, pairs)
+    decoded = ENTITY.sub(entity_text, lexed)
+    return re.sub(
+        r"\\(.)",
+        lambda m: "\n" if m[1] in "nlr" else m[1],
+        decoded,
+        flags=re.DOTALL,
+    )
+
+
+def test_dot_labels_escape_ampersands_and_entities():
+    """A module named `&amp;` is drawn as `&amp;`, not as `&`."""
+    node = Node(kind="module", name="&amp;", type="A<b>", label=(1, 1))
+    dot = to_dot([node], [], {})
+    assert 'label="A&lt;b&gt; (&amp;amp;): 1-1"' in dot
+    assert drawn_text(DOT_STRING.search(dot)[1]) == "A<b> (&amp;): 1-1"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.text(),
+    kind=st.text(),
+    container=st.text(),
+    container_kind=st.text(),
+)
+def test_any_module_and_class_name_round_trips_through_dot(
+    name, kind, container, container_kind
+):
+    """Every label of the DOT source decodes back to the words it shows."""
+    cluster = Cluster(
+        key="c", label=(1, 1), name=container, type=container_kind, parent=None
+    )
+    nodes = [
+        Node(kind="input", name=name, shapes=((1, 2),)),
+        Node(kind="module", name=name, type=kind, label=(2, 1), scope=("c",)),
+        Node(kind="function", name=kind, calls=2),
+    ]
+    edges = [Edge(0, 1, (1, 2)), Edge(1, 2, (1, "<=3"))]
+    # the words are the titles the table writes: ``Type (name): 2-1``
+    nested = {cluster.title()}
+    want = {
+        nodes[0].title() + "\n[1, 2]",
+        nodes[1].title(),
+        nodes[2].title() + " x2",
+        "[1, 2]",
+        "[1, <=3]",
+    }
+    for expand in (False, True):
+        dot = to_dot(nodes, edges, {"c": cluster}, expand_nested=expand)
+        drawn = {drawn_text(q) for q in DOT_STRING.findall(dot)}
+        assert drawn == (want | nested if expand else want)
+        # no raw control character: a name cannot break the DOT structure
+        assert not [c for c in dot if c != "\n" and unicodedata.category(c) == "Cc"]
+        if shutil.which("dot") is not None:
+            done = subprocess.run(
+                ["dot", "-Tcanon"],  # noqa: S607 (found on PATH above)
+                input=dot.encode(),
+                capture_output=True,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr.decode(errors="replace")
 
 
 # ---------------------------------------------------------------- rendering

@@ -23,6 +23,7 @@ from scio_recorder import Recorder
 from scio_recorder.io import (
     DEFAULT_FILENAME,
     FORMAT_VERSION,
+    MAX_NESTING,
     RecordInfo,
     RecordKey,
     Records,
@@ -327,6 +328,62 @@ def test_failed_save_keeps_old_file(tmp_path: Path) -> None:
         save_records(path, {"a": torch.ones(1, dtype=torch.complex128)})
     assert torch.equal(load_records(path)["a"], torch.ones(1))
     assert [child.name for child in tmp_path.iterdir()] == ["r"]
+
+
+def nested(depth: int) -> object:
+    """A tensor inside ``depth`` lists (and a dict every tenth level)."""
+    record: object = torch.arange(3.0)
+    for level in range(depth):
+        record = {"k": record} if level % 10 == 9 else [record]
+    return record
+
+
+def test_nesting_up_to_the_limit_round_trips(tmp_path: Path) -> None:
+    """A record exactly MAX_NESTING deep saves and loads back."""
+    record = nested(MAX_NESTING)
+    loaded = load_records(save_records(tmp_path / "r", {"deep": record}))["deep"]
+    for level in reversed(range(MAX_NESTING)):
+        loaded = loaded["k"] if level % 10 == 9 else loaded[0]
+    assert torch.equal(loaded, torch.arange(3.0))
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 5000])
+def test_nesting_beyond_the_limit_is_refused_before_writing(
+    tmp_path: Path, depth: int
+) -> None:
+    """Saving a record deeper than the limit names both, and writes nothing."""
+    msg = (
+        f"Cannot save the record of 'deep': it is nested {depth} containers deep "
+        f".* deeper than the limit scio_recorder.io.MAX_NESTING = {MAX_NESTING} "
+        "that `load_records` reads back. Flatten it"
+    )
+    with pytest.raises(ValueError, match=msg):
+        save_records(tmp_path / "r", {"deep": nested(depth)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_holding_itself_is_refused(tmp_path: Path) -> None:
+    """A list that contains itself is refused with a ValueError, not recursion."""
+    loop: list[object] = [torch.ones(1)]
+    loop.append(loop)
+    with pytest.raises(ValueError, match="it holds itself, so it is infinitely deep"):
+        save_records(tmp_path / "r", {(1, 1): {"a": loop}})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_refuses_a_file_nested_beyond_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file nested deeper than MAX_NESTING (not by save_records) is corrupted."""
+    monkeypatch.setattr(scio_recorder.io, "MAX_NESTING", MAX_NESTING + 1)
+    path = save_records(tmp_path / "r", {"deep": nested(MAX_NESTING + 1)})
+    monkeypatch.setattr(scio_recorder.io, "MAX_NESTING", MAX_NESTING)
+    msg = (
+        f"The records file '{path}' is corrupted: the structure of .* is nested "
+        f"more than scio_recorder.io.MAX_NESTING = {MAX_NESTING} containers deep"
+    )
+    with pytest.raises(ValueError, match=msg):
+        load_records(path)
 
 
 def test_missing_file_raises(tmp_path: Path) -> None:

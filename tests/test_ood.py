@@ -458,3 +458,115 @@ def test_fit_detectors_is_one_pass_with_the_same_fits(net, rnet, data):
         ValueError, match=r"^Mahalanobis need class labels: pass `target=`"
     ):
         fit_detectors(make(), train)
+
+
+# ------------------------------------------------------ multi-pass fits
+class FailsOnPass:
+    """A re-iterable of batches whose ``n``-th iteration (from 1) raises."""
+
+    def __init__(self, batches, n: int) -> None:
+        self.batches, self.n, self.passes = batches, n, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for i, batch in enumerate(self.batches):
+            if self.passes == self.n and i == 1:
+                msg = f"injected failure in pass {self.n}"
+                raise RuntimeError(msg)
+            yield batch
+
+
+def count_passes(net):
+    calls = []
+    return calls, net.register_forward_pre_hook(lambda *_: calls.append(1))
+
+
+def test_vim_fit_with_a_spill_dir_keeps_each_pass_apart(rnet, data, tmp_path):
+    """Both passes checkpoint in their own subfolder; a rerun resumes both."""
+    train, x = data
+    plain = ViM(rnet, d=3).fit(train)
+    spilled = ViM(rnet, d=3).fit(train, spill_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pass-0", "pass-1"]
+    again = ViM(rnet, d=3).fit(train, spill_dir=tmp_path)  # resumes both passes
+    for other in (spilled, again):
+        # the same reductions of the same batches in the same order: bit-exact
+        assert torch.equal(other.residual, plain.residual)
+        assert torch.equal(other.alpha, plain.alpha)
+        assert torch.equal(other(x), plain(x))
+
+
+@pytest.mark.parametrize("kind", ["generator", "iterator"])
+def test_multi_pass_fits_refuse_one_shot_iterators_up_front(net, rnet, data, kind):
+    train, _ = data
+
+    def one_shot():
+        return (b for b in train) if kind == "generator" else iter(train)
+
+    calls, handle = count_passes(net)
+    try:
+        with pytest.raises(
+            TypeError,
+            match=r"^ViM\.fit iterates `batches` 2 times .*can be iterated only "
+            r"once.*Pass a list or a DataLoader",
+        ):
+            ViM(rnet, d=3).fit(one_shot())
+        with pytest.raises(
+            TypeError,
+            match=r"^fit_detectors iterates `batches` 3 times \(one shared by KNN, "
+            r"ViM\.fit \(2 passes\)\).*Pass a list or a DataLoader",
+        ):
+            fit_detectors([KNN(rnet), ViM(rnet, d=3)], one_shot())
+    finally:
+        handle.remove()
+    assert calls == []  # refused before the first pass
+    # one pass in all: a generator is fine
+    found = [KNN(rnet), Mahalanobis(rnet)]
+    fit_detectors(found, one_shot(), target=1)
+    assert all(d.fitted for d in found)
+
+
+def test_fit_detectors_with_a_vim_and_a_spill_dir(rnet, data, tmp_path):
+    train, x = data
+    apart = [Mahalanobis(rnet).fit(train, target=1), ViM(rnet, d=3).fit(train)]
+    together = [Mahalanobis(rnet), ViM(rnet, d=3)]
+    fit_detectors(together, train, target=1, spill_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1-ViM", "shared"]
+    assert sorted(p.name for p in (tmp_path / "1-ViM").iterdir()) == [
+        "pass-0",
+        "pass-1",
+    ]
+    for one, other in zip(apart, together, strict=True):
+        assert torch.equal(one(x), other(x))
+
+
+def test_fit_detectors_is_all_or_nothing(rnet, data):
+    """A failure in any pass leaves every detector as it was: unfitted ones
+    unfitted, fitted ones with their old state (not half of a new one)."""
+    train, x = data
+    knn = KNN(rnet, k=2).fit(train[:1])
+    vim = ViM(rnet, d=3).fit(train[:2])
+    old_bank, old_alpha, old_residual = knn.bank, vim.alpha, vim.residual
+    old_scores = knn(x), vim(x)
+    maha = Mahalanobis(rnet)
+    for n in (1, 2, 3):  # the shared pass, ViM's first, ViM's second
+        with pytest.raises(RuntimeError, match=f"injected failure in pass {n}"):
+            fit_detectors([knn, maha, vim], FailsOnPass(train, n), target=1)
+        assert knn.fitted
+        assert vim.fitted
+        assert not maha.fitted
+        assert knn.bank is old_bank
+        assert vim.alpha is old_alpha
+        assert vim.residual is old_residual
+        assert torch.equal(knn(x), old_scores[0])
+        assert torch.equal(vim(x), old_scores[1])
+    # a failure in a detector's reading of the shared pass: the same
+    one_class = [(xb, torch.zeros_like(yb)) for xb, yb in train]
+    with pytest.raises(ValueError, match="at least two classes"):
+        fit_detectors([knn, maha], one_class, target=1)
+    assert knn.bank is old_bank
+    assert not maha.fitted
+    # and a lone ViM whose second pass fails keeps its old fit
+    with pytest.raises(RuntimeError, match="injected failure in pass 2"):
+        vim.fit(FailsOnPass(train, 2))
+    assert vim.alpha is old_alpha
+    assert vim.residual is old_residual

@@ -17,8 +17,9 @@ import torch
 from hypothesis import given, settings
 from sklearn.metrics import roc_auc_score
 
+from scio_recorder import recipes
+from scio_recorder.ood.metrics import auroc
 from scio_recorder.recipes import (
-    auroc,
     class_colours,
     mahalanobis_scores,
     make_blobs_images,
@@ -76,6 +77,13 @@ def test_recipe_runs_end_to_end(recipe_run):
     assert stats.count == 2000
     assert stats.class_counts.tolist() == [200] * 10
     assert "2-9 (ReLU `classifier.2`)" in printed
+    # the recipe's detector scores minus mahalanobis_scores, from the same
+    # features and statistics (float64 both, other operation orders)
+    maha, test_x = namespace["maha"], namespace["test_x"]
+    torch.testing.assert_close(
+        mahalanobis_scores(namespace["features"], stats.means, stats.cov),
+        -maha(test_x[:8]),
+    )
 
 
 def test_recipe_comments_match_printed_lines(recipe_run):
@@ -270,37 +278,37 @@ def test_mahalanobis_scores_flatten_feature_maps_and_check_shapes():
 # ------------------------------------------------------------------------ auroc
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.integers(-5, 5), min_size=1, max_size=20),
-    st.lists(st.integers(-5, 5), min_size=1, max_size=20),
-)
-def test_auroc_equals_the_pairwise_definition(pos, neg):
-    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
-    assert auroc(pos, neg) == pytest.approx(wins / (len(pos) * len(neg)), abs=1e-12)
+def test_recipes_auroc_is_removed_and_names_its_replacement():
+    """Only one AUROC is left: the removed name says what to use, and how."""
+    msg = (
+        r"scio_recorder.recipes.auroc was removed: .* returned 1 - x where "
+        r"scio_recorder.ood.metrics.auroc returns x on the same lists. Use "
+        r"`from scio_recorder.ood.metrics import auroc`: .* counts OoD samples as "
+        r"positives \(higher score = more OoD"
+    )
+    with pytest.raises(ImportError, match=msg):
+        from scio_recorder.recipes import auroc as _  # noqa: PLC0415, F401
+    with pytest.raises(ImportError, match=msg):
+        recipes.auroc  # noqa: B018 (the attribute access is the test)
+    assert "auroc" not in recipes.__all__
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        recipes.nothing  # noqa: B018
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.integers(-3, 3), min_size=1, max_size=30),
-    st.lists(st.integers(-3, 3), min_size=1, max_size=30),
+    st.lists(st.integers(-3, 3), min_size=1, max_size=20),
+    st.lists(st.integers(-3, 3), min_size=1, max_size=20),
 )
-def test_auroc_equals_scikit_learn_ties_included(pos, neg):
-    """Small integer scores make ties the rule; sklearn is the oracle."""
-    y_true = [1] * len(pos) + [0] * len(neg)
-    want = roc_auc_score(y_true, pos + neg)
-    assert auroc(pos, neg) == pytest.approx(want, abs=1e-12)
+def test_negated_confidence_scores_give_the_removed_auroc(pos, neg):
+    """The migration the message gives: ``auroc(-in, -out)`` is the old number.
 
-
-def test_auroc_accepts_tensors_and_arrays():
-    pos = torch.tensor([3.0, 2.0])
-    neg = np.array([1.0, 2.0])
-    assert auroc(pos, neg) == 0.875
-    assert auroc(neg, pos) == 0.125
-
-
-def test_auroc_rejects_empty_and_nan():
-    with pytest.raises(ValueError, match="non-empty"):
-        auroc([], [1.0])
-    with pytest.raises(ValueError, match="NaN"):
-        auroc([float("nan")], [1.0])
+    The removed function was P(in > out) + P(in == out) / 2 on confidence
+    scores (higher = more in-distribution); sklearn with the in-distribution
+    samples as positives is the oracle. Small integers make ties the rule.
+    """
+    old = roc_auc_score([1] * len(pos) + [0] * len(neg), pos + neg)
+    got = auroc(-np.array(pos, dtype=float), -np.array(neg, dtype=float))
+    # sums of at most 400 pair counts in float64: a few ulps
+    assert got == pytest.approx(old, abs=1e-12)
+    assert auroc(pos, neg) == pytest.approx(1 - old, abs=1e-12)

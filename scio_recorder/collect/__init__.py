@@ -34,7 +34,8 @@ its private modules, one concept each:
   (``ReducerSpec``, ``BatchSpec``, ``Gather``, ``CONCAT``, ``STATISTICS``);
 * ``_estimate``: :class:`Estimate`, :class:`LabelEstimate`;
 * ``_loop``: the per-batch loop and the batch plumbing;
-* ``_spill``: concatenations in RAM, raw files, memory maps;
+* ``_spill``: concatenations in RAM, raw files, memory maps, the lock file
+  (``LOCK``) of a spill folder in use;
 * ``_checkpoint``: manifest (``MANIFEST``), fingerprint, atomic writes,
   resuming;
 * ``_distributed``: merging and gathering across ranks;
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 __all__ = [
     "CONCAT",
+    "LOCK",
     "MANIFEST",
     "STATISTICS",
     "BatchSpec",
@@ -79,3 +81,4 @@ from ._collect import collect, estimate
 from ._estimate import Estimate, LabelEstimate
 from ._results import CollectResult
 from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, InputOf, ReducerSpec
+from ._spill import LOCK

@@ -23,11 +23,14 @@ __all__ = [
     "describe_reducer",
     "describe_spec",
     "describe_value",
+    "entry_problem",
     "fingerprint_of",
     "flat_states",
     "fsync",
+    "is_count",
     "library_version",
     "load_states",
+    "manifest_digest",
     "write_atomic",
 ]
 
@@ -36,12 +39,13 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import safetensors.torch
 import torch
@@ -51,6 +55,7 @@ from scio_recorder._public import public_module
 from scio_recorder.reduce import Reducer
 
 from ._specs import CONCAT
+from ._spill import parse_dtype
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -311,45 +316,106 @@ class Checkpoints:
     def _resume(
         self, data: dict[str, Any], slots: list[Slot], device: torch.device | None
     ) -> None:
+        saved, states_name, concat = self._validate(data, slots)
+        path = self.folder / states_name
+        states = self._load_states_file(path, data, saved)
         try:
-            batches, samples = int(data["batches"]), int(data["samples"])
-            complete = bool(data["complete"])
-            states_name = data["states"]
-            concat = data["concat"]
-        except (KeyError, TypeError, ValueError) as error:
+            load_states(slots, states, device)
+        except Exception as error:
             msg = (
-                f"The manifest '{self.manifest}' is malformed ({error!r}). Pass "
+                f"The reducer states '{path}' in '{self.folder}' do not fit this "
+                f"run's reducers ({error!r}): the folder was modified. Pass "
                 "`resume=False` to start over."
             )
             raise ValueError(msg) from error
-        if states_name is not None:
-            if states_name not in STATE_FILES:
-                msg = (
-                    f"The manifest '{self.manifest}' names the states file "
-                    f"{states_name!r}, not one this version writes. Pass "
-                    "`resume=False` to start over."
-                )
-                raise ValueError(msg)
-            path = self.folder / str(states_name)
-            if not path.is_file():
-                msg = (
-                    f"The reducer states '{path}' named by the manifest are "
-                    "missing. Pass `resume=False` to start over."
-                )
-                raise ValueError(msg)
-            load_states(slots, safetensors.torch.load_file(str(path)), device)
-            self.states = str(states_name)
+        self.states = states_name
         for slot in slots:
-            if slot.store is not None and slot.key in concat:
+            if slot.store is not None:
                 slot.store.attach(concat[slot.key], self.folder)
         self._remove_stale()
-        self.saved = Saved(batches, samples, complete)
+        self.saved = saved
         logger.info(
             "collect: resuming from '%s' after %d batches (%d samples)",
             self.folder,
-            batches,
-            samples,
+            saved.batches,
+            saved.samples,
         )
+
+    def _malformed(self, what: str) -> NoReturn:
+        msg = (
+            f"The manifest '{self.manifest}' of the saved run in '{self.folder}' "
+            f"is damaged or was edited: {what}. Pass `resume=False` to start "
+            "over (this deletes the saved run)."
+        )
+        raise ValueError(msg)
+
+    def _validate(
+        self, data: dict[str, Any], slots: list[Slot]
+    ) -> tuple[Saved, str, dict[str, Any]]:
+        """Check every field of a manifest against itself and this run."""
+        for field in ("batches", "samples", "complete", "states", "concat"):
+            if field not in data:
+                self._malformed(f"it has no {field!r}")
+        counts = {}
+        for field in ("batches", "samples"):
+            value = data[field]
+            if not is_count(value):
+                self._malformed(f"{field!r} is {value!r}, not a number of {field} >= 0")
+            counts[field] = value
+        complete = data["complete"]
+        if not isinstance(complete, bool):
+            self._malformed(f"'complete' is {complete!r}, not true or false")
+        states_name = data["states"]
+        if states_name not in STATE_FILES:
+            self._malformed(
+                f"'states' is {states_name!r}, not one of the states files this "
+                f"version writes ({', '.join(STATE_FILES)})"
+            )
+        concat = data["concat"]
+        stores = {slot.key: slot.store for slot in slots if slot.store is not None}
+        if not isinstance(concat, dict) or set(concat) != set(stores):
+            keys = sorted(concat) if isinstance(concat, dict) else concat
+            self._malformed(
+                f"'concat' lists {keys!r}, not the concatenated layers {sorted(stores)}"
+            )
+        for key, store in stores.items():
+            problem = entry_problem(concat[key], store.file_name)
+            if problem is not None:
+                self._malformed(f"'concat' of layer {key}: {problem}")
+        saved = Saved(counts["batches"], counts["samples"], complete)
+        return saved, str(states_name), concat
+
+    def _load_states_file(
+        self, path: Path, data: dict[str, Any], saved: Saved
+    ) -> dict[str, Tensor]:
+        """Read the states file, checked against the manifest that names it."""
+        if not path.is_file():
+            msg = (
+                f"The reducer states '{path}' named by the manifest of "
+                f"'{self.folder}' are missing. Pass `resume=False` to start over."
+            )
+            raise ValueError(msg)
+        try:
+            with safetensors.safe_open(str(path), "pt") as file:
+                metadata = file.metadata() or {}
+                states = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118 (not a dict)
+        except Exception as error:
+            msg = (
+                f"The reducer states '{path}' in '{self.folder}' cannot be read "
+                f"(truncated, empty or not safetensors: {error}). Pass "
+                "`resume=False` to start over."
+            )
+            raise ValueError(msg) from error
+        expected = {"batches": str(saved.batches), "samples": str(saved.samples)}
+        if "manifest" in metadata:  # written since the digest was added
+            expected["manifest"] = manifest_digest(data)
+        for key, value in expected.items():
+            if metadata.get(key) != value:
+                self._malformed(
+                    f"it does not match the states file '{path.name}' it names "
+                    f"({key}: {metadata.get(key)!r} in the states file)"
+                )
+        return states
 
     def _remove_stale(self) -> None:
         """Remove temporary files left by an interrupted manifest write."""
@@ -385,10 +451,6 @@ class Checkpoints:
         states = flat_states(slots)
         name = STATE_FILES[1] if self.states == STATE_FILES[0] else STATE_FILES[0]
         path = self.folder / name
-        metadata = {"batches": str(batches), "samples": str(samples)}
-        safetensors.torch.save_file(states, str(path), metadata)
-        if self.durable:
-            fsync(path)
         manifest = {
             "format": FORMAT,
             "fingerprint": self.fingerprint,
@@ -400,6 +462,17 @@ class Checkpoints:
                 slot.key: slot.store.entry() for slot in slots if slot.store is not None
             },
         }
+        # The states file carries a digest of the manifest that will name it:
+        # resuming checks that the two belong together (an edited manifest
+        # would otherwise resume into a wrong result).
+        metadata = {
+            "batches": str(batches),
+            "samples": str(samples),
+            "manifest": manifest_digest(manifest),
+        }
+        safetensors.torch.save_file(states, str(path), metadata)
+        if self.durable:
+            fsync(path)
         text = json.dumps(manifest, indent=1, sort_keys=True)
         write_atomic(
             self.manifest,
@@ -412,3 +485,48 @@ class Checkpoints:
 
 def plain(value: object) -> str:
     return value if isinstance(value, str) else repr(value)
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """Return a digest of a manifest's JSON content (the same after a round trip)."""
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Return whether ``value`` is an int >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def entry_problem(entry: object, file_name: str) -> str | None:  # noqa: PLR0911 (one check per field)
+    """Say what is wrong with a manifest's entry of a concatenation (None: nothing)."""
+    if not isinstance(entry, dict):
+        return f"the entry is {entry!r}, not an object"
+    if entry.get("file") != file_name:
+        return f"'file' is {entry.get('file')!r}, not {file_name!r}"
+    rows, nbytes = entry.get("rows"), entry.get("bytes")
+    if not is_count(rows) or not is_count(nbytes):
+        return f"'rows' and 'bytes' are {rows!r} and {nbytes!r}, not counts >= 0"
+    dtype, shape = entry.get("dtype"), entry.get("shape")
+    if dtype is None or shape is None:
+        if dtype is not None or shape is not None or rows or nbytes:
+            return (
+                f"'dtype' {dtype!r} and 'shape' {shape!r} (null before the first "
+                f"row) do not fit {rows} rows of {nbytes} bytes"
+            )
+        return None
+    if not isinstance(shape, list) or not all(is_count(n) for n in shape):
+        return f"'shape' is {shape!r}, not a list of sizes >= 0"
+    try:
+        parsed = parse_dtype(dtype) if isinstance(dtype, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        return f"'dtype' is {dtype!r}, not a torch dtype"
+    row_bytes = math.prod(shape) * torch.empty((), dtype=parsed).element_size()
+    if nbytes != rows * row_bytes:
+        return (
+            f"{rows} rows of shape {shape} {dtype} are {rows * row_bytes} bytes, "
+            f"not {nbytes}"
+        )
+    return None

@@ -34,7 +34,7 @@ from ._specs import (
     plan,
     short_name,
 )
-from ._spill import ConcatStore, SpillFolder
+from ._spill import ConcatStore, SpillFolder, SpillLock
 
 if TYPE_CHECKING:
     import os
@@ -213,7 +213,9 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         and the manifest (JSON); enables resuming. Checkpoints write the
         concatenated rows there too, so concatenations come back memory
         mapped from ``spill_dir`` (see :attr:`CollectResult.files`). Under
-        :mod:`torch.distributed` each rank uses ``spill_dir/rank-<r>``.
+        :mod:`torch.distributed` each rank uses ``spill_dir/rank-<r>``. One
+        run at a time: the run holds the lock file ``collect.lock`` there
+        until it returns or raises.
     resume : bool, default True
         With ``spill_dir``: if it holds a run with the same arguments, skip
         the batches it completed (they are still drawn from ``batches``, the
@@ -256,7 +258,12 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     ------
     ValueError
         For a bad ``keep`` or option, a spill folder holding a run with other
-        arguments, batches that differ from the saved run's, or no batch.
+        arguments or a damaged or edited checkpoint, batches that differ from
+        the saved run's, or no batch.
+    RuntimeError
+        When another run (a live process, or another thread) holds
+        ``spill_dir``'s lock file (``collect.lock``); a lock left by a process
+        of this host that no longer runs is taken over with a warning.
     TypeError
         For a spec or batch of the wrong kind.
 
@@ -352,6 +359,11 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         checkpoints=checkpoints,
         every=checkpoint_every or 1,
     )
+    # One run per folder (per rank folder under torch.distributed): a second
+    # run would truncate and append the same files. Released in `finally`.
+    lock = None if folder_path is None else SpillLock(folder_path)
+    if lock is not None:
+        lock.acquire()
     try:
         with rnet.selecting(
             *(slot.label for slot in slots if not slot.of_input),
@@ -392,6 +404,8 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
             merged = _local_results(slots, local, run)
     finally:
         folder.cleanup()
+        if lock is not None:
+            lock.release()
     return CollectResult(
         {slot.label: merged.results[slot.label] for slot in slots},
         samples=merged.samples,

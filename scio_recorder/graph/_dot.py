@@ -11,8 +11,11 @@ from __future__ import annotations
 __all__ = ["INSTALL_DOT", "render_dot", "svg_of", "to_dot"]
 
 import importlib
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from scio_recorder._extras import install_hint
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -25,8 +28,8 @@ INSTALL_DOT = (
     "graphviz`. `graph.to_dot()` works without it."
 )
 INSTALL_PACKAGE = (
-    "Rendering needs the `graphviz` Python package: `pip install "
-    "'scio-recorder[graph]'` (and Graphviz's `dot` program). "
+    "Rendering needs the `graphviz` Python package: "
+    f"{install_hint('graph', 'graphviz')}, and Graphviz's `dot` program. "
     "`graph.to_dot()` works without it."
 )
 FORMATS = ("svg", "png", "pdf")
@@ -41,8 +44,41 @@ _RECORDED = 'fillcolor="#ffd966", penwidth=2'
 _FAILED = 'fillcolor="#f4a0a0", color="#c00000", penwidth=2'
 
 
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def _label_char(char: str) -> str:
+    if char in _ENTITIES:
+        return _ENTITIES[char]
+    if char == "\\":
+        return "\\\\"
+    if char == '"':
+        return '\\"'
+    if char == "\n":
+        return "\\n"
+    if unicodedata.category(char) == "Cc":
+        return f"&#{ord(char)};"  # a raw CR, TAB, ... would be reformatted
+    return char
+
+
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    r"""Return ``text`` as a quoted DOT string that Graphviz draws as ``text``.
+
+    Graphviz reads a label in three steps, each undone here: the DOT lexer
+    (``\"`` is a quote), the HTML entities of every label (``&amp;`` is
+    ``&``, so a module named ``&amp;`` must be written ``&amp;amp;``; ``<``
+    and ``>`` are written ``&lt;`` and ``&gt;`` too), and the label escapes
+    (``\\`` is a backslash, ``\n`` a new line; ``\N``, ``\G``, ... would be
+    replaced by the node's or graph's name). Line breaks of ``text`` become
+    ``\n``; other control characters, numeric entities (``&#13;``).
+
+    Examples
+    --------
+    >>> print(_quote('A<b> "&amp;" \\N'))
+    "A&lt;b&gt; \"&amp;amp;\" \\N"
+
+    """
+    return '"' + "".join(map(_label_char, text)) + '"'
 
 
 def _shape(shape: tuple[Any, ...]) -> str:
@@ -59,8 +95,7 @@ def _node_line(index: int, node: Node) -> str:
         style += ", " + _FAILED
     elif node.recorded:
         style += ", " + _RECORDED
-    label = "\\n".join(line.replace("\\", "\\\\").replace('"', '\\"') for line in lines)
-    return f'  n{index} [label="{label}", {style}];'
+    return f"  n{index} [label={_quote(chr(10).join(lines))}, {style}];"
 
 
 def to_dot(

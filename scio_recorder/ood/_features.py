@@ -19,7 +19,21 @@ from torch import Tensor
 
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
-from ._base import Detector, Pass, last_linear, one_label
+from ._base import (
+    Detector,
+    Pass,
+    StateEntry,
+    all_or_nothing,
+    check_feature_count,
+    check_finite_samples,
+    check_reiterable,
+    feature_count,
+    finite_keep,
+    finite_result,
+    in_subfolder,
+    last_linear,
+    one_label,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -76,9 +90,26 @@ class _Features(Detector):
         return (self.label,) if self.kind == "input" else ()
 
     def features(self, result: Pass) -> Tensor:
+        """Return the pass's features ``[batch, F]``, F checked against the fit."""
         store = result.outputs if self.kind == "output" else result.inputs
         value = store[self.label]
-        return value.reshape(value.shape[0], -1)
+        flat = value.reshape(value.shape[0], -1)
+        check_feature_count(
+            self,
+            self.label,
+            self.kind,
+            got=flat.shape[1],
+            expected=self.fitted_features(),
+        )
+        return flat
+
+    def fitted_features(self) -> int:
+        """Return the number of features per sample the state was fitted on."""
+        raise NotImplementedError
+
+    def feature_count(self) -> int | None:
+        """Return the number of features per sample in the layer table."""
+        return feature_count(self.rnet, self.label, self.kind)
 
     def config(self) -> dict[str, Any]:
         return {"layer": list(self.label), "features": self.kind}
@@ -100,6 +131,12 @@ class Mahalanobis(_Features):
     layer : selector, optional
         Features: that layer's output; default the input of the last
         ``nn.Linear``.
+    num_classes : int, optional
+        Class labels must lie in ``[0, num_classes)``; they are checked per
+        batch before any statistic grows. Default: the number of logits of
+        the net (its output ``[batch, C]``, else the ``out_features`` of its
+        last ``nn.Linear``); when neither is known, labels are only checked
+        to be non-negative.
 
     Examples
     --------
@@ -118,20 +155,39 @@ class Mahalanobis(_Features):
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
 
-    def __init__(self, rnet: Recorder, layer: Selector | None = None) -> None:
-        """Resolve the features' layer."""
+    def __init__(
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        num_classes: int | None = None,
+    ) -> None:
+        """Resolve the features' layer; find or check the number of classes."""
         super().__init__(rnet, layer)
+        if num_classes is None:
+            num_classes = _net_classes(rnet)
+        elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
+            msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
+            raise TypeError(msg)
+        elif num_classes < 2:  # noqa: PLR2004 (class statistics need two classes)
+            msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
+            raise ValueError(msg)
+        self.num_classes: int | None = num_classes
         self.classes = torch.zeros(0, dtype=torch.int64)
         self.means = torch.zeros(0, 0, dtype=_F64)
         self.precision = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
         """Per-class means and the shared covariance."""
-        return {self._keep_key(self.label, self.kind): SharedCovariance()}
+        return {
+            self._keep_key(self.label, self.kind): finite_keep(
+                SharedCovariance(self.num_classes)
+            )
+        }
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
-        stats = result[self.label]
+        stats = finite_result(self, self.label, self.kind, result[self.label])
         seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
         if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
             only = seen.tolist()
@@ -156,6 +212,19 @@ class Mahalanobis(_Features):
             "means": self.means,
             "precision": self.precision,
         }
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Classes seen ``[C]``, means ``[C, F]``, precision ``[F, F]``."""
+        f = self.feature_count()
+        return {
+            "classes": StateEntry(("classes",), torch.int64),
+            "means": StateEntry(("classes", f), _F64),
+            "precision": StateEntry((f, f), _F64),
+        }
+
+    def fitted_features(self) -> int:
+        """Return the features' size of the means."""
+        return int(self.means.shape[1])
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the classes, means and precision."""
@@ -213,9 +282,10 @@ class KNN(_Features):
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the normalised features."""
         rows = result[self.label]
-        bank = torch.nn.functional.normalize(
-            rows.reshape(rows.shape[0], -1).float(), dim=1
-        )
+        flat = rows.reshape(rows.shape[0], -1)
+        bad = int((~torch.isfinite(flat)).any(dim=1).sum())
+        check_finite_samples(self, self.label, self.kind, bad=bad, n=len(flat))
+        bank = torch.nn.functional.normalize(flat.float(), dim=1)
         self._check_k(bank.shape[0])
         self.bank = bank
 
@@ -241,6 +311,14 @@ class KNN(_Features):
     def state(self) -> dict[str, Tensor]:
         """Return the bank."""
         return {"bank": self.bank}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the normalised features ``[N, F]``, float32."""
+        return {"bank": StateEntry(("samples", self.feature_count()), torch.float32)}
+
+    def fitted_features(self) -> int:
+        """Return the features' size of the bank."""
+        return int(self.bank.shape[1])
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the bank."""
@@ -324,6 +402,7 @@ class ViM(Detector):
     """
 
     needs_fit: ClassVar[bool] = True
+    fit_passes: ClassVar[int] = 2
 
     def __init__(self, rnet: Recorder, d: int, *, fc: Selector | None = None) -> None:
         """Find ``fc`` and check ``d``."""
@@ -365,32 +444,53 @@ class ViM(Detector):
     ) -> Self:
         """Two passes: the principal subspace, then ``alpha``.
 
-        ``batches`` is iterated twice (a list or a ``DataLoader``, not a
-        generator). ``target`` is not used.
+        ``batches`` is iterated twice: a list or a ``DataLoader``; a
+        generator or another iterator is a ``TypeError``, raised before the
+        first pass. ``target`` is not used. With ``spill_dir``, the passes
+        use its subfolders ``pass-0`` and ``pass-1`` (each resumable). If
+        the fit fails, the detector is left as it was.
         """
         from scio_recorder.collect import InputOf, collect  # noqa: PLC0415 (as the base does)
 
+        passes = [("one for the principal subspace", 1), ("one for alpha", 1)]
+        check_reiterable(batches, passes, "ViM.fit")
         key = InputOf(self.label)
-        moments = collect(
-            self.rnet, batches, {key: Covariance()}, input=input, **options
-        )
-        stats = moments[self.label]
-        centre = stats.mean.reshape(-1) - self.u
-        second = stats.cov_population + torch.outer(centre, centre)
-        values, vectors = torch.linalg.eigh(second)
-        order = torch.argsort(values, descending=True)
-        self.residual = vectors[:, order[self.d :]]
-        norms = _ResidualNorms(self.u, self.residual, self.weight, self.bias)
-        result = collect(self.rnet, batches, {key: norms}, input=input, **options)
-        mean_logit, mean_norm = result[self.label].tolist()
-        self.alpha = torch.tensor(mean_logit / mean_norm, dtype=_F64)
-        self._fitted = True
+        with all_or_nothing([self]):
+            moments = collect(
+                self.rnet,
+                batches,
+                {key: finite_keep(Covariance())},
+                input=input,
+                **in_subfolder(options, "pass-0"),
+            )
+            stats = finite_result(self, self.label, "input", moments[self.label])
+            centre = stats.mean.reshape(-1) - self.u
+            second = stats.cov_population + torch.outer(centre, centre)
+            values, vectors = torch.linalg.eigh(second)
+            order = torch.argsort(values, descending=True)
+            residual = vectors[:, order[self.d :]]
+            norms = _ResidualNorms(self.u, residual, self.weight, self.bias)
+            result = collect(
+                self.rnet,
+                batches,
+                {key: norms},
+                input=input,
+                **in_subfolder(options, "pass-1"),
+            )
+            mean_logit, mean_norm = result[self.label].tolist()
+            self.residual = residual
+            self.alpha = torch.tensor(mean_logit / mean_norm, dtype=_F64)
+            self._fitted = True
         return self
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return the virtual logit minus the energy."""
         f = result.inputs[self.label]
         f = f.reshape(f.shape[0], -1).to(_F64)
+        features = self.weight.shape[1]
+        check_feature_count(
+            self, self.label, "input", got=f.shape[1], expected=features
+        )
         logits = f @ self.weight.to(f).T + self.bias.to(f)
         vlogit = self.alpha.to(f) * ((f - self.u.to(f)) @ self.residual.to(f)).norm(
             dim=1
@@ -406,6 +506,33 @@ class ViM(Detector):
         """Return the residual basis and alpha."""
         return {"residual": self.residual, "alpha": self.alpha.reshape(1)}
 
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the residual ``[F, F - d]`` (F: fc's input), alpha."""
+        features = int(self.weight.shape[1])
+        return {
+            "residual": StateEntry((features, features - self.d), _F64),
+            "alpha": StateEntry((1,), _F64),
+        }
+
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the residual basis and alpha."""
         self.residual, self.alpha = state["residual"], state["alpha"].reshape(())
+
+
+def _net_classes(rnet: Recorder) -> int | None:
+    """Return the net's number of logits: its output ``[1, C]``, or last Linear's."""
+    for row in rnet.table.values():
+        if row.label[0] == 0:
+            size = row.output_size
+            if (
+                isinstance(size, list)
+                and len(size) == 2  # noqa: PLR2004 (a batch of logit vectors)
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in size)
+            ):
+                return int(size[1])
+    linears = [
+        row.module
+        for row in rnet.table.values()
+        if row.recordable and isinstance(row.module, torch.nn.Linear)
+    ]
+    return int(linears[-1].out_features) if linears else None

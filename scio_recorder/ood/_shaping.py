@@ -20,7 +20,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._base import Detector, Pass, one_label
+from ._base import Detector, Pass, StateEntry, one_label
 from ._logits import energy_score
 
 if TYPE_CHECKING:
@@ -216,7 +216,17 @@ class ReAct(_Shaping):
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the quantile as the threshold."""
-        self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
+        threshold = result[self.label].reshape(-1)[0].to(torch.float32)
+        if not torch.isfinite(threshold):
+            msg = (
+                f"ReAct: the fit activations of layer "
+                f"{self.rnet.table[self.label].describe()} hold non-finite values "
+                f"(NaN or Inf), so the clipping threshold is {float(threshold)}. "
+                "Drop or repair those samples before fitting (find them with "
+                "`torch.isfinite` on the inputs), or look for an overflow in the net."
+            )
+            raise ValueError(msg)
+        self.threshold = threshold
 
     def shape(self, output: Tensor) -> Tensor:
         """Clip at the threshold."""
@@ -233,6 +243,10 @@ class ReAct(_Shaping):
     def state(self) -> dict[str, Tensor]:
         """Return the threshold."""
         return {"threshold": self.threshold.reshape(1)}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the clipping threshold, ``[1]`` float32."""
+        return {"threshold": StateEntry((1,), torch.float32)}
 
     def load_state(self, state: Any) -> None:
         """Set the threshold."""

@@ -1,0 +1,104 @@
+"""Griffe extension: turn the docstrings' Sphinx roles into working links.
+
+The package's docstrings use Sphinx roles (``:func:`~scio_recorder.collect```,
+``:meth:`record```), which read well in ``help()`` and IDEs but which
+mkdocstrings shows as raw text. Once the package is loaded, each role becomes
+an optional mkdocs-autorefs link to the object it names, resolved the way
+Sphinx resolves it: a dotted path from the package, or a name relative to the
+documented object, its class, its module, then the package. ``~`` keeps only
+the last part as the title. Names outside the package (``torch.compile``)
+stay code: no inventory of theirs is available offline.
+
+Loaded by ``mkdocs.yml`` (``mkdocstrings`` -> ``extensions``);
+``docs/hooks.py`` fails the build if a role is left in a page.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import griffe
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+ROLE = re.compile(
+    r":(?:py:)?(?P<role>func|meth|class|mod|attr|data|exc|obj|const|term)"
+    r":`(?P<target>[^`]+)`"
+)
+"""A Sphinx role in a docstring: ``:func:`name``` (``:py:func:`` too)."""
+
+PACKAGE = "scio_recorder"
+
+
+def _walk(obj: griffe.Object) -> Iterator[griffe.Object]:
+    yield obj
+    for member in obj.members.values():
+        if not member.is_alias:
+            yield from _walk(member)  # type: ignore[arg-type]
+
+
+def _lookup(scope: griffe.Object, path: str) -> griffe.Object | None:
+    try:
+        found = scope[path]
+    except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+        return None
+    try:
+        return found.final_target if found.is_alias else found
+    except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+        return None
+
+
+def _resolve(
+    obj: griffe.Object, package: griffe.Object, target: str
+) -> griffe.Object | None:
+    """Return the object ``target`` names from ``obj``'s docstring, or None."""
+    target = target.lstrip(".")
+    if target == PACKAGE:
+        return package
+    if target.startswith(f"{PACKAGE}."):
+        return _lookup(package, target.removeprefix(f"{PACKAGE}."))
+    scopes: list[griffe.Object] = []
+    scope: griffe.Object | None = obj
+    while scope is not None:
+        scopes.append(scope)
+        scope = scope.parent
+    for candidate in scopes:
+        found = _lookup(candidate, target)
+        if found is not None:
+            return found
+    return None
+
+
+def convert(text: str, obj: griffe.Object, package: griffe.Object) -> str:
+    """Return ``text`` with every Sphinx role replaced by a link or code."""
+
+    def replace(match: re.Match[str]) -> str:
+        target = match["target"].strip()
+        short = target.startswith("~")
+        target = target.lstrip("~")
+        title = target.rsplit(".", 1)[-1] if short else target
+        if match["role"] in {"func", "meth"}:
+            title += "()"
+        found = _resolve(obj, package, target)
+        if found is None:
+            return f"`{title}`"
+        return (
+            f'<autoref identifier="{found.path}" optional>'
+            f"<code>{title}</code></autoref>"
+        )
+
+    return ROLE.sub(replace, text)
+
+
+class SphinxRoles(griffe.Extension):
+    """Rewrite the Sphinx roles of every docstring of the loaded package."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:  # noqa: ARG002 (griffe's signature)
+        """Convert the docstrings once the whole package is loaded."""
+        if pkg.name != PACKAGE:
+            return
+        for obj in _walk(pkg):
+            if obj.docstring is not None:
+                obj.docstring.value = convert(obj.docstring.value, obj, pkg)
