@@ -52,10 +52,11 @@ _LIBRARIES: list[object] = []
 
 
 def torchvision_schemas():
-    """Declare torchvision's nms schemas where torchvision's own are broken.
+    """Declare torchvision's nms schemas, for pytorch-ood's comparison only.
 
-    Importing pytorch-ood or BertForSequenceClassification imports
-    torchvision, whose operator registration fails in some environments.
+    pytorch-ood imports torchvision, whose operator registration fails where
+    torchvision's C++ part is missing; only the guarded comparison tests
+    (skipped where pytorch-ood is not installed, as in CI) call this.
     """
     if _LIBRARIES:
         return
@@ -213,7 +214,6 @@ def test_vit_cls_tokens_one_forward():
 
 
 def test_bert_mean_tokens_respect_the_mask():
-    torchvision_schemas()
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.BertConfig(
@@ -367,6 +367,80 @@ def test_rankfeat_and_vra_match_the_cut_net(cnn, data, tmp_path):
         RankFeat(rnet, layer="classifier.2")(x)
     with pytest.raises(ValueError, match="exceeds upper_percentile"):
         VRA(rnet, layer="features.4", lower_percentile=0.9, upper_percentile=0.1)
+
+
+# -- saved states: checked by the base class against this net ---------------
+
+
+def conv_net(width):
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width, 3),
+    )
+    return Recorder(net.eval(), input_size=(1, 3, 8, 8))
+
+
+STATEFUL = {
+    "MahalanobisEnsemble": lambda r: MahalanobisEnsemble(r, ["1", "3"]),
+    "Gram": lambda r: Gram(r, ["1", "3"]),
+    "NCI": NCI,
+    "NECO": lambda r: NECO(r, d=2),
+    "Residual": lambda r: Residual(r, d=2),
+    "VRA": lambda r: VRA(r, layer="3"),
+}
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_a_state_saved_on_another_net_is_refused(name, tmp_path):
+    from scio_recorder.io import load_records, save_records  # noqa: PLC0415
+
+    make = STATEFUL[name]
+    torch.manual_seed(2)
+    batches = [(torch.randn(24, 3, 8, 8), torch.arange(24) % 3)]
+    path = make(conv_net(8)).fit(batches, target=1).save(tmp_path / "s.safetensors")
+    again = make(conv_net(8)).load(path)  # the same net: loads
+    assert again.fitted
+    with pytest.raises(ValueError, match=r"per sample, .* the state does not fit"):
+        make(conv_net(12)).load(path)
+    # Without the layers' shapes in the file, the entries are checked.
+    records = load_records(path)
+    meta = {k: v for k, v in records.metadata.items() if k.startswith("ood.")}
+    del meta["ood.layers"]
+    bare = save_records(tmp_path / "b.safetensors", dict(records), extra_metadata=meta)
+    with pytest.raises(
+        ValueError, match=r"it must be \[.*(12|24).*\]: the state was saved"
+    ):
+        make(conv_net(12)).load(bare)
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_non_finite_fit_features_are_refused(name):
+    make = STATEFUL[name]
+    x = torch.randn(24, 3, 8, 8)
+    x[3, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"1 of the \d+ fit samples|1 fit samples"):
+        make(conv_net(8)).fit([(x, torch.arange(24) % 3)], target=1)
+
+
+def test_gram_refuses_an_iterator_and_bad_labels_and_is_all_or_nothing(cnn, data):
+    _, rnet = cnn
+    gram = Gram(rnet, ["features.1", "features.4"])
+    with pytest.raises(TypeError, match=r"Gram\.fit iterates `batches` 2 times"):
+        gram.fit(iter(data), target=1)
+    gram.fit(data, target=1)
+    before = [m.clone() for m in gram.mins]
+    bad = [data[0], (data[1][0], data[1][1] + 5)]
+    with pytest.raises(
+        ValueError, match=r"class label 7 in batch 1 .* outside \[0, 3\)"
+    ):
+        gram.fit(bad, target=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, gram.mins, strict=True))
 
 
 # -- pytorch-ood, where installed ---------------------------------------------

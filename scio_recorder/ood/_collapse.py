@@ -19,7 +19,15 @@ from torch import Tensor, nn
 from scio_recorder.collect import InputOf
 from scio_recorder.reduce import Covariance, Moments
 
-from ._base import Detector, Pass, last_linear
+from ._base import (
+    Detector,
+    Pass,
+    StateEntry,
+    check_feature_count,
+    finite_keep,
+    finite_result,
+    last_linear,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -49,12 +57,21 @@ class _Head(Detector):
             else self.weight.new_zeros(self.weight.shape[0])
         )
 
+    @property
+    def features_in(self) -> int:
+        """The input features of ``fc`` (its weight's columns)."""
+        return int(self.weight.shape[1])
+
     def inputs(self) -> tuple[DepthIdx, ...]:
         return (self.label,)
 
     def features(self, result: Pass) -> Tensor:
         f = result.inputs[self.label]
-        return f.reshape(f.shape[0], -1).to(_F64)
+        f = f.reshape(f.shape[0], -1).to(_F64)
+        check_feature_count(
+            self, self.label, "input", got=f.shape[1], expected=self.features_in
+        )
+        return f
 
     def logits(self, f: Tensor) -> Tensor:
         return f @ self.weight.to(f).T + self.bias.to(f)
@@ -110,11 +127,12 @@ class NCI(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean."""
-        return {InputOf(self.label): Moments()}
+        return {InputOf(self.label): finite_keep(Moments())}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the global mean."""
-        self.mean = result[self.label].mean.reshape(-1).to(_F64)
+        stats = finite_result(self, self.label, "input", result[self.label])
+        self.mean = stats.mean.reshape(-1).to(_F64)
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return minus the cosine to the predicted class, minus the norm term."""
@@ -134,6 +152,10 @@ class NCI(_Head):
     def state(self) -> dict[str, Tensor]:
         """Return the global mean."""
         return {"mean": self.mean}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the mean ``[F]`` float64 (F: fc's input)."""
+        return {"mean": StateEntry((self.features_in,), _F64)}
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the global mean."""
@@ -194,11 +216,11 @@ class NECO(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean and covariance."""
-        return {InputOf(self.label): Covariance()}
+        return {InputOf(self.label): finite_keep(Covariance())}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the standardisation and the principal directions."""
-        stats = result[self.label]
+        stats = finite_result(self, self.label, "input", result[self.label])
         cov = stats.cov_population.to(_F64)
         std = torch.diagonal(cov).clamp(min=0).sqrt()
         self.scale = torch.where(std > 0, std, torch.ones_like(std))
@@ -228,6 +250,15 @@ class NECO(_Head):
     def state(self) -> dict[str, Tensor]:
         """Return the standardisation and the basis."""
         return {"mean": self.mean, "scale": self.scale, "basis": self.basis}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: mean, scale ``[F]``, basis ``[F, d]``, float64."""
+        f = self.features_in
+        return {
+            "mean": StateEntry((f,), _F64),
+            "scale": StateEntry((f,), _F64),
+            "basis": StateEntry((f, self.d), _F64),
+        }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the standardisation and the basis."""
@@ -275,11 +306,11 @@ class Residual(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean and covariance."""
-        return {InputOf(self.label): Covariance()}
+        return {InputOf(self.label): finite_keep(Covariance())}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the residual basis."""
-        stats = result[self.label]
+        stats = finite_result(self, self.label, "input", result[self.label])
         centre = stats.mean.reshape(-1).to(_F64) - self.u
         second = stats.cov_population.to(_F64) + torch.outer(centre, centre)
         values, vectors = torch.linalg.eigh(second)
@@ -299,6 +330,11 @@ class Residual(_Head):
     def state(self) -> dict[str, Tensor]:
         """Return the residual basis."""
         return {"residual": self.residual}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the residual basis ``[F, F - d]``, float64."""
+        f = self.features_in
+        return {"residual": StateEntry((f, f - self.d), _F64)}
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the residual basis."""

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
+from ._base import StateEntry, finite_keep, finite_result, per_sample_size
 from ._shaping import _Shaping
 
 if TYPE_CHECKING:
@@ -178,11 +179,11 @@ class VRA(_Shaping):
     def fit_keep(self) -> dict[Any, Any]:
         """Per-element quantiles of the layer's output."""
         q = [self.lower_percentile, self.upper_percentile]
-        return {self.label: Quantiles(q, per_feature=True, exact=True)}
+        return {self.label: finite_keep(Quantiles(q, per_feature=True, exact=True))}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the two thresholds (float32, as the activations)."""
-        quantiles = result[self.label]
+        quantiles = finite_result(self, self.label, "output", result[self.label])
         self.lower = quantiles[0].to(torch.float32)
         self.upper = quantiles[1].to(torch.float32)
 
@@ -208,6 +209,15 @@ class VRA(_Shaping):
     def state(self) -> dict[str, Tensor]:
         """Return the thresholds."""
         return {"lower": self.lower, "upper": self.upper}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the thresholds, the layer's output shape, float32."""
+        size = per_sample_size(self.rnet, self.label, "output")
+        shape: tuple[int | None, ...] = (None,) if size is None else tuple(size)
+        return {
+            "lower": StateEntry(shape, torch.float32),
+            "upper": StateEntry(shape, torch.float32),
+        }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the thresholds."""

@@ -32,6 +32,7 @@ __all__ = [
     "resolve_layers",
 ]
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,8 +42,20 @@ from torch.nn import functional
 
 from scio_recorder.reduce import MinMax, PerClass, SharedCovariance
 
-from ._base import Detector, Pass, one_label
-from ._features import min_mahalanobis
+from ._base import (
+    Detector,
+    Pass,
+    StateEntry,
+    all_or_nothing,
+    check_reiterable,
+    checked_targets,
+    finite_keep,
+    finite_result,
+    in_subfolder,
+    one_label,
+    per_sample_size,
+)
+from ._features import _net_classes, min_mahalanobis
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -129,6 +142,34 @@ def pool_features(
         keep = mask.to(device=value.device, dtype=_F64).reshape(*value.shape[:2], 1)
         return (value * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
     return value.reshape(value.shape[0], -1)
+
+
+def pooled_size(
+    rnet: Recorder, label: DepthIdx, pool: str | None = "mean"
+) -> int | None:
+    """Return the number of features :func:`pool_features` gives a layer's output.
+
+    From the recorder's layer table (``None`` when it does not know the
+    layer's shape): the channels of a map, the width of a token sequence,
+    else every entry of a sample.
+
+    Examples
+    --------
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.models import demo_model
+    >>> rnet = Recorder(demo_model(), input_size=(1, 3, 32, 32))
+    >>> pooled_size(rnet, (2, 2)), pooled_size(rnet, (2, 2), pool=None)
+    (8, 8192)
+
+    """
+    size = per_sample_size(rnet, label, "output")
+    if size is None:
+        return None
+    if pool is not None and len(size) == _MAP - 1:
+        return size[0]
+    if pool is not None and len(size) == _TOKENS - 1:
+        return size[1]
+    return math.prod(size)
 
 
 class Mapped:
@@ -358,20 +399,24 @@ class MahalanobisEnsemble(_MultiLayer):
             raise ValueError(msg)
         self.weights = [float(w) for w in weights]
         self.shrinkage = float(shrinkage)
+        self.num_classes: int | None = _net_classes(rnet)
         self.means: list[Tensor] = []
         self.precisions: list[Tensor] = []
 
     def fit_keep(self) -> dict[Any, Any]:
-        """One pooled shared covariance per layer."""
+        """One pooled shared covariance per layer (non-finite samples counted)."""
         return {
-            label: Mapped(SharedCovariance(), self.features) for label in self.labels
+            label: finite_keep(
+                Mapped(SharedCovariance(self.num_classes), self.features)
+            )
+            for label in self.labels
         }
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep each layer's class means and precision matrix."""
         self.means, self.precisions = [], []
         for label in self.labels:
-            stats = result[label]
+            stats = finite_result(self, label, "output", result[label])
             seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
             if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
                 msg = (
@@ -417,6 +462,19 @@ class MahalanobisEnsemble(_MultiLayer):
             zip(self.means, self.precisions, strict=True)
         ):
             out[f"means.{i}"], out[f"precision.{i}"] = mean, precision
+        return out
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Per layer ``i``: ``means.i`` ``[classes, F_i]``, ``precision.i``.
+
+        ``F_i`` the pooled features of layer ``i`` (:func:`pooled_size`),
+        float64; the same classes in every layer.
+        """
+        out: dict[str, StateEntry] = {}
+        for i, label in enumerate(self.labels):
+            f = pooled_size(self.rnet, label, self.pool)
+            out[f"means.{i}"] = StateEntry(("classes", f), _F64)
+            out[f"precision.{i}"] = StateEntry((f, f), _F64)
         return out
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
@@ -548,6 +606,21 @@ class _Deviations:
         return _Deviations(self.mins, self.maxs)
 
 
+def _class_bounds(per_class: Mapping[int, Any]) -> tuple[Tensor, Tensor]:
+    """Stack the per-class min and max, ``[classes, F]``; every class present."""
+    top = max(per_class) + 1 if per_class else 0
+    missing = sorted(set(range(top)) - set(per_class))
+    if top < 2 or missing:  # noqa: PLR2004 (bounds per class)
+        msg = (
+            f"Gram: the fit data must hold every class 0 .. {max(top - 1, 1)}; "
+            f"missing {missing or 'a second class'}. Check `target=`."
+        )
+        raise ValueError(msg)
+    lo = torch.stack([per_class[c].min.to(_F64) for c in range(top)])
+    hi = torch.stack([per_class[c].max.to(_F64) for c in range(top)])
+    return lo, hi
+
+
 class Gram(_MultiLayer):
     """Gram-matrix deviations (Sastry & Oore, ICML 2020), in one pass of the net.
 
@@ -596,6 +669,7 @@ class Gram(_MultiLayer):
 
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
+    fit_passes: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -618,6 +692,7 @@ class Gram(_MultiLayer):
             )
             raise ValueError(msg)
         self.poles = poles
+        self.num_classes: int | None = _net_classes(rnet)
         self.validation_fraction = float(validation_fraction)
         self.mins: list[Tensor] = []
         self.maxs: list[Tensor] = []
@@ -635,51 +710,68 @@ class Gram(_MultiLayer):
         target: Any = None,
         **options: Any,
     ) -> Self:
-        """Two passes: the class bounds, then the held-out deviations."""
+        """Two passes: the class bounds, then the held-out deviations.
+
+        ``batches`` is iterated twice (once with ``validation_fraction=0``):
+        a list or a ``DataLoader``; a generator or another iterator is a
+        ``TypeError``, raised before the first pass. Labels are checked per
+        batch (integers in ``[0, classes)``), non-finite records refused with
+        their count. With ``spill_dir``, the passes use its subfolders
+        ``pass-0`` and ``pass-1`` (each resumable). If the fit fails, the
+        detector is left as it was.
+        """
         from scio_recorder.collect import collect  # noqa: PLC0415 (as ViM does)
 
         if target is None:
             msg = "Gram.fit needs class labels: pass `target=` (e.g. `target=1`)."
             raise ValueError(msg)
         f = self.validation_fraction
+        passes = [("one for the class bounds", 1)]
+        if f > 0:
+            passes.append(("one for the held-out deviations", 1))
+        check_reiterable(batches, passes, "Gram.fit")
         keep = {
-            label: _Part(PerClass(MinMax()), self.grams, f, held=False)
+            label: finite_keep(_Part(PerClass(MinMax()), self.grams, f, held=False))
             for label in self.labels
         }
-        bounds = collect(
-            self.rnet, batches, keep, input=input, target=target, **options
-        )
-        self.mins, self.maxs = [], []
-        for label in self.labels:
-            per_class = bounds[label]
-            top = max(per_class) + 1 if per_class else 0
-            missing = sorted(set(range(top)) - set(per_class))
-            if top < 2 or missing:  # noqa: PLR2004 (bounds per class)
-                msg = (
-                    f"Gram: the fit data must hold every class 0 .. {max(top - 1, 1)}; "
-                    f"missing {missing or 'a second class'}. Check `target=`."
+        with all_or_nothing([self]):
+            bounds = collect(
+                self.rnet,
+                batches,
+                keep,
+                input=input,
+                target=checked_targets(target, input, [self]),
+                **in_subfolder(options, "pass-0"),
+            )
+            self.mins, self.maxs = [], []
+            for label in self.labels:
+                per_class = finite_result(self, label, "output", bounds[label])
+                lo, hi = _class_bounds(per_class)
+                self.mins.append(lo)
+                self.maxs.append(hi)
+            self.norms = torch.ones(len(self.labels), dtype=_F64)
+            if f > 0:
+                second: dict[Any, Any] = {
+                    label: _Part(_Deviations(lo, hi), self.grams, f, held=True)
+                    for label, lo, hi in zip(
+                        self.labels, self.mins, self.maxs, strict=True
+                    )
+                }
+                devs = collect(
+                    self.rnet,
+                    batches,
+                    second,
+                    input=input,
+                    target=checked_targets(target, input, [self]),
+                    **in_subfolder(options, "pass-1"),
                 )
-                raise ValueError(msg)
-            self.mins.append(
-                torch.stack([per_class[c].min.to(_F64) for c in range(top)])
-            )
-            self.maxs.append(
-                torch.stack([per_class[c].max.to(_F64) for c in range(top)])
-            )
-        self.norms = torch.ones(len(self.labels), dtype=_F64)
-        if f > 0:
-            keep = {
-                label: _Part(_Deviations(lo, hi), self.grams, f, held=True)
-                for label, lo, hi in zip(self.labels, self.mins, self.maxs, strict=True)
-            }
-            devs = collect(
-                self.rnet, batches, keep, input=input, target=target, **options
-            )
-            expected = torch.stack(
-                [devs[label].to(_F64).cpu() for label in self.labels]
-            )
-            self.norms = torch.where(expected > 0, expected, torch.ones_like(expected))
-        self._fitted = True
+                expected = torch.stack(
+                    [devs[label].to(_F64).cpu() for label in self.labels]
+                )
+                self.norms = torch.where(
+                    expected > 0, expected, torch.ones_like(expected)
+                )
+            self._fitted = True
         return self
 
     def score_pass(self, result: Pass) -> Tensor:
@@ -715,6 +807,25 @@ class Gram(_MultiLayer):
         out = {"norms": self.norms}
         for i, (lo, hi) in enumerate(zip(self.mins, self.maxs, strict=True)):
             out[f"mins.{i}"], out[f"maxs.{i}"] = lo, hi
+        return out
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """``norms`` ``[L]``; per layer ``i``: ``mins.i``, ``maxs.i``.
+
+        Each ``[classes, P C_i]``.
+
+        ``P`` the number of poles, ``C_i`` the channels of layer ``i`` (the
+        width of a token sequence); float64.
+        """
+        out = {"norms": StateEntry((len(self.labels),), _F64)}
+        for i, label in enumerate(self.labels):
+            size = per_sample_size(self.rnet, label, "output")
+            channels = None
+            if size:
+                channels = size[1] if len(size) == _TOKENS - 1 else size[0]
+            width = None if channels is None else len(self.poles) * channels
+            out[f"mins.{i}"] = StateEntry(("classes", width), _F64)
+            out[f"maxs.{i}"] = StateEntry(("classes", width), _F64)
         return out
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
