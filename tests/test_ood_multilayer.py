@@ -11,6 +11,7 @@ comparing with pytorch-ood run only where it is installed (not in CI).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from torch import nn
 from scio_recorder import Recorder
 from scio_recorder.models import demo_model, resnet18_cifar
 from scio_recorder.ood import (
+    NAC,
     NCI,
     NECO,
     VRA,
@@ -369,6 +371,106 @@ def test_rankfeat_and_vra_match_the_cut_net(cnn, data, tmp_path):
         VRA(rnet, layer="features.4", lower_percentile=0.9, upper_percentile=0.1)
 
 
+# -- NAC ---------------------------------------------------------------------
+
+
+def openood_edges(m):
+    """OpenOOD's ``logspace(1e3, M)``, written out in numpy."""
+    num = m // 2
+    x = np.linspace(1, np.sqrt(1e3), num=num)
+    low = np.log(x) / np.log(1e3)
+    edges = np.concatenate([low[:-1], (1 - low)[::-1]])
+    edges[-1] += 1e-2
+    return torch.from_numpy(np.append(edges, 1.2))
+
+
+def nac_states(net, x, alpha):
+    """States of features.1 (a map, z and g pooled apart) and classifier.2."""
+    x = x.clone().requires_grad_()
+    z1 = net.features[:2](x)
+    z2 = net.classifier[:3](net.features[2:](z1))
+    logits = net.classifier[3](z2)
+    kl = (-torch.log_softmax(logits, 1) / logits.shape[1]).sum()
+    g1, g2 = torch.autograd.grad(kl, [z1, z2])
+    pairs = [(z1.detach().mean((2, 3)), g1.mean((2, 3))), (z2.detach(), g2)]
+    return [torch.sigmoid(alpha * z.to(F64) * g.to(F64)) for z, g in pairs]
+
+
+def test_nac_matches_the_coverage_formula(cnn, data, tmp_path):
+    net, rnet = cnn
+    alpha, o_star, m = 50.0, 3, 20
+    nac = NAC(
+        rnet, ["features.1", "classifier.2"], m_bins=m, alpha=alpha, o_star=o_star
+    )
+    nac.fit(data, input=0)
+    x = torch.randn(5, 3, 32, 32)
+    got = nac(x)
+    # Oracle: the states by hand, OpenOOD's Estimator on them (edges compared
+    # as it does: lo <= s < hi), coverage min(count / O, 1), mean over
+    # neurons then layers. z and g are the same float32 tensors on both
+    # sides; our pooling is float64 of them, the oracle's float32 mean then
+    # float64: states agree to ~1e-7 relative; a state on a bin edge could
+    # then flip bins, which the exact comparison of bins below would show.
+    edges = openood_edges(m)
+    counts = [torch.zeros(m - 1, n, dtype=F64) for n in (8, 32)]
+    for xb, _ in data:
+        for i, s in enumerate(nac_states(net, xb, alpha)):
+            hit = (s[:, None] >= edges[:-1, None]) & (s[:, None] < edges[1:, None])
+            counts[i] += hit.sum(0)
+    want = torch.zeros(5, dtype=F64)
+    for i, s in enumerate(nac_states(net, x, alpha)):
+        hit = (s[:, None] >= edges[:-1, None]) & (s[:, None] < edges[1:, None])
+        coverage = (counts[i] / o_star).clamp(max=1.0)
+        want += (hit * coverage).sum(1).mean(1) / 2
+    for mine, theirs in zip(nac.counts, counts, strict=True):
+        assert torch.equal(mine.T.to(F64), theirs)
+    # Coverages are multiples of 1/3 averaged: float64 sums, 1e-12.
+    torch.testing.assert_close(got, -want, rtol=1e-12, atol=1e-12)
+    states = nac.states(x)
+    for mine, theirs in zip(states, nac_states(net, x, alpha), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+    path = nac.save(tmp_path / "nac.safetensors")
+    again = NAC(
+        rnet, ["features.1", "classifier.2"], m_bins=m, alpha=alpha, o_star=o_star
+    )
+    assert torch.equal(again.load(path)(x), got)
+
+
+def test_nac_shares_evaluate_and_fit_detectors(cnn, data):
+    net, rnet = cnn
+    nac = NAC(rnet, ["features.4"], o_star=2)
+    ens = MahalanobisEnsemble(rnet, ["features.1"], shrinkage=0.1)
+    fit_detectors([nac, ens], data, target=1)
+    assert nac.fitted
+    assert ens.fitted
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():  # NAC turns autograd on for its own pass
+        scores = nac(x)
+    assert scores.shape == (4,)
+    assert all(p.grad is None for p in net.parameters())
+    result = evaluate(
+        {"nac": nac, "ens": ens, "energy": Energy(rnet)}, [x], [3 * x], input=None
+    )
+    assert set(result) == {"nac", "ens", "energy"}
+    with pytest.raises(
+        TypeError, match=r"NAC\.fit runs its own gradient loop and takes no spill_dir"
+    ):
+        nac.fit(data, spill_dir="somewhere")
+    with pytest.raises(ValueError, match="alpha has 3 values for 1 layers"):
+        NAC(rnet, ["features.4"], alpha=[1.0, 2.0, 3.0])
+
+
+def test_nac_on_resnet18_and_frozen_parameters():
+    torch.manual_seed(0)
+    net = resnet18_cifar(2).eval().requires_grad_(False)
+    rnet = Recorder(net, input_size=(1, 3, 32, 32))
+    nac = NAC(rnet, ["layer3", "layer4"], o_star=1)
+    nac.fit([torch.randn(4, 3, 32, 32)], input=None)
+    scores = nac(torch.randn(2, 3, 32, 32))
+    assert scores.shape == (2,)
+    assert bool(((scores <= 0) & (scores >= -1)).all())
+
+
 # -- saved states: checked by the base class against this net ---------------
 
 
@@ -393,6 +495,7 @@ STATEFUL = {
     "NECO": lambda r: NECO(r, d=2),
     "Residual": lambda r: Residual(r, d=2),
     "VRA": lambda r: VRA(r, layer="3"),
+    "NAC": lambda r: NAC(r, ["1", "3"]),
 }
 
 
@@ -502,3 +605,26 @@ def test_against_pytorch_ood(pood, cnn, data, capsys):
     # the relative difference is only reported.
     assert diffs["MahalanobisEnsemble"] == diffs["MahalanobisEnsemble"]
     assert diffs["Gram"] < 1e-3
+
+
+def test_nac_against_pytorch_ood(pood, cnn, data, capsys):
+    """NACUE pools z * g and bins otherwise: compare states, report scores."""
+    from pytorch_ood.detector.nac import _bin_indices_geometric  # noqa: PLC0415
+
+    net, rnet = cnn
+    xs = torch.cat([b[0] for b in data])
+    theirs = pood.NACUE(net, [net.classifier[2]], m_bins=50, alpha=100.0, o_star=5)
+    theirs.fit([(xs, torch.zeros(len(xs)))])
+    ours = NAC(rnet, ["classifier.2"], m_bins=50, alpha=100.0, o_star=5)
+    ours.fit([xs], input=None)
+    # On an un-pooled layer the states agree: our states, binned with
+    # pytorch-ood's geometric bins, give its counts exactly.
+    (states,) = ours.states(xs)
+    bins = _bin_indices_geometric(states.float(), 50)
+    counts = torch.stack([torch.bincount(b, minlength=50) for b in bins.T])
+    assert torch.equal(counts, theirs._stats[0].counts)
+    x = torch.randn(6, 3, 32, 32)
+    diff = (ours(x) - theirs.predict(x).to(F64)).abs().max().item()
+    with capsys.disabled():
+        print("NAC: max |ours - NACUE| (other bins, by design):", diff)
+    assert diff <= 1.0  # both are minus a mean coverage in [0, 1]

@@ -16,14 +16,14 @@ several detectors sharing passes and rates them
 | from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy` |
 | an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
-| from gradients | :class:`GradNorm` |
+| from gradients | :class:`GradNorm`, :class:`NAC` (a backward pass per batch) |
 | several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
 | the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_shaping``, ``_features``, ``_gradient``,
-``_multilayer``, ``_collapse``, ``_edits``), the protocol and
+``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``), the protocol and
 the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
 
 Examples
@@ -48,6 +48,7 @@ __all__ = [
     "ASH",
     "KNN",
     "MSP",
+    "NAC",
     "NCI",
     "NECO",
     "VRA",
@@ -72,6 +73,7 @@ __all__ = [
 
 from ._base import Detector, NotFittedError, fit_detectors
 from ._collapse import NCI, NECO, Residual
+from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM

@@ -377,6 +377,9 @@ class Detector:
     edits: ClassVar[bool] = False
     fit_passes: ClassVar[int] = 1
     """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
+    # -- ood-multi hunk: gradient passes (NAC) -----------------------------
+    needs_grad: ClassVar[bool] = False
+    """Scored by :meth:`grad_score`, its own pass with autograd (NAC)."""
 
     def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
         """Keep the recorder; subclasses resolve their layers here."""
@@ -410,6 +413,25 @@ class Detector:
     def score_pass(self, result: Pass) -> Tensor:
         """Return the scores ``[batch]`` of one pass."""
         raise NotImplementedError
+
+    # -- ood-multi hunk: several edited passes, one gradient pass ----------
+    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+        """Return one ``(label, edit)`` per pass an edit detector needs.
+
+        Default: the one pass editing :meth:`edit_label` with :meth:`edit`;
+        RankFeat at two blocks gives two.
+        """
+        return [(self.edit_label(), self.edit)]
+
+    def score_passes(self, results: Sequence[Pass]) -> Tensor:
+        """Return the scores from the passes of :meth:`edit_passes`, in order."""
+        return self.score_pass(results[0])
+
+    def grad_score(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return the scores of a batch from a pass with autograd (``needs_grad``)."""
+        raise NotImplementedError
+
+    # -- end of the ood-multi hunk -----------------------------------------
 
     # -- fitting -----------------------------------------------------------
     def fit_keep(self) -> dict[Any, Any]:
@@ -527,7 +549,7 @@ class Detector:
         read = [(label, "output") for label in self.outputs()]
         read += [(label, "input") for label in self.inputs()]
         if self.edits:
-            read.append((self.edit_label(), "output"))
+            read += [(label, "output") for label, _ in self.edit_passes()]
         return read
 
     def _layer_shapes(self) -> dict[str, list[int]]:
@@ -951,7 +973,9 @@ def run_passes(
 ) -> list[Tensor]:
     """Score one batch for every detector, in order.
 
-    One pass for all that edit nothing, one pass per edit for the others.
+    One pass for all that edit nothing, one pass per edit for the others
+    (:meth:`Detector.edit_passes`), and each detector needing gradients
+    (NAC) its own pass with autograd (:meth:`Detector.grad_score`).
     """
     for detector in detectors:
         if detector.rnet is not rnet:
@@ -959,7 +983,9 @@ def run_passes(
             raise ValueError(msg)
         detector.check_fitted()
     scores: dict[int, Tensor] = {}
-    plain = [(i, d) for i, d in enumerate(detectors) if not d.edits]
+    plain = [
+        (i, d) for i, d in enumerate(detectors) if not d.edits and not d.needs_grad
+    ]
     if plain:
         outputs = sorted({label for _, d in plain for label in d.outputs()})
         inputs = sorted({label for _, d in plain for label in d.inputs()})
@@ -970,9 +996,14 @@ def run_passes(
             scores[i] = detector.score_pass(result)
     for i, detector in enumerate(detectors):
         if detector.edits:
-            with rnet.selecting(detector.edit_label()), torch.no_grad():
-                out = rnet(*args, activation_postproc=detector.edit, **kwargs)
-                scores[i] = detector.score_pass(_pass(rnet, out))
+            results = []
+            for label, edit in detector.edit_passes():
+                with rnet.selecting(label), torch.no_grad():
+                    out = rnet(*args, activation_postproc=edit, **kwargs)
+                    results.append(_pass(rnet, out))
+            scores[i] = detector.score_passes(results)
+        elif detector.needs_grad:  # ood-multi hunk: its own pass, with autograd
+            scores[i] = detector.grad_score(args, kwargs)
     return [scores[i] for i in range(len(detectors))]
 
 
