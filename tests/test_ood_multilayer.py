@@ -546,6 +546,33 @@ def test_gram_refuses_an_iterator_and_bad_labels_and_is_all_or_nothing(cnn, data
     assert all(torch.equal(a, b) for a, b in zip(before, gram.mins, strict=True))
 
 
+def test_rankfeat_two_blocks_averages_the_logits_of_two_passes(cnn):
+    net, rnet = cnn
+    rank = RankFeat(rnet, layers=["features.1", "features.4"])
+    x = torch.randn(4, 3, 32, 32)
+    calls, handle = count_forwards(net)
+    got = rank(x)
+    handle.remove()
+    assert len(calls) == 2  # one edited pass per block
+
+    def rank1_removed(m):
+        mat = m.reshape(m.shape[0], m.shape[1], -1)
+        u, s, vh = torch.linalg.svd(mat, full_matrices=False)
+        return (mat - s[:, :1, None] * u[:, :, :1] @ vh[:, :1]).reshape(m.shape)
+
+    with torch.no_grad():
+        first = net.classifier(net.features[2:](rank1_removed(net.features[:2](x))))
+        second = net.classifier(net.features[5:](rank1_removed(net.features[:5](x))))
+    want = -torch.logsumexp((first + second) / 2, 1)
+    # SVD in float32 on the same maps: rtol 1e-4 (as the one-block test).
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert rank.config() == {"layers": [[2, 2], [2, 5]]}
+    with pytest.raises(ValueError, match=r"give `layer=` .* not both"):
+        RankFeat(rnet, layer="features.1", layers=["features.4"])
+    result = evaluate({"rank2": rank, "energy": Energy(rnet)}, [x], [3 * x], input=None)
+    assert set(result) == {"rank2", "energy"}
+
+
 # -- pytorch-ood, where installed ---------------------------------------------
 
 

@@ -18,11 +18,12 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._base import StateEntry, finite_keep, finite_result, per_sample_size
+from ._base import Pass, StateEntry, finite_keep, finite_result, per_sample_size
+from ._multilayer import resolve_layers
 from ._shaping import _Shaping
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -65,16 +66,23 @@ class RankFeat(_Shaping):
     component, sample by sample (:func:`remove_rank1`), in flight; the rest
     of the net runs on it and ``score = -logsumexp(logits)`` (energy). No
     fitting. Follows pytorch-ood's ``RankFeat`` (exact SVD, not the paper's
-    optional power iteration). The paper's best setting averages the scores
-    of the removal at two blocks (3 and 4 of a ResNet): that is two passes,
-    two ``RankFeat`` detectors whose scores are averaged (see docs/ood.md).
+    optional power iteration).
+
+    The paper's best setting removes the rank-1 part at two blocks (3 and 4
+    of a ResNet): ``layers=[block3, block4]`` runs one pass per block (each
+    editing that block alone, as the paper's code does), averages the
+    passes' logits (the paper's code fuses "at the logit space") and scores
+    the average. pytorch-ood's ``RankFeat`` edits one block only.
 
     Parameters
     ----------
     rnet : Recorder
         The wrapped net.
-    layer : selector
+    layer : selector, optional
         The block whose output is edited (one call).
+    layers : list of selectors, optional
+        Instead of ``layer``: several blocks, one edited pass each, logits
+        averaged.
     detector : callable, optional
         ``logits -> scores``; default :func:`energy_score`.
 
@@ -86,26 +94,56 @@ class RankFeat(_Shaping):
     >>> rnet = Recorder(demo_model(), input_size=(1, 3, 32, 32))
     >>> RankFeat(rnet, layer="features.4")(torch.randn(2, 3, 32, 32)).shape
     torch.Size([2])
+    >>> both = RankFeat(rnet, layers=["features.1", "features.4"])
+    >>> both(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2])
 
     """
 
     def __init__(
         self,
         rnet: Recorder,
-        layer: Selector,
+        layer: Selector | None = None,
         *,
+        layers: Sequence[Selector] | None = None,
         detector: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
-        """Resolve the layer."""
-        super().__init__(rnet, layer, detector=detector)
+        """Resolve the layer, or the layers."""
+        if (layer is None) == (layers is None):
+            which = "both" if layer is not None else "neither"
+            msg = (
+                "RankFeat: give `layer=` (one block) or `layers=[...]` (several, "
+                f"the paper's two blocks), not {which}."
+            )
+            raise ValueError(msg)
+        if layers is not None:
+            labels = resolve_layers(rnet, layers, "RankFeat")
+            super().__init__(rnet, labels[0], detector=detector)
+            self.labels = labels
+        else:
+            super().__init__(rnet, layer, detector=detector)
+            self.labels = [self.label]
+
+    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+        """One pass per layer, each editing that layer."""
+        return [(label, self.edit) for label in self.labels]
+
+    def score_passes(self, results: Sequence[Pass]) -> Tensor:
+        """Score the mean of the passes' logits."""
+        logits = torch.stack([r.logits for r in results]).mean(dim=0)
+        return self.detector(logits)
 
     def shape(self, output: Tensor) -> Tensor:
         """Remove the rank-1 part."""
         return remove_rank1(output)
 
     def config(self) -> dict[str, Any]:
-        """Return the layer label."""
-        return {"layer": list(self.label)}
+        """Return the layer label (the labels, with ``layers=``)."""
+        return (
+            {"layer": list(self.label)}
+            if len(self.labels) == 1
+            else {"layers": [list(label) for label in self.labels]}
+        )
 
 
 class VRA(_Shaping):
