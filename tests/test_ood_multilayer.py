@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from scio_recorder import Recorder
-from scio_recorder.models import demo_model, resnet18_cifar
+from scio_recorder.models import demo_model, resnet18_cifar, vit_tiny
 from scio_recorder.ood import (
     NAC,
     NCI,
@@ -173,27 +173,14 @@ def test_resnet18_ensemble_one_forward():
 # -- ViT and BERT: token features --------------------------------------------
 
 
-class TinyViT(nn.Module):
-    """Patch embedding conv + CLS token + nn.TransformerEncoder + head."""
-
-    def __init__(self, dim=16, classes=3):
-        super().__init__()
-        self.patch = nn.Conv2d(3, dim, kernel_size=8, stride=8)
-        self.cls = nn.Parameter(torch.randn(1, 1, dim))
-        layer = nn.TransformerEncoderLayer(dim, 2, 32, batch_first=True, dropout=0.0)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, x):
-        tokens = self.patch(x).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1)
-        return self.head(self.encoder(tokens)[:, 0])
-
-
 def test_vit_cls_tokens_one_forward():
     torch.manual_seed(0)
-    net = TinyViT().eval()
+    net = vit_tiny(3).eval()
     rnet = Recorder(net, input_size=(1, 3, 32, 32))
+    # Every module the ViT calls is labelled (only the ModuleList is not called).
+    assert [r.describe() for r in rnet.table.values() if not r.recordable] == [
+        "2-1 (ModuleList `encoder.layers`)"
+    ]
     layers = ["encoder.layers.0", "encoder.layers.1"]
     ens = MahalanobisEnsemble(rnet, layers, shrinkage=0.1)
     gram = Gram(rnet, layers, validation_fraction=0.0)
@@ -208,7 +195,7 @@ def test_vit_cls_tokens_one_forward():
     # Oracle: the CLS token of each encoder layer's output.
     with torch.no_grad():
         t = net.patch(x).flatten(2).transpose(1, 2)
-        t = torch.cat([net.cls.expand(4, -1, -1), t], 1)
+        t = torch.cat([net.cls_token.expand(4, -1, -1), t], 1) + net.pos_embed
         first = net.encoder.layers[0](t)
     got = pool_features(first)
     torch.testing.assert_close(got, first[:, 0].to(F64))
