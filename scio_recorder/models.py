@@ -16,6 +16,7 @@ torch.Size([4, 10])
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
@@ -23,10 +24,12 @@ __all__ = [
     "DemoCNN",
     "EncoderNet",
     "ResNetCIFAR",
+    "TinyViT",
     "demo_model",
     "resnet18_cifar",
     "tiny_mlp",
     "transformer_encoder",
+    "vit_tiny",
 ]
 
 
@@ -369,3 +372,133 @@ def demo_model(num_classes: int = 10) -> DemoCNN:
     >>> _ = torch.fx.symbolic_trace(net)  # no data-dependent control flow
     """
     return DemoCNN(num_classes=num_classes)
+
+
+class TinyViT(nn.Module):
+    """A small Vision Transformer (see :func:`vit_tiny`).
+
+    Submodules: ``patch`` (the patch-embedding ``nn.Conv2d``), ``encoder``
+    (an ``nn.TransformerEncoder``, pre-norm, ``batch_first``), ``norm`` (the
+    final ``nn.LayerNorm``) and ``head`` (the classification
+    ``nn.Linear``); parameters ``cls_token`` and ``pos_embed``.
+
+    Parameters
+    ----------
+    image_size, patch_size, dim, depth, heads, mlp_dim, num_classes, channels
+        As for :func:`vit_tiny`.
+    """
+
+    def __init__(  # noqa: PLR0913 (a ViT's shape)
+        self,
+        *,
+        image_size: int,
+        patch_size: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_dim: int,
+        num_classes: int,
+        channels: int = 3,
+    ) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            msg = (
+                f"vit_tiny: image_size={image_size} is not a multiple of "
+                f"patch_size={patch_size}; choose sizes that tile the image."
+            )
+            raise ValueError(msg)
+        tokens = (image_size // patch_size) ** 2 + 1
+        self.patch = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, tokens, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, mlp_dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Classify a batch of images.
+
+        Parameters
+        ----------
+        x : Tensor
+            Images of shape ``(batch, channels, image_size, image_size)``.
+
+        Returns
+        -------
+        Tensor
+            Logits of shape ``(batch, num_classes)``, from the CLS token.
+        """
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        tokens = torch.cat([cls, tokens], dim=1) + self.pos_embed
+        out: Tensor = self.head(self.norm(self.encoder(tokens))[:, 0])
+        return out
+
+
+def vit_tiny(  # noqa: PLR0913 (a ViT's shape)
+    num_classes: int = 10,
+    *,
+    image_size: int = 32,
+    patch_size: int = 8,
+    dim: int = 32,
+    depth: int = 2,
+    heads: int = 2,
+    mlp_dim: int = 64,
+) -> TinyViT:
+    """Build a tiny Vision Transformer for ``(batch, 3, image_size, image_size)``.
+
+    Patch embedding by a strided ``nn.Conv2d``, a learnt CLS token and
+    positional embedding, ``depth`` pre-norm ``nn.TransformerEncoderLayer``
+    (no dropout), a final ``nn.LayerNorm`` and a linear head on the CLS
+    token. Small enough for tests and examples (about 24k parameters with
+    the defaults).
+
+    Parameters
+    ----------
+    num_classes : int, default 10
+        Number of output logits.
+    image_size : int, default 32
+        Height and width of the input images.
+    patch_size : int, default 8
+        Side of a patch (it must divide ``image_size``).
+    dim : int, default 32
+        Token width.
+    depth : int, default 2
+        Number of encoder layers.
+    heads : int, default 2
+        Attention heads (they must divide ``dim``).
+    mlp_dim : int, default 64
+        Width of the feed-forward sublayers.
+
+    Returns
+    -------
+    TinyViT
+        The network, randomly initialised and in training mode.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder import Recorder
+    >>> net = vit_tiny(3).eval()
+    >>> net(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 3])
+    >>> rnet = Recorder(net, input_size=(1, 3, 32, 32))
+    >>> [row.describe() for row in rnet.table.values() if not row.recordable]
+    ['2-1 (ModuleList `encoder.layers`)']
+    >>> rnet.record("encoder.layers.1")
+    >>> _ = rnet(torch.randn(2, 3, 32, 32))
+    >>> rnet.activations[(3, 2)].shape  # 16 patches and the CLS token
+    torch.Size([2, 17, 32])
+    """
+    return TinyViT(
+        image_size=image_size,
+        patch_size=patch_size,
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        mlp_dim=mlp_dim,
+        num_classes=num_classes,
+    )

@@ -20,11 +20,15 @@ several detectors sharing passes and rates them
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
 | | :class:`RMDS`, :class:`fDBD` |
-| from gradients | :class:`GradNorm` |
+| from gradients | :class:`GradNorm`, :class:`NAC` (a backward pass per batch) |
+| several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
+| the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
+| an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_features``, ``_prototypes``, ``_gradient``), the protocol and
+``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
+``_collapse``, ``_edits``, ``_coverage``), the protocol and
 the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
 
 Examples
@@ -51,20 +55,28 @@ __all__ = [
     "GEN",
     "KNN",
     "MSP",
+    "NAC",
+    "NCI",
+    "NECO",
     "ODIN",
     "RMDS",
     "SHE",
+    "VRA",
     "Detector",
     "Energy",
     "Entropy",
     "Evaluation",
     "GradNorm",
+    "Gram",
     "KLMatching",
     "Mahalanobis",
+    "MahalanobisEnsemble",
     "MaxLogit",
     "NNGuide",
     "NotFittedError",
+    "RankFeat",
     "ReAct",
+    "Residual",
     "Scale",
     "TempScale",
     "ViM",
@@ -75,10 +87,14 @@ __all__ = [
 
 from ._base import Detector, NotFittedError, fit_detectors
 from ._calibration import ODIN, TempScale
+from ._collapse import NCI, NECO, Residual
+from ._coverage import NAC
+from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, evaluate
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
+from ._multilayer import Gram, MahalanobisEnsemble
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale

@@ -378,7 +378,8 @@ class Detector:
     fit_passes: ClassVar[int] = 1
     """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
     own_passes: ClassVar[bool] = False
-    """Whether scoring needs passes of its own (ODIN's backward): see
+    """Whether scoring needs passes of its own that no other detector can
+    share (ODIN's gradient with respect to the input, NAC's backward): see
     :meth:`score_inputs`."""
 
     def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
@@ -417,10 +418,23 @@ class Detector:
     def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return the scores of the net's inputs from passes of the detector's own.
 
-        For detectors whose passes no other detector can share (:attr:`own_passes`,
-        e.g. ODIN's gradient with respect to the input).
+        For detectors whose passes no other detector can share
+        (:attr:`own_passes`: ODIN's gradient with respect to the input,
+        NAC's backward pass with autograd on).
         """
         raise NotImplementedError
+
+    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+        """Return one ``(label, edit)`` per pass an edit detector needs.
+
+        Default: the one pass editing :meth:`edit_label` with :meth:`edit`;
+        RankFeat at two blocks gives two.
+        """
+        return [(self.edit_label(), self.edit)]
+
+    def score_passes(self, results: Sequence[Pass]) -> Tensor:
+        """Return the scores from the passes of :meth:`edit_passes`, in order."""
+        return self.score_pass(results[0])
 
     # -- fitting -----------------------------------------------------------
     def fit_keep(self) -> dict[Any, Any]:
@@ -538,7 +552,7 @@ class Detector:
         read = [(label, "output") for label in self.outputs()]
         read += [(label, "input") for label in self.inputs()]
         if self.edits:
-            read.append((self.edit_label(), "output"))
+            read += [(label, "output") for label, _ in self.edit_passes()]
         return read
 
     def _layer_shapes(self) -> dict[str, list[int]]:
@@ -962,8 +976,9 @@ def run_passes(
 ) -> list[Tensor]:
     """Score one batch for every detector, in order.
 
-    One pass for all that edit nothing, one pass per edit for the others,
-    and the passes of their own for detectors with :attr:`Detector.own_passes`.
+    One pass for all that edit nothing, one pass per edit for the others
+    (:meth:`Detector.edit_passes`), and the passes of their own for
+    detectors with :attr:`Detector.own_passes` (:meth:`Detector.score_inputs`).
     """
     for detector in detectors:
         if detector.rnet is not rnet:
@@ -982,11 +997,13 @@ def run_passes(
             scores[i] = detector.score_pass(result)
     for i, detector in enumerate(detectors):
         if detector.edits:
-            with rnet.selecting(detector.edit_label()), torch.no_grad():
-                out = rnet(*args, activation_postproc=detector.edit, **kwargs)
-                scores[i] = detector.score_pass(_pass(rnet, out))
-    for i, detector in enumerate(detectors):
-        if detector.own_passes:
+            results = []
+            for label, edit in detector.edit_passes():
+                with rnet.selecting(label), torch.no_grad():
+                    out = rnet(*args, activation_postproc=edit, **kwargs)
+                    results.append(_pass(rnet, out))
+            scores[i] = detector.score_passes(results)
+        elif detector.own_passes:
             scores[i] = detector.score_inputs(args, kwargs)
     return [scores[i] for i in range(len(detectors))]
 

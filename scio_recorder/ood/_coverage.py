@@ -1,0 +1,328 @@
+"""Neuron activation coverage: NAC (Liu et al., ICLR 2024), a gradient detector.
+
+A neuron's state is ``sigmoid(alpha * z * dKL(u || softmax(logits)) / dz)``
+(``z`` the neuron's output, pooled per channel for a map): it needs a
+backward pass per batch, so NAC is scored by its own pass with autograd
+(:meth:`~scio_recorder.ood.Detector.score_inputs`; the shared passes of the
+other detectors run under ``torch.no_grad()``), and fitted by its own loop
+over the batches (``collect`` records detached tensors). The fitted state is
+a histogram of states per neuron: bounded memory, whatever the data.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NAC", "nac_edges"]
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from scio_recorder._outputs import logits_of
+from scio_recorder.collect._loop import as_arguments, batch_getter, move_to
+
+from ._base import StateEntry, all_or_nothing, check_finite_samples
+from ._multilayer import _MultiLayer, pooled_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from typing_extensions import Self
+
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+_F64 = torch.float64
+_MIN_BINS = 4  # two edges on each side of 0.5
+
+
+def nac_edges(m_bins: int) -> Tensor:
+    """Return OpenOOD's NAC bin edges on ``[0, 1]`` for ``M = m_bins``, float64.
+
+    OpenOOD's ``logspace(1e3, M)``: ``M // 2`` points ``log_1000`` of
+    ``linspace(1, sqrt(1000))`` on ``[0, 0.5]`` (dense near 0), mirrored on
+    ``[0.5, 1]`` (dense near 1), the last edge moved to 1.01, and 1.2
+    appended: ``2 (M // 2)`` edges, so ``2 (M // 2) - 1`` bins (49 for
+    ``M = 50``); bin ``i`` is ``[edge_i, edge_{i+1})``.
+
+    Examples
+    --------
+    >>> edges = nac_edges(50)
+    >>> len(edges), edges[0].item(), edges[24].item(), edges[-1].item()
+    (50, 0.0, 0.5, 1.2)
+
+    """
+    num = m_bins // 2
+    x = torch.linspace(1.0, math.sqrt(1e3), num, dtype=_F64)
+    low = torch.log(x) / math.log(1e3)
+    edges = torch.cat([low[:-1], (1.0 - low).flip(0)])
+    edges[-1] += 1e-2
+    return torch.cat([edges, torch.tensor([1.2], dtype=_F64)])
+
+
+def _per_layer(who: str, name: str, value: Any, n: int, kind: type) -> list[Any]:
+    values = list(value) if isinstance(value, list | tuple) else [value] * n
+    if len(values) != n:
+        msg = (
+            f"{who}: {name} has {len(values)} values for {n} layers; give one "
+            "value, or one per layer."
+        )
+        raise ValueError(msg)
+    return [kind(v) for v in values]
+
+
+def _with_grad(value: Any) -> Any:
+    """Floating-point input tensors made leaves that require grad.
+
+    So the layers' outputs are in the graph even where the net's
+    parameters are frozen (``requires_grad=False``).
+    """
+    if isinstance(value, Tensor) and value.is_floating_point():
+        return value if value.requires_grad else value.detach().requires_grad_()
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_with_grad(v) for v in value)
+    if isinstance(value, list):
+        return [_with_grad(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _with_grad(v) for k, v in value.items()}
+    return value
+
+
+class NAC(_MultiLayer):
+    """Neuron activation coverage, NAC-UE (Liu et al., ICLR 2024).
+
+    For each layer ``l`` of ``layers`` and neuron ``n`` (a channel of a map:
+    the map's output and gradient are averaged over ``H, W`` separately, as
+    OpenOOD does; a token sequence gives its CLS token, ``token=``): the
+    state ``s = sigmoid(alpha_l * z_n * g_n)``, ``g = d/dz sum_samples
+    KL(u || softmax(logits))`` (one backward per batch; the samples'
+    gradients do not mix in an ``eval()`` net). ``fit`` counts, per neuron,
+    the fit samples whose state falls in each bin of :func:`nac_edges`
+    (OpenOOD's bins). The coverage of a bin is ``min(count / o_star, 1)``;
+    ``score(x) = -mean_l mean_n coverage_ln(bin of s_ln(x))`` (higher = more
+    OoD; OpenOOD's NAC-UE averages the layers too).
+
+    Where our reading decided: the formula, the bins, the pooling and the
+    mean over layers are OpenOOD v1.5's ``nac`` postprocessor (the authors'
+    code); the hyperparameters carry pytorch-ood 0.4's ``NACUE`` names and
+    defaults (``m_bins`` is OpenOOD's ``M``, ``alpha`` its ``sig_alpha``,
+    ``o_star`` its ``O``; OpenOOD tunes them per layer and net, e.g.
+    ``sig_alpha`` 100 to 3000). Every fit sample counts (OpenOOD's default
+    state function; the paper's variant keeping only correctly classified
+    samples: fit on those batches). pytorch-ood's ``NACUE`` differs by
+    design: it pools the product ``z * g`` (not ``z`` and ``g`` apart), uses
+    its own geometric bins (``m_bins`` bins, not ``2 (m_bins // 2) - 1``)
+    and sums the layers (we average them); on one un-pooled layer the states
+    agree and only the bins differ.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net (its outputs' logits: ``[batch, classes]``).
+    layers : list of selectors
+        Each resolves to one call whose output is a tensor.
+    m_bins : int or list of int, default 50
+        OpenOOD's ``M`` (>= 4): ``2 (M // 2) - 1`` bins; one value, or one
+        per layer.
+    alpha : float or list of float, default 100.0
+        The sigmoid's steepness; one value, or one per layer.
+    o_star : int or list of int, default 50
+        The count of a fully covered bin (>= 1); one value, or one per layer.
+    pool, token, mask
+        How a layer's output (and its gradient) becomes one value per
+        neuron, as for :class:`MahalanobisEnsemble`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.models import demo_model
+    >>> rnet = Recorder(demo_model(3), input_size=(1, 3, 32, 32))
+    >>> nac = NAC(rnet, ["features.1", "classifier.2"], o_star=2)
+    >>> nac.fit([torch.randn(8, 3, 32, 32)], input=None).counts[0].shape
+    torch.Size([8, 49])
+    >>> nac(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+    own_passes: ClassVar[bool] = True
+
+    def __init__(  # noqa: PLR0913 (pytorch-ood's options and the pooling's)
+        self,
+        rnet: Recorder,
+        layers: Sequence[Selector],
+        *,
+        m_bins: int | Sequence[int] = 50,
+        alpha: float | Sequence[float] = 100.0,
+        o_star: int | Sequence[int] = 50,
+        pool: str | None = "mean",
+        token: str = "cls",  # noqa: S107 (not a password)
+        mask: int | str | None = None,
+    ) -> None:
+        """Resolve the layers; check the per-layer hyperparameters."""
+        super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
+        n = len(self.labels)
+        self.m_bins = _per_layer("NAC", "m_bins", m_bins, n, int)
+        self.alpha = _per_layer("NAC", "alpha", alpha, n, float)
+        self.o_star = _per_layer("NAC", "o_star", o_star, n, int)
+        if any(m < _MIN_BINS for m in self.m_bins):
+            msg = f"NAC: m_bins must be ints >= {_MIN_BINS}, got {self.m_bins}"
+            raise ValueError(msg)
+        if any(o < 1 for o in self.o_star):
+            msg = f"NAC: o_star must be ints >= 1, got {self.o_star}"
+            raise ValueError(msg)
+        self.edges = [nac_edges(m) for m in self.m_bins]
+        self.counts: list[Tensor] = []
+
+    # -- the states -----------------------------------------------------------
+    def states(self, *args: Any, **kwargs: Any) -> list[Tensor]:
+        """Return each layer's neuron states ``[batch, N_l]`` (float64) for an input.
+
+        One forward pass recording ``layers`` and one backward pass of the
+        summed KL to the uniform distribution, under ``torch.enable_grad()``;
+        no ``.grad`` of the net is touched.
+        """
+        with self.rnet.selecting(*self.labels), torch.enable_grad():
+            out = self.rnet(*_with_grad(args), **_with_grad(kwargs))
+            logits = logits_of(out)
+            outputs = [self.rnet.activations[label] for label in self.labels]
+            for label, z in zip(self.labels, outputs, strict=True):
+                if not isinstance(z, Tensor) or not z.requires_grad:
+                    msg = (
+                        f"NAC: the output of layer "
+                        f"{self.rnet.table[label].describe()} is not in the "
+                        "autograd graph (no gradient reaches it): choose a "
+                        "layer the logits depend on, with floating-point inputs "
+                        "or parameters that require grad."
+                    )
+                    raise ValueError(msg)
+            if logits.dim() != 2:  # noqa: PLR2004 (a batch of logit vectors)
+                msg = (
+                    "NAC: the net's logits must be [batch, classes], got "
+                    f"{list(logits.shape)}"
+                )
+                raise ValueError(msg)
+            kl = -torch.log_softmax(logits, dim=1).mean(dim=1).sum()
+            grads = torch.autograd.grad(kl, outputs)
+        return [
+            torch.sigmoid(alpha * self.features(z) * self.features(g))
+            for z, g, alpha in zip(outputs, grads, self.alpha, strict=True)
+        ]
+
+    def bins(self, states: Sequence[Tensor]) -> list[Tensor]:
+        """Return each state's bin index, ``[batch, N_l]`` int64."""
+        return [
+            (torch.bucketize(s, e.to(s.device), right=True) - 1).clamp(0, len(e) - 2)
+            for s, e in zip(states, self.edges, strict=True)
+        ]
+
+    # -- fitting --------------------------------------------------------------
+    def fit(
+        self,
+        batches: Iterable[Any],
+        *,
+        input: Any = 0,  # noqa: A002 (collect's name)
+        target: Any = None,  # noqa: ARG002 (NAC uses no labels)
+        device: torch.device | str | None = None,
+        **options: Any,
+    ) -> Self:
+        """Count the neuron states of the batches in each bin (one pass).
+
+        Its own loop, with a backward pass per batch (``collect`` records
+        without gradients): ``input`` as for ``collect``; ``device`` moves
+        each batch's input (the net must be there); ``target`` is not used;
+        ``collect``'s other options (``spill_dir``, ``memory_budget``, ...)
+        do not apply (the histograms are small) and are refused. If the fit
+        fails (e.g. a sample with non-finite states), the detector is left
+        as it was.
+        """
+        if options:
+            msg = (
+                f"NAC.fit runs its own gradient loop and takes no "
+                f"{', '.join(sorted(options))}; its state is a histogram per "
+                "neuron, whatever the data. Drop them (fit NAC apart from "
+                "fit_detectors when sharing a spill_dir)."
+            )
+            raise TypeError(msg)
+        take = batch_getter(input, "input")
+        where = None if device is None else torch.device(device)
+        with all_or_nothing([self]):
+            counts: list[Tensor] | None = None
+            seen = 0
+            for batch in batches:
+                args, kwargs = as_arguments(take(batch), from_callable=callable(input))
+                if where is not None:
+                    args, kwargs = move_to(args, where), move_to(kwargs, where)
+                states = self.states(*args, **kwargs)
+                for label, s in zip(self.labels, states, strict=True):
+                    bad = int((~torch.isfinite(s)).any(dim=1).sum())
+                    check_finite_samples(self, label, "output", bad=bad, n=s.shape[0])
+                if counts is None:
+                    counts = [
+                        torch.zeros(s.shape[1], len(e) - 1, dtype=torch.int64)
+                        for s, e in zip(states, self.edges, strict=True)
+                    ]
+                for i, b in enumerate(self.bins(states)):
+                    width = counts[i].shape[1]
+                    flat = b + width * torch.arange(b.shape[1], device=b.device)
+                    hist = torch.bincount(flat.reshape(-1), minlength=counts[i].numel())
+                    counts[i] = counts[i] + hist.cpu().reshape(counts[i].shape)
+                seen += int(states[0].shape[0])
+            if counts is None or seen == 0:
+                msg = "NAC.fit got no samples: pass in-distribution batches."
+                raise ValueError(msg)
+            self.counts = counts
+            self._fitted = True
+        return self
+
+    # -- scoring --------------------------------------------------------------
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return minus the mean coverage of the neurons' states, ``[batch]``."""
+        states = self.states(*args, **kwargs)
+        total = torch.zeros(states[0].shape[0], dtype=_F64, device=states[0].device)
+        for i, b in enumerate(self.bins(states)):
+            counts = self.counts[i].to(b.device)
+            if counts.shape[0] != b.shape[1]:
+                msg = (
+                    f"NAC: layer {self.rnet.table[self.labels[i]].describe()} gives "
+                    f"{b.shape[1]} neurons, but NAC was fitted on {counts.shape[0]}: "
+                    "score inputs of the shape it was fitted on, or fit it again."
+                )
+                raise ValueError(msg)
+            coverage = (counts.to(_F64) / self.o_star[i]).clamp(max=1.0)
+            total = total + coverage.gather(1, b.T).T.mean(dim=1)
+        scores: Tensor = -total / len(self.labels)
+        return scores
+
+    # -- state ----------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Return the layers, pooling and the per-layer hyperparameters."""
+        return {
+            **super().config(),
+            "m_bins": self.m_bins,
+            "alpha": self.alpha,
+            "o_star": self.o_star,
+        }
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the bin counts, by layer index."""
+        return {f"counts.{i}": c for i, c in enumerate(self.counts)}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Per layer ``i``: ``counts.i`` ``[N_i, bins_i]`` int64 (N_i: neurons)."""
+        return {
+            f"counts.{i}": StateEntry(
+                (pooled_size(self.rnet, label, self.pool), len(edges) - 1),
+                torch.int64,
+            )
+            for i, (label, edges) in enumerate(
+                zip(self.labels, self.edges, strict=True)
+            )
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the bin counts."""
+        self.counts = [state[f"counts.{i}"] for i in range(len(self.labels))]
