@@ -948,10 +948,14 @@ def run_passes(
     detectors: Sequence[Detector],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    *,
+    logits: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """Score one batch for every detector, in order.
 
     One pass for all that edit nothing, one pass per edit for the others.
+    ``logits``, if given, gets the logits of the pass that scored each
+    detector, in order (for the closed-set accuracy of ``evaluate``).
     """
     for detector in detectors:
         if detector.rnet is not rnet:
@@ -959,6 +963,7 @@ def run_passes(
             raise ValueError(msg)
         detector.check_fitted()
     scores: dict[int, Tensor] = {}
+    passes: dict[int, Pass] = {}
     plain = [(i, d) for i, d in enumerate(detectors) if not d.edits]
     if plain:
         outputs = sorted({label for _, d in plain for label in d.outputs()})
@@ -968,11 +973,15 @@ def run_passes(
             result = _pass(rnet, out)
         for i, detector in plain:
             scores[i] = detector.score_pass(result)
+            passes[i] = result
     for i, detector in enumerate(detectors):
         if detector.edits:
             with rnet.selecting(detector.edit_label()), torch.no_grad():
                 out = rnet(*args, activation_postproc=detector.edit, **kwargs)
-                scores[i] = detector.score_pass(_pass(rnet, out))
+                passes[i] = _pass(rnet, out)
+                scores[i] = detector.score_pass(passes[i])
+    if logits is not None:
+        logits.extend(passes[i].logits for i in range(len(detectors)))
     return [scores[i] for i in range(len(detectors))]
 
 
