@@ -56,15 +56,17 @@ __all__ = [
     "MaxLogit",
     "NotFittedError",
     "OoDResults",
+    "Pass",
     "ReAct",
     "Scale",
+    "StateEntry",
     "ViM",
     "evaluate",
     "fit_detectors",
     "score_sets",
 ]
 
-from ._base import Detector, NotFittedError, fit_detectors
+from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
 from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
