@@ -63,7 +63,9 @@ def ood_table(rnet: Recorder) -> str:
     )
     names = list(results)
     lines = [
-        "| detector | " + " | ".join(f"AUROC {n} | FPR95 {n}" for n in names) + " |",
+        "| detector | "
+        + " | ".join(f"AUROC {n} | FPR95-OOD {n}" for n in names)
+        + " |",
         "|---|" + "---:|---:|" * len(names),
     ]
     for detector in detectors:

@@ -31,7 +31,7 @@ from .ood import ASH, KNN, MSP, Energy, Mahalanobis, ReAct, evaluate, fit_detect
 from .recorder import Recorder
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from .ood import Evaluation
 
@@ -45,8 +45,8 @@ class DemoResult:
 
     accuracy: float
     """Test accuracy of the trained CNN."""
-    evaluations: dict[str, Evaluation]
-    """OoD set -> the detectors' metrics (and scores)."""
+    evaluations: Mapping[str, Evaluation]
+    """OoD set -> the detectors' metrics (and scores): an ``OoDResults``."""
     files: list[Path]
     """The pictures written."""
     seconds: dict[str, float]
@@ -173,7 +173,7 @@ def run_demo(
 
 def _pictures(
     rnet: Recorder,
-    evaluations: dict[str, Evaluation],
+    evaluations: Mapping[str, Evaluation],
     images: torch.Tensor,
     folder: Path,
     echo: Callable[[str], Any],

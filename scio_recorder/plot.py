@@ -1,7 +1,8 @@
 """Pictures of what was recorded and detected (matplotlib, the ``plot`` extra).
 
-Each function takes data (an :class:`~scio_recorder.ood.Evaluation`,
-heatmaps, records) and returns a :class:`matplotlib.figure.Figure`; those
+Each function takes data (an :class:`~scio_recorder.ood.Evaluation` or the
+:class:`~scio_recorder.ood.OoDResults` of several OoD sets, heatmaps,
+records) and returns a :class:`matplotlib.figure.Figure`; those
 that draw one panel also take an ``ax`` to draw into. Nothing calls
 ``plt.show()`` and no global figure state is used, so the functions work
 the same in scripts, notebooks and headless runs (``fig.savefig(path)``).
@@ -25,21 +26,25 @@ __all__ = [
 
 import importlib
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._extras import install_hint
+from .ood import Evaluation
 from .ood.metrics import roc_curve
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from torch import Tensor
 
-    from .ood import Evaluation
+    from .ood import OoDResults
+
+    Evaluations = Evaluation | OoDResults | Mapping[str, Evaluation]
 
 INSTALL = f"Plots need matplotlib: {install_hint('plot', 'matplotlib')}."
 
@@ -76,10 +81,40 @@ def _names(evaluation: Evaluation, detectors: Sequence[str] | None) -> list[str]
     return names
 
 
+def _evaluations(
+    evaluation: Evaluations, sets: Sequence[str] | None
+) -> list[Evaluation]:
+    """Return the :class:`Evaluation` of each set to draw, in order."""
+    if isinstance(evaluation, Evaluation):
+        if sets is not None and list(sets) != [evaluation.name]:
+            msg = (
+                f"sets={list(sets)}: this Evaluation holds one OoD set, "
+                f"{evaluation.name!r}; drop `sets=`."
+            )
+            raise KeyError(msg)
+        return [evaluation]
+    if not isinstance(evaluation, Mapping) or not all(
+        isinstance(v, Evaluation) for v in evaluation.values()
+    ):
+        msg = (
+            f"expected an Evaluation or OoDResults from `evaluate`, got a "
+            f"{type(evaluation).__name__}"
+        )
+        raise TypeError(msg)
+    names = list(evaluation) if sets is None else list(sets)
+    unknown = [name for name in names if name not in evaluation]
+    if unknown or not names:
+        msg = f"no OoD set named {unknown} in the results; they have {list(evaluation)}"
+        raise KeyError(msg)
+    found: Mapping[str, Evaluation] = evaluation  # type: ignore[assignment]
+    return [found[name] for name in names]
+
+
 def score_histograms(
-    evaluation: Evaluation,
+    evaluation: Evaluations,
     detectors: Sequence[str] | None = None,
     *,
+    sets: Sequence[str] | None = None,
     bins: int = 40,
     columns: int = 4,
 ) -> Figure:
@@ -87,19 +122,23 @@ def score_histograms(
 
     Parameters
     ----------
-    evaluation : Evaluation
-        From :func:`~scio_recorder.ood.evaluate` (it keeps the scores).
+    evaluation : Evaluation or OoDResults
+        From :func:`~scio_recorder.ood.evaluate` (it keeps the scores); for
+        several OoD sets, one row of panels per set.
     detectors : sequence of str, optional
         Which ones, in order; default all.
+    sets : sequence of str, optional
+        Which OoD sets of an :class:`~scio_recorder.ood.OoDResults`, in
+        order; default all.
     bins : int, default 40
         Histogram bins (shared by both sets of a panel).
     columns : int, default 4
-        Panels per row.
+        Panels per row (one OoD set); with several sets, a row per set.
 
     Returns
     -------
     Figure
-        One panel per detector, titled with its AUROC.
+        One panel per detector (and set), titled with its AUROC.
 
     Examples
     --------
@@ -112,31 +151,50 @@ def score_histograms(
     ['a (AUROC 0.87)']
 
     """
-    names = _names(evaluation, detectors)
-    fig, axes = _grid(len(names), columns=columns)
-    for ax, name in zip(axes, names, strict=True):
-        inside = _numpy(evaluation.id_scores[name])
-        outside = _numpy(evaluation.ood_scores[name])
+    evaluations = _evaluations(evaluation, sets)
+    names = _names(evaluations[0], detectors)
+    several = len(evaluations) > 1
+    count = len(names) * len(evaluations)
+    fig, axes = _grid(count, columns=len(names) if several else columns)
+    panels = [(ev, name) for ev in evaluations for name in names]
+    for ax, (ev, name) in zip(axes, panels, strict=True):
+        inside = _numpy(ev.id_scores[name])
+        outside = _numpy(ev.ood_scores[name])
         low = min(inside.min(), outside.min())
         high = max(inside.max(), outside.max())
         edges = torch.linspace(low, high if high > low else low + 1, bins + 1).tolist()
         ax.hist(inside, bins=edges, alpha=0.6, density=True, label="in-distribution")
-        ax.hist(outside, bins=edges, alpha=0.6, density=True, label=evaluation.name)
-        ax.set_title(f"{name} (AUROC {evaluation[name]['AUROC']:.2f})")
+        ax.hist(outside, bins=edges, alpha=0.6, density=True, label=ev.name)
+        where = f" vs {ev.name}" if several else ""
+        ax.set_title(f"{name}{where} (AUROC {ev[name]['AUROC']:.2f})")
         ax.set_xlabel("score (higher: more OoD)")
         ax.set_yticks([])
     if axes:
-        axes[0].legend(fontsize=8)
+        for i in range(0, len(axes), len(names) if several else len(axes)):
+            axes[i].legend(fontsize=8)
     return fig
 
 
 def roc_curves(
-    evaluation: Evaluation,
+    evaluation: Evaluations,
     detectors: Sequence[str] | None = None,
     *,
+    sets: Sequence[str] | None = None,
     ax: Axes | None = None,
 ) -> Figure:
-    """Draw the ROC curves (OoD positive) of several detectors in one panel.
+    """Draw the ROC curves (OoD positive) of several detectors, a panel per set.
+
+    Parameters
+    ----------
+    evaluation : Evaluation or OoDResults
+        From :func:`~scio_recorder.ood.evaluate`.
+    detectors : sequence of str, optional
+        Which ones, in order; default all.
+    sets : sequence of str, optional
+        Which OoD sets of an :class:`~scio_recorder.ood.OoDResults`; default
+        all, one panel each.
+    ax : Axes, optional
+        Draw into it (one OoD set only).
 
     Examples
     --------
@@ -149,21 +207,30 @@ def roc_curves(
     2
 
     """
-    names = _names(evaluation, detectors)
-    if ax is None:
-        fig = _figure(figsize=(4.5, 4.2), layout="constrained")
-        ax = fig.add_subplot()
+    evaluations = _evaluations(evaluation, sets)
+    names = _names(evaluations[0], detectors)
+    if ax is not None:
+        if len(evaluations) > 1:
+            msg = (
+                f"roc_curves: one `ax` cannot hold the {len(evaluations)} OoD "
+                f"sets {[ev.name for ev in evaluations]}; pick one with "
+                "`sets=[name]`, or drop `ax` (a panel per set)."
+            )
+            raise ValueError(msg)
+        fig = ax.get_figure()
+        axes = [ax]
     else:
-        fig = ax.get_figure()  # type: ignore[assignment]
-    for name in names:
-        fpr, tpr = roc_curve(evaluation.id_scores[name], evaluation.ood_scores[name])
-        ax.plot(fpr, tpr, label=f"{name} ({evaluation[name]['AUROC']:.2f})")
-    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("false positive rate (in-distribution flagged)")
-    ax.set_ylabel(f"true positive rate ({evaluation.name} flagged)")
-    ax.set_title(f"ROC, {evaluation.name}")
-    ax.legend(fontsize=7, loc="lower right")
-    return fig
+        fig, axes = _grid(len(evaluations), columns=3, size=4.3)
+    for panel, ev in zip(axes, evaluations, strict=True):
+        for name in names:
+            fpr, tpr = roc_curve(ev.id_scores[name], ev.ood_scores[name])
+            panel.plot(fpr, tpr, label=f"{name} ({ev[name]['AUROC']:.2f})")
+        panel.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+        panel.set_xlabel("false positive rate (in-distribution flagged)")
+        panel.set_ylabel(f"true positive rate ({ev.name} flagged)")
+        panel.set_title(f"ROC, {ev.name}")
+        panel.legend(fontsize=7, loc="lower right")
+    return fig  # type: ignore[return-value]
 
 
 def _image(x: Tensor) -> Any:

@@ -38,7 +38,7 @@ from scio_recorder.ood import (
     evaluate,
     fit_detectors,
 )
-from scio_recorder.ood.metrics import ood_metrics
+from scio_recorder.ood.metrics import ALL_METRICS, ood_metrics
 
 F64 = torch.float64
 
@@ -388,7 +388,11 @@ def test_evaluate_shares_passes_and_gives_the_metrics(net, rnet, data):
     assert isinstance(result, Evaluation)
     assert list(result) == list(detectors)
     for name, detector in detectors.items():
-        assert result[name] == ood_metrics(detector(x), detector(ood[0]))
+        old = ood_metrics(detector(x), detector(ood[0]))  # the four of before
+        assert {key: result[name][key] for key in old} == old
+        assert result[name] == ood_metrics(
+            detector(x), detector(ood[0]), names=ALL_METRICS
+        )
     assert result.table().splitlines()[0] == (
         "| detector (OoD) | AUROC | AUPR-IN | AUPR-OUT | FPR95TPR |"
     )

@@ -9,7 +9,10 @@ for ViM); ``score(x)`` (or ``detector(x)``) returns one score per sample,
 **higher = more likely OoD** (pytorch-ood's convention); fitted state saves
 to and loads from safetensors files. :func:`evaluate` scores data sets with
 several detectors sharing passes and rates them
-(:mod:`scio_recorder.ood.metrics`).
+(:mod:`scio_recorder.ood.metrics`): one :class:`OoDResults` table for
+several OoD sets; :func:`score_sets` scores named sets with shared passes
+for your own metrics. A detector of your own subclasses :class:`Detector`
+(see the docs page "Write your own detector").
 
 | family | detectors |
 |---|---|
@@ -74,23 +77,27 @@ __all__ = [
     "MaxLogit",
     "NNGuide",
     "NotFittedError",
+    "OoDResults",
+    "Pass",
     "RankFeat",
     "ReAct",
     "Residual",
     "Scale",
+    "StateEntry",
     "TempScale",
     "ViM",
     "evaluate",
     "fDBD",
     "fit_detectors",
+    "score_sets",
 ]
 
-from ._base import Detector, NotFittedError, fit_detectors
+from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
-from ._evaluate import Evaluation, evaluate
+from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit

@@ -973,12 +973,17 @@ def run_passes(
     detectors: Sequence[Detector],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    *,
+    logits: list[Tensor] | None = None,
 ) -> list[Tensor]:
     """Score one batch for every detector, in order.
 
     One pass for all that edit nothing, one pass per edit for the others
     (:meth:`Detector.edit_passes`), and the passes of their own for
     detectors with :attr:`Detector.own_passes` (:meth:`Detector.score_inputs`).
+    ``logits``, if given, gets the logits of the pass that scored each
+    detector, in order (for the closed-set accuracy of ``evaluate``); for a
+    detector with passes of its own, those of the unedited net.
     """
     for detector in detectors:
         if detector.rnet is not rnet:
@@ -986,6 +991,7 @@ def run_passes(
             raise ValueError(msg)
         detector.check_fitted()
     scores: dict[int, Tensor] = {}
+    passes: dict[int, Pass] = {}
     plain = [(i, d) for i, d in enumerate(detectors) if not (d.edits or d.own_passes)]
     if plain:
         outputs = sorted({label for _, d in plain for label in d.outputs()})
@@ -995,6 +1001,7 @@ def run_passes(
             result = _pass(rnet, out)
         for i, detector in plain:
             scores[i] = detector.score_pass(result)
+            passes[i] = result
     for i, detector in enumerate(detectors):
         if detector.edits:
             results = []
@@ -1003,9 +1010,31 @@ def run_passes(
                     out = rnet(*args, activation_postproc=edit, **kwargs)
                     results.append(_pass(rnet, out))
             scores[i] = detector.score_passes(results)
+            passes[i] = results[0]
         elif detector.own_passes:
             scores[i] = detector.score_inputs(args, kwargs)
+    if logits is not None:
+        _fill_unedited(rnet, detectors, passes, args, kwargs)
+        logits.extend(passes[i].logits for i in range(len(detectors)))
     return [scores[i] for i in range(len(detectors))]
+
+
+def _fill_unedited(
+    rnet: Recorder,
+    detectors: Sequence[Detector],
+    passes: dict[int, Pass],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> None:
+    """Give detectors with passes of their own the unedited net's pass."""
+    unedited = next((p for i, p in passes.items() if not detectors[i].edits), None)
+    for i, detector in enumerate(detectors):
+        if detector.own_passes:
+            if unedited is None:
+                with torch.no_grad():
+                    out = rnet(*args, dont_record=True, **kwargs)
+                unedited = _pass(rnet, out)
+            passes[i] = unedited
 
 
 def _fit_together(

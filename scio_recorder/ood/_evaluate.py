@@ -1,18 +1,25 @@
 """Score data sets with several detectors, sharing passes, and rate them.
 
-:func:`evaluate` runs each batch once for all the detectors that edit
+:func:`score_sets` runs each batch once for all the detectors that edit
 nothing (their features and logits recorded together) and once per edit for
-the others, then computes :mod:`~scio_recorder.ood.metrics` for each
-detector. An :class:`Evaluation` is a mapping detector name -> metrics that
-prints as a table and keeps the scores (for histograms and ROC curves).
+the others. :func:`evaluate` scores in-distribution data and one or several
+OoD sets that way and computes :mod:`~scio_recorder.ood.metrics` for each
+detector: an :class:`Evaluation` (one OoD set: a mapping detector name ->
+metrics, keeping the scores for histograms and ROC curves), or for several
+named OoD sets one :class:`OoDResults` (a mapping set name ->
+:class:`Evaluation`) that prints, exports and plots as one detector x set
+table of every metric, with near/far group means as in OpenOOD's tables.
 """
 
 from __future__ import annotations
 
-__all__ = ["Evaluation", "evaluate", "score_batches"]
+__all__ = ["Evaluation", "OoDResults", "evaluate", "score_batches", "score_sets"]
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+import html
+import importlib
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 from torch import Tensor
@@ -20,11 +27,37 @@ from torch import Tensor
 from scio_recorder.collect._loop import as_arguments, batch_getter
 
 from ._base import Detector, run_passes
-from .metrics import METRICS, ood_metrics
+from .metrics import ALL_METRICS, METRICS, TABLE_METRICS, ood_metrics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+ACC = "ACC"
+"""The column of the closed-set accuracy of the in-distribution data."""
+
+_LEGEND = {
+    "AUROC": "AUROC: OoD positive, higher is better.\n"
+    "AUROC < 0.5 means a reversed ranking: the detector ranks ID above OoD.",
+    "FPR95-ID": "FPR95-ID: false-positive rate at 95 % ID recall (ID positive, "
+    "OpenOOD's FPR@95): the fraction of OoD samples taken for ID at the threshold "
+    "keeping 95 % of ID; lower is better.",
+    "FPR95-OOD": "FPR95-OOD: the fraction of ID samples flagged at 95 % OoD recall "
+    "(OoD positive); lower is better.",
+    "FPR95TPR": "FPR95TPR: FPR95-OOD under its old name (OoD positive).",
+    "AUPR-IN": "AUPR-IN: average precision, ID positive; higher is better.",
+    "AUPR-OUT": "AUPR-OUT: average precision, OoD positive; higher is better.",
+    ACC: "ACC: closed-set accuracy on the ID data, from the logits of the pass "
+    "that scored each detector.",
+}
 
 
 class Evaluation(Mapping[str, dict[str, float]]):
-    """Detector name -> metrics: ``AUROC``, ``AUPR-IN``, ``AUPR-OUT``, ``FPR95TPR``.
+    """Detector name -> metrics, on one OoD set.
+
+    Each detector's metrics are :data:`~scio_recorder.ood.metrics.ALL_METRICS`:
+    ``AUROC``, ``AUPR-IN``, ``AUPR-OUT``, ``FPR95TPR`` (OoD positive, the old
+    name), ``FPR95-ID`` (ID positive, OpenOOD's FPR@95) and ``FPR95-OOD``
+    (OoD positive, the same as ``FPR95TPR``).
 
     Attributes
     ----------
@@ -32,6 +65,17 @@ class Evaluation(Mapping[str, dict[str, float]]):
         Each detector's scores on the in-distribution and the OoD data.
     name : str
         The OoD set's name (for tables and plots).
+    accuracy : dict of str to float
+        Each detector's closed-set accuracy on the in-distribution data (when
+        :func:`evaluate` had ``target=``), else empty.
+
+    Examples
+    --------
+    >>> import torch
+    >>> ev = Evaluation({"a": torch.tensor([0.0, 1.0])}, {"a": torch.tensor([2.0])})
+    >>> ev["a"]["AUROC"], ev["a"]["FPR95-ID"]
+    (1.0, 0.0)
+
     """
 
     def __init__(
@@ -39,13 +83,17 @@ class Evaluation(Mapping[str, dict[str, float]]):
         id_scores: dict[str, Tensor],
         ood_scores: dict[str, Tensor],
         name: str = "OoD",
+        *,
+        accuracy: Mapping[str, float] | None = None,
     ) -> None:
         """Compute the metrics of each detector."""
         self.id_scores = id_scores
         self.ood_scores = ood_scores
         self.name = name
+        self.accuracy = dict(accuracy or {})
         self._metrics = {
-            key: ood_metrics(id_scores[key], ood_scores[key]) for key in id_scores
+            key: ood_metrics(id_scores[key], ood_scores[key], names=ALL_METRICS)
+            for key in id_scores
         }
 
     def __getitem__(self, key: str) -> dict[str, float]:
@@ -60,8 +108,17 @@ class Evaluation(Mapping[str, dict[str, float]]):
         """Return the number of detectors."""
         return len(self._metrics)
 
+    @property
+    def results(self) -> OoDResults:
+        """Return the :class:`OoDResults` of this one set (its tables)."""
+        return OoDResults({self.name: self})
+
     def table(self) -> str:
-        """Return the metrics as a Markdown table, one row per detector."""
+        """Return the metrics as a Markdown table, one row per detector.
+
+        The four :data:`~scio_recorder.ood.metrics.METRICS` (``FPR95TPR``: OoD
+        positive), as always; :meth:`to_markdown` gives the results tables.
+        """
         head = f"| detector ({self.name}) | " + " | ".join(METRICS) + " |"
         rule = "|---|" + "---:|" * len(METRICS)
         rows = [
@@ -70,9 +127,24 @@ class Evaluation(Mapping[str, dict[str, float]]):
         ]
         return "\n".join([head, rule, *rows])
 
+    def to_text(self, metrics: Sequence[str] | None = None) -> str:
+        """Return the aligned plain-text tables (:meth:`OoDResults.to_text`)."""
+        return self.results.to_text(metrics)
+
+    def to_markdown(self, metrics: Sequence[str] | None = None) -> str:
+        """Return the Markdown tables (:meth:`OoDResults.to_markdown`)."""
+        return self.results.to_markdown(metrics)
+
+    def to_pandas(self, metrics: Sequence[str] | None = None) -> Any:
+        """Return a ``pandas.DataFrame`` (:meth:`OoDResults.to_pandas`)."""
+        return self.results.to_pandas(metrics)
+
+    def _repr_html_(self) -> str:
+        return self.results._repr_html_()
+
     def __str__(self) -> str:
-        """Return :meth:`table`."""
-        return self.table()
+        """Return :meth:`to_text`."""
+        return self.to_text()
 
     def __repr__(self) -> str:
         """Show the detectors and their AUROC."""
@@ -80,6 +152,363 @@ class Evaluation(Mapping[str, dict[str, float]]):
             f"{k}: AUROC {v['AUROC']:.3f}" for k, v in self._metrics.items()
         )
         return f"Evaluation({self.name}; {inner})"
+
+
+class OoDResults(Mapping[str, Evaluation]):
+    """The results of several OoD sets: set name -> :class:`Evaluation`.
+
+    Indexing works as on the dict :func:`evaluate` returned before
+    (``results["noise"]["MSP"]["AUROC"]``); the object is also one detector x
+    set table of every metric, with the means of named groups of sets
+    (``near``/``far`` as in OpenOOD's tables), and the closed-set accuracy on
+    the in-distribution data when :func:`evaluate` had ``target=``. It
+    prints aligned (``str``), and gives :meth:`to_markdown`,
+    :meth:`to_pandas` and an HTML table in Jupyter; every function of
+    :mod:`scio_recorder.plot` that draws evaluations accepts it.
+
+    Parameters
+    ----------
+    evaluations : Mapping of str to Evaluation
+        One per OoD set, scored by the same detectors on the same ID data.
+    groups : Mapping of str to sequence of str, optional
+        Named groups of sets (e.g. ``{"near": ["a"], "far": ["b", "c"]}``):
+        each gets a column of the mean over its sets, after the sets.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder.ood import Evaluation, OoDResults
+    >>> inside = {"A": torch.arange(10.0)}
+    >>> results = OoDResults(
+    ...     {
+    ...         "far": Evaluation(inside, {"A": torch.arange(10.0) + 9}, "far"),
+    ...         "near": Evaluation(inside, {"A": torch.arange(10.0) + 5}, "near"),
+    ...     },
+    ...     groups={"all": ["far", "near"]},
+    ... )
+    >>> results["far"]["A"]["AUROC"], results.value("A", "all", "AUROC")
+    (0.995, 0.935)
+    >>> print(results.to_text(["AUROC"]))  # doctest: +NORMALIZE_WHITESPACE
+    OoD detection: 1 detectors x 2 OoD sets; groups: all = far, near
+    AUROC: OoD positive, higher is better.
+    AUROC < 0.5 means a reversed ranking: the detector ranks ID above OoD.
+    <BLANKLINE>
+    AUROC
+    detector    far   near    all
+    A         0.995  0.875  0.935
+
+    """
+
+    def __init__(
+        self,
+        evaluations: Mapping[str, Evaluation],
+        *,
+        groups: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Check the sets and the groups."""
+        self._sets = dict(evaluations)
+        if not self._sets:
+            msg = "OoDResults needs at least one OoD set: a mapping name -> Evaluation"
+            raise ValueError(msg)
+        first = next(iter(self._sets.values()))
+        self.detectors = list(first)
+        for name, evaluation in self._sets.items():
+            if list(evaluation) != self.detectors:
+                msg = (
+                    f"OoDResults: set {name!r} was scored by {list(evaluation)}, "
+                    f"but the others by {self.detectors}: evaluate every set with "
+                    "the same detectors."
+                )
+                raise ValueError(msg)
+        self.accuracy: dict[str, float] = dict(first.accuracy)
+        self.groups = _checked_groups(groups or {}, list(self._sets))
+
+    # -- the mapping of the old dict --------------------------------------
+    def __getitem__(self, key: str) -> Evaluation:
+        """Return the :class:`Evaluation` of OoD set ``key``."""
+        return self._sets[key]
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the OoD sets' names, in the order given."""
+        return iter(self._sets)
+
+    def __len__(self) -> int:
+        """Return the number of OoD sets."""
+        return len(self._sets)
+
+    @property
+    def sets(self) -> list[str]:
+        """The OoD sets' names."""
+        return list(self._sets)
+
+    @property
+    def id_scores(self) -> dict[str, Tensor]:
+        """Each detector's scores on the in-distribution data."""
+        return next(iter(self._sets.values())).id_scores
+
+    # -- the table ---------------------------------------------------------
+    def value(self, detector: str, column: str, metric: str) -> float:
+        """Return ``metric`` of ``detector`` on a set, or its mean over a group.
+
+        Raises
+        ------
+        KeyError
+            Naming the unknown detector, column or metric, and the known ones.
+        """
+        if detector not in self.detectors:
+            msg = f"no detector named {detector!r}; the results have {self.detectors}"
+            raise KeyError(msg)
+        if metric not in ALL_METRICS:
+            msg = f"no metric named {metric!r}; choose among {list(ALL_METRICS)}"
+            raise KeyError(msg)
+        if column in self._sets:
+            return self._sets[column][detector][metric]
+        if column in self.groups:
+            values = [self._sets[s][detector][metric] for s in self.groups[column]]
+            return math.fsum(values) / len(values)
+        msg = (
+            f"no OoD set or group named {column!r}; the results have the sets "
+            f"{self.sets} and the groups {list(self.groups)}"
+        )
+        raise KeyError(msg)
+
+    @property
+    def columns(self) -> list[str]:
+        """The sets, then the groups (their means)."""
+        return [*self._sets, *self.groups]
+
+    def _metrics(self, metrics: Sequence[str] | None) -> list[str]:
+        chosen = list(TABLE_METRICS if metrics is None else metrics)
+        unknown = [m for m in chosen if m not in ALL_METRICS]
+        if unknown:
+            msg = (
+                f"unknown metric {', '.join(map(repr, unknown))}; choose among "
+                f"{', '.join(ALL_METRICS)}"
+            )
+            raise ValueError(msg)
+        return chosen
+
+    def _blocks(
+        self, metrics: Sequence[str] | None
+    ) -> list[tuple[str, list[str], list[list[str]]]]:
+        """``(title, header, rows)`` per metric, then the accuracy."""
+        blocks = []
+        for metric in self._metrics(metrics):
+            rows = [
+                [name, *(f"{self.value(name, c, metric):.3f}" for c in self.columns)]
+                for name in self.detectors
+            ]
+            blocks.append((metric, ["detector", *self.columns], rows))
+        if self.accuracy:
+            rows = [[name, f"{self.accuracy[name]:.3f}"] for name in self.detectors]
+            blocks.append((ACC, ["detector", ACC], rows))
+        return blocks
+
+    def _head(self, metrics: Sequence[str] | None) -> list[str]:
+        groups = "; ".join(f"{g} = {', '.join(s)}" for g, s in self.groups.items())
+        lines = [
+            f"OoD detection: {len(self.detectors)} detectors x {len(self._sets)} "
+            f"OoD sets" + (f"; groups: {groups}" if groups else "")
+        ]
+        shown = self._metrics(metrics)
+        legends = [_LEGEND[m] for m in shown]
+        if self.accuracy:
+            legends.append(_LEGEND[ACC])
+        lines += [line for legend in legends for line in legend.split("\n")]
+        return lines
+
+    def to_text(self, metrics: Sequence[str] | None = None) -> str:
+        """Return one aligned plain-text table per metric (and the accuracy).
+
+        Parameters
+        ----------
+        metrics : sequence of str, optional
+            Default :data:`~scio_recorder.ood.metrics.TABLE_METRICS`:
+            ``AUROC``, ``FPR95-ID`` (ID positive, as OpenOOD), ``AUPR-IN``,
+            ``AUPR-OUT``.
+        """
+        out = self._head(metrics)
+        for title, header, rows in self._blocks(metrics):
+            widths = [
+                max(len(r[i]) for r in [header, *rows]) for i in range(len(header))
+            ]
+            out += ["", title]
+            for row in [header, *rows]:
+                cells = [row[0].ljust(widths[0])]
+                cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+                out.append("  ".join(cells).rstrip())
+        return "\n".join(out)
+
+    def to_markdown(self, metrics: Sequence[str] | None = None) -> str:
+        """Return one Markdown table per metric (and the accuracy), legend first."""
+        out = [f"{line}  " for line in self._head(metrics)]
+        for title, header, rows in self._blocks(metrics):
+            out += ["", f"**{title}**", ""]
+            out.append("| " + " | ".join(header) + " |")
+            out.append("|---|" + "---:|" * (len(header) - 1))
+            out += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(out)
+
+    def to_pandas(self, metrics: Sequence[str] | None = None) -> Any:
+        """Return a ``pandas.DataFrame``: a row per detector, columns (metric, set).
+
+        The columns are a ``MultiIndex`` of (metric, set or group), then
+        ``("ACC", "ID")`` when the accuracy is known; values are floats.
+
+        Raises
+        ------
+        ImportError
+            If pandas is not installed (the message says how to install it).
+        """
+        try:
+            pandas = importlib.import_module("pandas")
+        except ImportError as error:
+            msg = (
+                "OoDResults.to_pandas needs pandas, which is not installed: "
+                "`pip install pandas`; or use str(results) or "
+                "results.to_markdown(), which need nothing."
+            )
+            raise ImportError(msg) from error
+        columns = [(m, c) for m in self._metrics(metrics) for c in self.columns]
+        data = [[self.value(name, c, m) for m, c in columns] for name in self.detectors]
+        if self.accuracy:
+            columns.append((ACC, "ID"))
+            for row, name in zip(data, self.detectors, strict=True):
+                row.append(self.accuracy[name])
+        return pandas.DataFrame(
+            data,
+            index=pandas.Index(self.detectors, name="detector"),
+            columns=pandas.MultiIndex.from_tuples(columns, names=["metric", "set"]),
+        )
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p>{'<br>'.join(map(html.escape, self._head(None)))}</p>"]
+        for title, header, rows in self._blocks(None):
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            body = "".join(
+                "<tr><th>"
+                + html.escape(row[0])
+                + "</th>"
+                + "".join(f'<td style="text-align:right">{c}</td>' for c in row[1:])
+                + "</tr>"
+                for row in rows
+            )
+            parts.append(
+                f"<table><caption>{html.escape(title)}</caption>"
+                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            )
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        """Return :meth:`to_text`."""
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        """Show the sets, the groups and the detectors."""
+        groups = f", groups={self.groups}" if self.groups else ""
+        return f"OoDResults(sets={self.sets}{groups}, detectors={self.detectors})"
+
+
+def _checked_groups(
+    groups: Mapping[str, Sequence[str]], sets: list[str]
+) -> dict[str, list[str]]:
+    checked: dict[str, list[str]] = {}
+    for group, members in groups.items():
+        if isinstance(members, str):
+            members = [members]  # noqa: PLW2901 (one set named alone)
+        names = list(members)
+        unknown = [name for name in names if name not in sets]
+        if unknown or not names:
+            what = f"unknown OoD sets {unknown}" if unknown else "no OoD set"
+            msg = (
+                f"group {group!r} names {what}; the OoD sets are {sets}: name "
+                "groups with the keys of `ood_batches`."
+            )
+            raise ValueError(msg)
+        if group in sets:
+            msg = (
+                f"group {group!r} has the name of an OoD set; name it otherwise "
+                "(its mean is a column next to the sets')."
+            )
+            raise ValueError(msg)
+        checked[group] = names
+    return checked
+
+
+def _score(
+    detectors: Mapping[str, Detector],
+    batches: Iterable[Any],
+    *,
+    input: Any,  # noqa: A002 (collect's name)
+    target: Any = None,
+    name: str | None = None,
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """Each detector's scores, and its accuracy when ``target`` is given."""
+    if not detectors:
+        msg = "evaluate needs at least one detector: a mapping name -> detector"
+        raise ValueError(msg)
+    get = batch_getter(input, "input")
+    labels_of: Callable[[Any], Any] | None = (
+        None if target is None else batch_getter(target, "target")
+    )
+    from_callable = callable(input) and not isinstance(input, int | str)
+    groups: dict[int, list[str]] = {}
+    for key, detector in detectors.items():
+        if not isinstance(detector, Detector):
+            msg = f"detectors[{key!r}] is a {type(detector).__name__}, not a Detector"
+            raise TypeError(msg)
+        groups.setdefault(id(detector.rnet), []).append(key)
+    parts: dict[str, list[Tensor]] = {key: [] for key in detectors}
+    correct = dict.fromkeys(detectors, 0)
+    total = 0
+    for index, batch in enumerate(batches):
+        args, kwargs = as_arguments(get(batch), from_callable=from_callable)
+        labels = None if labels_of is None else _labels(labels_of(batch), index)
+        for keys in groups.values():
+            rnet = detectors[keys[0]].rnet
+            logits: list[Tensor] = []
+            scores = run_passes(
+                rnet, [detectors[k] for k in keys], args, kwargs, logits=logits
+            )
+            for key, score, pass_logits in zip(keys, scores, logits, strict=True):
+                parts[key].append(score.detach().to("cpu"))
+                if labels is not None:
+                    correct[key] += _correct(pass_logits, labels, index, key)
+        total += 0 if labels is None else labels.shape[0]
+    if not any(parts.values()):
+        what = "the batches are" if name is None else f"set {name!r} is"
+        msg = f"{what} empty: there is nothing to score"
+        raise ValueError(msg)
+    accuracy = (
+        {}
+        if target is None or not total
+        else {key: count / total for key, count in correct.items()}
+    )
+    return {key: torch.cat(values) for key, values in parts.items()}, accuracy
+
+
+def _labels(value: Any, index: int) -> Tensor:
+    labels = value if isinstance(value, Tensor) else torch.as_tensor(value)
+    if labels.dim() != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+        msg = (
+            f"evaluate: the labels of in-distribution batch {index} are "
+            f"{labels.dtype} of shape {list(labels.shape)}: `target=` must pick "
+            "integer class indices, one per sample (shape [batch])."
+        )
+        raise ValueError(msg)
+    return labels.to("cpu")
+
+
+def _correct(logits: Tensor, labels: Tensor, index: int, key: str) -> int:
+    if logits.dim() != 2 or logits.shape[0] != labels.shape[0]:  # noqa: PLR2004 ([B, C])
+        msg = (
+            f"evaluate: for the accuracy of {key!r}, the net's logits of "
+            f"in-distribution batch {index} must be [batch, classes] with one row "
+            f"per label, got {list(logits.shape)} for {labels.shape[0]} labels. "
+            "Drop `target=` (no accuracy), or fix it."
+        )
+        raise ValueError(msg)
+    return int((logits.detach().argmax(dim=1).to("cpu") == labels).sum())
 
 
 def score_batches(
@@ -90,40 +519,131 @@ def score_batches(
 ) -> dict[str, Tensor]:
     """Return each detector's scores on every batch, concatenated, sharing passes.
 
-    Detectors of the same recorder share passes (:func:`run_passes`).
+    Detectors of the same recorder share passes (as :func:`score_sets`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.ood import MSP, Energy
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    >>> scores = score_batches(
+    ...     {"MSP": MSP(rnet), "Energy": Energy(rnet)},
+    ...     [torch.randn(5, 3), torch.randn(2, 3)],
+    ...     input=None,
+    ... )
+    >>> {name: tuple(s.shape) for name, s in scores.items()}
+    {'MSP': (7,), 'Energy': (7,)}
+
     """
-    if not detectors:
-        msg = "evaluate needs at least one detector: a mapping name -> detector"
-        raise ValueError(msg)
-    get = batch_getter(input, "input")
-    from_callable = callable(input) and not isinstance(input, int | str)
-    groups: dict[int, list[str]] = {}
-    for key, detector in detectors.items():
-        if not isinstance(detector, Detector):
-            msg = f"detectors[{key!r}] is a {type(detector).__name__}, not a Detector"
-            raise TypeError(msg)
-        groups.setdefault(id(detector.rnet), []).append(key)
-    parts: dict[str, list[Tensor]] = {key: [] for key in detectors}
-    for batch in batches:
-        args, kwargs = as_arguments(get(batch), from_callable=from_callable)
-        for keys in groups.values():
-            rnet = detectors[keys[0]].rnet
-            scores = run_passes(rnet, [detectors[k] for k in keys], args, kwargs)
-            for key, score in zip(keys, scores, strict=True):
-                parts[key].append(score.detach().to("cpu"))
-    if not any(parts.values()):
-        msg = "the batches are empty: there is nothing to score"
-        raise ValueError(msg)
-    return {key: torch.cat(values) for key, values in parts.items()}
+    return _score(detectors, batches, input=input)[0]
 
 
+def score_sets(
+    detectors: Mapping[str, Detector],
+    sets: Mapping[str, Iterable[Any]],
+    *,
+    input: Any = 0,  # noqa: A002 (collect's name)
+) -> dict[str, dict[str, Tensor]]:
+    """Score several data sets with several detectors, sharing passes.
+
+    Each batch runs once through the net for all the detectors of a recorder
+    that edit nothing (everything they read recorded together), and once per
+    edit for the others (ReAct, ASH, ...). Scores are higher for OoD.
+
+    Parameters
+    ----------
+    detectors : Mapping of str to Detector
+        Fitted detectors, by name (of one recorder or several).
+    sets : Mapping of str to iterable
+        Data sets by name, each an iterable of batches (a list, a
+        ``DataLoader``).
+    input : int, str, callable or None
+        How to take the net's input out of a batch (as for ``collect``):
+        ``0`` for ``(x, y)`` batches, ``None`` for bare inputs.
+
+    Returns
+    -------
+    dict of str to dict of str to Tensor
+        ``{set_name: {detector_name: scores}}``, scores ``[samples]`` on the
+        CPU, in batch order.
+
+    Raises
+    ------
+    ValueError
+        For no detector, or a set with no batch.
+    TypeError
+        For something in ``detectors`` that is not a :class:`Detector`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.ood import MSP, Energy, score_sets
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    >>> scores = score_sets(
+    ...     {"MSP": MSP(rnet), "Energy": Energy(rnet)},
+    ...     {"test": [torch.randn(8, 3)], "noise": [9 * torch.randn(5, 3)]},
+    ...     input=None,
+    ... )
+    >>> {s: {d: len(v) for d, v in by.items()} for s, by in scores.items()}
+    {'test': {'MSP': 8, 'Energy': 8}, 'noise': {'MSP': 5, 'Energy': 5}}
+
+    """
+    if not isinstance(sets, Mapping):
+        msg = (
+            f"score_sets takes the data sets as a mapping name -> batches, got a "
+            f"{type(sets).__name__}: e.g. `{{'test': test_batches}}`, or use "
+            "score_batches for one set."
+        )
+        raise TypeError(msg)
+    return {
+        name: _score(detectors, batches, input=input, name=name)[0]
+        for name, batches in sets.items()
+    }
+
+
+@overload
 def evaluate(
+    detectors: Mapping[str, Detector],
+    id_batches: Iterable[Any],
+    ood_batches: Mapping[str, Iterable[Any]],
+    *,
+    input: Any = 0,
+    target: Any = None,
+    near: Sequence[str] | None = None,
+    far: Sequence[str] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> OoDResults: ...
+
+
+@overload
+def evaluate(
+    detectors: Mapping[str, Detector],
+    id_batches: Iterable[Any],
+    ood_batches: Iterable[Any],
+    *,
+    input: Any = 0,
+    target: Any = None,
+    near: Sequence[str] | None = None,
+    far: Sequence[str] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> Evaluation: ...
+
+
+def evaluate(  # noqa: PLR0913 (the data, how to read it, the groups)
     detectors: Mapping[str, Detector],
     id_batches: Iterable[Any],
     ood_batches: Iterable[Any] | Mapping[str, Iterable[Any]],
     *,
     input: Any = 0,  # noqa: A002 (collect's name)
-) -> Any:
+    target: Any = None,
+    near: Sequence[str] | None = None,
+    far: Sequence[str] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> Evaluation | OoDResults:
     """Score in- and out-of-distribution data with every detector; rate them.
 
     Parameters
@@ -136,11 +656,30 @@ def evaluate(
         OoD batches; several sets by name share the in-distribution scores.
     input : int, str, callable or None
         How to take the net's input out of a batch (as for ``collect``).
+    target : int, str, callable or None
+        How to take the class labels out of an in-distribution batch (as for
+        ``collect``, e.g. ``1`` for ``(x, y)`` batches): the closed-set
+        accuracy of each detector's pass (the argmax of its logits, computed
+        in the same pass: the net's own for detectors that edit nothing) is
+        then in ``.accuracy`` and in the tables. Default: no accuracy.
+    near, far : sequence of str, optional
+        Names of OoD sets forming the near-OoD and far-OoD groups, whose
+        means are columns of the tables (as in OpenOOD's).
+    groups : Mapping of str to sequence of str, optional
+        Other named groups of sets (``near=``/``far=`` add to them).
 
     Returns
     -------
-    Evaluation, or dict of str to Evaluation
-        One per OoD set when ``ood_batches`` is a mapping.
+    Evaluation, or OoDResults
+        An :class:`Evaluation` for one OoD set; an :class:`OoDResults`
+        (a mapping set name -> :class:`Evaluation`) when ``ood_batches`` is
+        a mapping.
+
+    Raises
+    ------
+    ValueError
+        For a group naming an unknown set (naming it and the sets), groups
+        with one unnamed OoD set, bad labels, or empty data.
 
     Examples
     --------
@@ -155,16 +694,44 @@ def evaluate(
     ...     [5 * torch.randn(16, 3)],
     ...     input=None,
     ... )
-    >>> list(result), sorted(result["MSP"])
-    (['MSP', 'Energy'], ['AUPR-IN', 'AUPR-OUT', 'AUROC', 'FPR95TPR'])
+    >>> list(result), sorted(result["MSP"])[:4]
+    (['MSP', 'Energy'], ['AUPR-IN', 'AUPR-OUT', 'AUROC', 'FPR95-ID'])
+    >>> results = evaluate(
+    ...     {"MSP": MSP(rnet), "Energy": Energy(rnet)},
+    ...     [(torch.randn(16, 3), torch.arange(16) % 4)],
+    ...     {"near": [(2 * torch.randn(16, 3),)], "far": [(9 * torch.randn(16, 3),)]},
+    ...     target=1,
+    ...     near=["near"],
+    ...     far=["far"],
+    ... )
+    >>> results.columns, sorted(results.accuracy)
+    (['near', 'far', 'near mean', 'far mean'], ['Energy', 'MSP'])
 
     """
-    id_scores = score_batches(detectors, id_batches, input=input)
-    if isinstance(ood_batches, Mapping):
-        return {
+    named = dict(groups or {})
+    for group, members in (("near mean", near), ("far mean", far)):
+        if members is not None:
+            named[group] = list(members)
+    id_scores, accuracy = _score(detectors, id_batches, input=input, target=target)
+    if not isinstance(ood_batches, Mapping):
+        if named:
+            msg = (
+                f"evaluate: groups {list(named)} name OoD sets, but `ood_batches` "
+                "is one unnamed set: pass a mapping name -> batches."
+            )
+            raise ValueError(msg)
+        ood = _score(detectors, ood_batches, input=input)[0]
+        return Evaluation(id_scores, ood, accuracy=accuracy)
+    _checked_groups(named, list(ood_batches))  # before scoring the OoD sets
+    return OoDResults(
+        {
             name: Evaluation(
-                id_scores, score_batches(detectors, data, input=input), name
+                id_scores,
+                _score(detectors, data, input=input, name=name)[0],
+                name,
+                accuracy=accuracy,
             )
             for name, data in ood_batches.items()
-        }
-    return Evaluation(id_scores, score_batches(detectors, ood_batches, input=input))
+        },
+        groups=named,
+    )

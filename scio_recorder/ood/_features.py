@@ -251,7 +251,8 @@ class KNN(_Features):
         Features: that layer's output; default the input of the last
         ``nn.Linear``.
     k : int, default 1
-        pytorch-ood's default; the paper uses 50 on CIFAR-10.
+        Kept at 1 for compatibility; pytorch-ood 0.4's default and the
+        paper's (CIFAR-10) is 50: pass ``k=50`` for theirs.
 
     Examples
     --------

@@ -9,8 +9,19 @@ positive class, as in pytorch-ood's ``OODMetrics``:
   statistic; 1 is perfect, 0.5 chance);
 * ``AUPR-IN``: the average precision with ID samples as positives (scores
   negated); ``AUPR-OUT``: with OoD samples as positives;
-* ``FPR95TPR``: the fraction of ID samples flagged as OoD at the threshold
-  that flags 95 % of the OoD samples.
+* ``FPR95-ID`` (:func:`fpr_at_id_recall`): the false-positive rate at 95 %
+  in-distribution recall, **ID as the positive class**, as OpenOOD and the
+  ODIN and Energy papers report "FPR@95": the fraction of OoD samples scored
+  at or below the threshold that keeps 95 % of the ID samples (OoD taken for
+  ID). The default FPR of the results tables (:class:`~scio_recorder.ood.OoDResults`);
+* ``FPR95-OOD`` (:func:`fpr_at_ood_recall`): the other convention, **OoD as
+  the positive class**: the fraction of ID samples flagged as OoD at the
+  threshold that flags 95 % of the OoD samples. ``FPR95TPR``
+  (:func:`fpr_at_tpr`, :func:`ood_metrics`) is this one, under its old name.
+
+The two FPRs differ in general (one counts OoD samples, the other ID
+samples); name the convention when reporting one. An ``AUROC`` below 0.5
+means a reversed ranking: the detector ranks ID samples above OoD ones.
 
 Everything is computed in float64 with numpy, from sorted scores, ties
 grouped: each metric equals scikit-learn's (``roc_auc_score``,
@@ -29,11 +40,15 @@ Examples
 from __future__ import annotations
 
 __all__ = [
+    "ALL_METRICS",
     "METRICS",
+    "TABLE_METRICS",
     "aupr_in",
     "aupr_out",
     "auroc",
     "average_precision",
+    "fpr_at_id_recall",
+    "fpr_at_ood_recall",
     "fpr_at_tpr",
     "ood_metrics",
     "roc_curve",
@@ -45,13 +60,23 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy.typing as npt
     from torch import Tensor
 
     Scores = npt.ArrayLike | Tensor
 
 METRICS = ("AUROC", "AUPR-IN", "AUPR-OUT", "FPR95TPR")
-"""The names :func:`ood_metrics` returns, in order."""
+"""The names :func:`ood_metrics` returns by default, in order (``FPR95TPR``:
+OoD positive, the same as ``FPR95-OOD``)."""
+
+ALL_METRICS = ("AUROC", "AUPR-IN", "AUPR-OUT", "FPR95-ID", "FPR95-OOD", "FPR95TPR")
+"""Every name :func:`ood_metrics` knows (``names=``)."""
+
+TABLE_METRICS = ("AUROC", "FPR95-ID", "AUPR-IN", "AUPR-OUT")
+"""The metrics a results table shows by default (FPR with ID positive, as
+OpenOOD)."""
 
 
 def _array(scores: Scores, what: str) -> npt.NDArray[np.float64]:
@@ -166,8 +191,10 @@ def aupr_out(id_scores: Scores, ood_scores: Scores) -> float:
 def fpr_at_tpr(id_scores: Scores, ood_scores: Scores, tpr: float = 0.95) -> float:
     """Return the false positive rate where the true positive rate reaches ``tpr``.
 
-    The fraction of ID samples flagged at the threshold that flags a fraction
-    ``tpr`` of the OoD samples (the first ROC point reaching it).
+    **OoD is the positive class**: the fraction of ID samples flagged at the
+    threshold that flags a fraction ``tpr`` of the OoD samples (the first ROC
+    point reaching it). The same as :func:`fpr_at_ood_recall`; OpenOOD's
+    "FPR@95" is the other convention, :func:`fpr_at_id_recall`.
 
     Examples
     --------
@@ -183,34 +210,106 @@ def fpr_at_tpr(id_scores: Scores, ood_scores: Scores, tpr: float = 0.95) -> floa
     return float(fpr[np.argmax(rates >= tpr - 1e-12)])
 
 
-def ood_metrics(id_scores: Scores, ood_scores: Scores) -> dict[str, float]:
-    """Return ``AUROC``, ``AUPR-IN``, ``AUPR-OUT`` and ``FPR95TPR``.
+def fpr_at_ood_recall(
+    id_scores: Scores, ood_scores: Scores, recall: float = 0.95
+) -> float:
+    """Return the fraction of ID samples flagged at ``recall`` of the OoD samples.
+
+    **OoD is the positive class** (``FPR95-OOD``; ``FPR95TPR`` under its old
+    name, :func:`fpr_at_tpr`): the threshold is the highest one that flags
+    (scores at or above) at least a fraction ``recall`` of the OoD samples,
+    and the result is the fraction of ID samples at or above it.
+
+    Examples
+    --------
+    >>> from scio_recorder.ood.metrics import fpr_at_ood_recall
+    >>> fpr_at_ood_recall([0.1, 0.2, 0.6, 0.7], [0.5, 0.9])
+    0.5
+
+    """
+    if not 0.0 < recall <= 1.0:
+        msg = f"recall must be in (0, 1], got {recall}"
+        raise ValueError(msg)
+    return fpr_at_tpr(id_scores, ood_scores, recall)
+
+
+def fpr_at_id_recall(
+    id_scores: Scores, ood_scores: Scores, recall: float = 0.95
+) -> float:
+    """Return the fraction of OoD samples taken for ID at ``recall`` of the ID ones.
+
+    **ID is the positive class** (``FPR95-ID``), the "FPR@95" of OpenOOD and
+    of the ODIN and Energy papers: the threshold is the lowest one that keeps
+    (scores at or below) at least a fraction ``recall`` of the ID samples,
+    and the result is the fraction of OoD samples at or below it. (OpenOOD
+    keeps the ``int(recall * n)`` lowest-scored ID samples, one fewer when
+    ``recall * n`` is not an integer; the difference vanishes with ``n``.)
+
+    Examples
+    --------
+    >>> from scio_recorder.ood.metrics import fpr_at_id_recall
+    >>> fpr_at_id_recall([0.1, 0.2, 0.6, 0.7], [0.5, 0.9])
+    0.5
+    >>> fpr_at_id_recall([0.1, 0.2, 0.3], [0.25, 0.9], recall=2 / 3)
+    0.0
+
+    """
+    if not 0.0 < recall <= 1.0:
+        msg = f"recall must be in (0, 1], got {recall}"
+        raise ValueError(msg)
+    ind = _array(id_scores, "id_scores")
+    ood = _array(ood_scores, "ood_scores")
+    return fpr_at_tpr(-ood, -ind, recall)  # ID positive: negated scores
+
+
+_FUNCTIONS = {
+    "AUROC": auroc,
+    "AUPR-IN": aupr_in,
+    "AUPR-OUT": aupr_out,
+    "FPR95-ID": fpr_at_id_recall,
+    "FPR95-OOD": fpr_at_ood_recall,
+    "FPR95TPR": fpr_at_tpr,
+}
+
+
+def ood_metrics(
+    id_scores: Scores, ood_scores: Scores, *, names: Sequence[str] = METRICS
+) -> dict[str, float]:
+    """Return ``AUROC``, ``AUPR-IN``, ``AUPR-OUT`` and ``FPR95TPR`` (or ``names``).
 
     Parameters
     ----------
     id_scores, ood_scores : array_like or Tensor
         Scores of in-distribution and OoD samples (higher: more OoD).
+    names : sequence of str, default :data:`METRICS`
+        Which metrics, among :data:`ALL_METRICS`: ``FPR95-ID`` (ID positive,
+        OpenOOD's FPR@95) and ``FPR95-OOD`` (OoD positive, equal to
+        ``FPR95TPR``) name their convention.
 
     Returns
     -------
     dict of str to float
-        Keyed by :data:`METRICS`.
+        Keyed by ``names``, in order.
 
     Raises
     ------
     ValueError
-        If a set is empty or holds NaN.
+        If a set is empty or holds NaN, or a name is unknown.
 
     Examples
     --------
     >>> from scio_recorder.ood.metrics import ood_metrics
     >>> ood_metrics([0.0, 0.1], [0.9, 1.0])
     {'AUROC': 1.0, 'AUPR-IN': 1.0, 'AUPR-OUT': 1.0, 'FPR95TPR': 0.0}
+    >>> ood_metrics([0.1, 0.2, 0.6, 0.7], [0.5, 0.9], names=["FPR95-ID", "FPR95-OOD"])
+    {'FPR95-ID': 0.5, 'FPR95-OOD': 0.5}
 
     """
-    return {
-        "AUROC": auroc(id_scores, ood_scores),
-        "AUPR-IN": aupr_in(id_scores, ood_scores),
-        "AUPR-OUT": aupr_out(id_scores, ood_scores),
-        "FPR95TPR": fpr_at_tpr(id_scores, ood_scores, 0.95),
-    }
+    unknown = [name for name in names if name not in _FUNCTIONS]
+    if unknown:
+        msg = (
+            f"ood_metrics: unknown metric {', '.join(map(repr, unknown))}; "
+            f"choose among {', '.join(ALL_METRICS)}."
+        )
+        raise ValueError(msg)
+    return {name: _FUNCTIONS[name](id_scores, ood_scores) for name in names}
