@@ -124,7 +124,29 @@ def test_summary_of_a_transformers_model_from_a_file(capsys, tmp_path):
         (["summary", "demo", "--input-size", "1,3,x"], "bad --input-size '1,3,x'"),
         (
             ["summary", "demo", "--input-size", "1,1,8,8"],
-            "the model does not run on that input",
+            (
+                "the model's forward raised RuntimeError: Given groups=1, weight "
+                "of size [8, 3, 3, 3], expected input[1, 1, 8, 8] to have 3 channels"
+            ),
+        ),
+        (
+            ["summary", "demo", "--input-size", "1,1,8,8"],
+            (
+                "it was given --input-size 1,1,8,8 (float32 tensors of shapes "
+                "[1, 1, 8, 8]); fix --input-size or --input-data"
+            ),
+        ),
+        (
+            ["summary", "mlp", "--vocab-size", "10"],
+            "--vocab-size goes with --input-ids SHAPE",
+        ),
+        (
+            ["summary", "mlp", "--input-ids", "2,x"],
+            "bad --input-ids '2,x': give integers with the batch, e.g. 2,64",
+        ),
+        (
+            ["summary", "mlp", "--input-ids", "2,8"],
+            "--input-ids needs the vocabulary size: give --vocab-size N",
         ),
         (
             ["summary", "demo", "--weights", "missing.safetensors"],
@@ -423,6 +445,100 @@ def test_the_cli_passes_leave_every_module_in_eval_mode(capsys, tmp_path):
         assert all(not any(modes) for modes in probe.SEEN)
         (net,) = probe.BUILT
         assert not any(m.training for m in net.modules())
+
+
+GPT2_FILE = """
+import transformers
+
+def small_gpt2():
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)
+    )
+"""
+
+
+@pytest.fixture
+def gpt2_file(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_gpt.py").write_text(GPT2_FILE)
+    yield "my_gpt.py:small_gpt2"
+    sys.modules.pop("my_gpt", None)
+
+
+def test_input_ids_make_a_language_model_run_in_summary_and_record(capsys, gpt2_file):
+    code, out, err = run(
+        capsys, "summary", gpt2_file, "--input-ids", "2,8",
+        "--record", "transformer.h.0.mlp.c_fc", "lm_head",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "GPT2LMHeadModel" in out
+    recorded = out.split("recorded in one pass")[1]
+    # vocab_size from the model's config: the logits have 100 classes
+    assert "(Linear `lm_head`)" in recorded
+    assert "[2, 8, 100]" in recorded
+    assert "(Conv1D `transformer.h.0.mlp.c_fc`)" in recorded
+    assert "[2, 8, 128]" in recorded
+
+
+def test_input_ids_draw_the_graph_of_a_language_model(capsys, gpt2_file, tmp_path):
+    out_file = tmp_path / "gpt.dot"
+    code, out, err = run(
+        capsys, "graph", gpt2_file, "--input-ids", "1,5", "--vocab-size", "50",
+        "--depth", "2", "-o", str(out_file),
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith(f"wrote {out_file}")
+    dot = out_file.read_text()
+    assert "input_ids" in dot
+    assert "attention_mask" in dot  # the forward takes one: an all-ones mask
+    assert "Embedding (transformer.wte): 2-1" in dot
+
+
+def test_input_ids_are_int64_below_the_vocabulary_with_a_mask(monkeypatch):
+    from scio_recorder import cli  # noqa: PLC0415 (the private helper)
+
+    pytest.importorskip("transformers")
+    namespace = {}
+    exec(GPT2_FILE, namespace)  # noqa: S102 (the test's own source)
+    net = namespace["small_gpt2"]()
+    args = cli._build_parser().parse_args(
+        ["summary", "x:y", "--input-ids", "3,7", "--vocab-size", "5"]
+    )
+    given = cli._inputs(args, None, net)
+    data = given.kwargs["input_data"]
+    assert set(data) == {"input_ids", "attention_mask"}
+    assert data["input_ids"].dtype == torch.int64
+    assert data["input_ids"].shape == (3, 7)
+    assert 0 <= int(data["input_ids"].min()) <= int(data["input_ids"].max()) < 5
+    assert torch.equal(data["attention_mask"], torch.ones(3, 7, dtype=torch.int64))
+    # a forward without attention_mask gets the ids alone, positionally
+    embed = torch.nn.Embedding(5, 4)
+    given = cli._inputs(args, None, embed)
+    assert isinstance(given.kwargs["input_data"], list)
+
+
+def test_float_input_to_a_language_model_says_to_use_input_ids(capsys, gpt2_file):
+    code, _, err = run(capsys, "summary", gpt2_file, "--input-size", "1,8")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert (
+        "the model's forward raised RuntimeError: Expected tensor for argument" in err
+    )
+    assert (
+        "it was given --input-size 1,8 (float32 tensors of shapes [1, 8]); if it "
+        "takes token ids, use --input-ids SHAPE --vocab-size N instead of "
+        "--input-size"
+    ) in err
+
+
+def test_a_module_path_naming_a_local_file_suggests_the_file_form(capsys, gpt2_file):
+    code, _, err = run(capsys, "summary", "my_gpt:small_gpt2", "--input-ids", "1,4")
+    assert code == 2
+    assert (
+        "cannot import 'my_gpt': No module named 'my_gpt'. There is a file "
+        "my_gpt.py: to load a model from a file, write my_gpt.py:small_gpt2"
+    ) in err
 
 
 def test_graph_writes_dot_and_svg(capsys, tmp_path):
