@@ -46,6 +46,7 @@ from torch import nn
 
 import scio_recorder
 from scio_recorder import Recorder
+from scio_recorder.graph import ExecutionGraph, GraphError, trace_graph
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
     demo_model,
@@ -382,17 +383,6 @@ class _Inputs:
     described: str
     """The option as given, and the shapes and dtypes it made."""
 
-    def args(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Return ``(args, kwargs)`` of a forward call on this input."""
-        data = self.kwargs.get("input_data")
-        if data is None:
-            sizes = self.kwargs["input_size"]
-            sizes = [sizes] if isinstance(sizes[0], int) else sizes
-            return tuple(torch.randn(size) for size in sizes), {}
-        if isinstance(data, dict):
-            return (), dict(data)
-        return tuple(data), {}
-
 
 def _shapes(tensors: Any) -> str:
     items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors)
@@ -582,12 +572,12 @@ def _inputs(
 _TOKEN_IDS = re.compile(r"embedding|'indices'|Long, Int|token", re.IGNORECASE)
 
 
-def _forward_error(error: BaseException, given: _Inputs) -> CLIError:
+def _forward_error(error: BaseException, given: _Inputs, where: str = "") -> CLIError:
     """Say which argument to fix when the model's forward raised on ``given``."""
     cause = error.__cause__ or error
     text = str(cause).strip()
     first = text.splitlines()[0] if text else ""
-    raised = f"the model's forward raised {type(cause).__name__}: {first}"
+    raised = f"the model's forward raised {type(cause).__name__}{where}: {first}"
     if given.option in {"--input-size", "default"} and _TOKEN_IDS.search(text):
         hint = (
             f"it was given {given.described}; if it takes token ids, use "
@@ -654,24 +644,53 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    net, inputs = _model(args)
-    rnet = _recorder(net, inputs)
-    with torch.no_grad():
-        graph = rnet.graph(depth=args.depth, roll=args.roll)
+    """Draw the graph of one pass; no table is built first (:func:`graph_of`)."""
+    net, given = _model(args)
+    call_args, call_kwargs = example_inputs(net, given.kwargs)
+    try:
+        with torch.no_grad():
+            graph = trace_graph(
+                net, None, call_args, call_kwargs, depth=args.depth, roll=args.roll
+            )
+    except GraphError as error:
+        failed = error.graph.failed
+        where = f" at {failed.title()}" if failed is not None else ""
+        if args.output is None:
+            print(error.graph)
+            shown = "the graph up to there is printed above"
+        else:
+            written = args.output
+            try:
+                _write_graph(error.graph, args)
+            except CLIError:  # cannot render: the DOT text still shows it
+                written = args.output.with_suffix(".dot")
+                dot = error.graph.to_dot(expand_nested=args.expand_nested)
+                written.write_text(dot, encoding="utf-8")
+            shown = (
+                "the graph up to there (the failing call in red) was written to "
+                f"{written}"
+            )
+        hint = _forward_error(error, given, where)
+        msg = f"{hint}; {shown}"
+        raise CLIError(msg) from error
     if args.output is None:
         print(graph)
         return 0
+    _write_graph(graph, args)
+    print(f"wrote {args.output} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
+    return 0
+
+
+def _write_graph(graph: ExecutionGraph, args: argparse.Namespace) -> None:
     out: Path = args.output
     if out.suffix == ".dot":
         out.write_text(graph.to_dot(expand_nested=args.expand_nested), encoding="utf-8")
-    else:
-        try:
-            graph.render(out, expand_nested=args.expand_nested)
-        except (RuntimeError, ValueError) as error:
-            msg = f"{error} (or write -o graph.dot)"
-            raise CLIError(msg) from error
-    print(f"wrote {out} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
-    return 0
+        return
+    try:
+        graph.render(out, expand_nested=args.expand_nested)
+    except (RuntimeError, ValueError) as error:
+        msg = f"{error} (or write -o graph.dot)"
+        raise CLIError(msg) from error
 
 
 def _demo(args: argparse.Namespace) -> int:

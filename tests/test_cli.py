@@ -441,7 +441,9 @@ def test_the_cli_passes_leave_every_module_in_eval_mode(capsys, tmp_path):
         code, _, err = run(capsys, argv[0], target, "--input-size", "1,4", *argv[1:])
         assert code == 0, err
         probe = sys.modules.pop("mode_probe")  # each run imports the file anew
-        assert len(probe.SEEN) == 2  # the table's reference pass, then the command's
+        # summary: the table's reference pass, then --record's; graph: its own
+        # pass only (no table is built)
+        assert len(probe.SEEN) == (2 if argv[0] == "summary" else 1)
         assert all(not any(modes) for modes in probe.SEEN)
         (net,) = probe.BUILT
         assert not any(m.training for m in net.modules())
@@ -539,6 +541,41 @@ def test_a_module_path_naming_a_local_file_suggests_the_file_form(capsys, gpt2_f
         "cannot import 'my_gpt': No module named 'my_gpt'. There is a file "
         "my_gpt.py: to load a model from a file, write my_gpt.py:small_gpt2"
     ) in err
+
+
+BROKEN_FILE = """
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(5, 2))
+"""
+
+
+def test_graph_of_a_failing_model_writes_the_partial_graph(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_net.py").write_text(BROKEN_FILE)
+    code, _, err = run(
+        capsys, "graph", "broken_net.py:build", "--input-size", "1,4", "-o", "b.dot"
+    )
+    assert code == 2
+    assert err.count("\n") == 1
+    assert (
+        "the model's forward raised RuntimeError at Linear (2): 1-3: mat1 and mat2 "
+        "shapes cannot be multiplied (1x3 and 5x2); it was given --input-size 1,4 "
+        "(float32 tensors of shapes [1, 4]); fix --input-size or --input-data"
+    ) in err
+    assert "the graph up to there (the failing call in red) was written to b.dot" in err
+    dot = (tmp_path / "b.dot").read_text()
+    assert 'label="Linear (2): 1-3", shape=box' in dot
+    assert 'color="#c00000"' in dot  # the failing call
+    # without -o, the partial graph is printed and the error still says where
+    code, out, err = run(capsys, "graph", "broken_net.py:build", "--input-size", "1,4")
+    assert code == 2
+    assert out.splitlines()[-1].endswith("<- 2 FAILED")
+    assert "the graph up to there is printed above" in err
+    sys.modules.pop("broken_net", None)
 
 
 def test_graph_writes_dot_and_svg(capsys, tmp_path):
