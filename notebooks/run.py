@@ -4,8 +4,9 @@
 ``notebooks/src/NAME.md`` (and ``mahalanobis.ipynb`` from the recipe page),
 stored without outputs; ``--check`` fails instead if one is out of date;
 ``--execute DIR`` runs every notebook in a fresh kernel (nbclient) and
-writes the executed copies, outputs and pictures included, into ``DIR``
-(the docs build shows those), printing each one's time.
+writes the executed copies, outputs and pictures included, into ``DIR``,
+printing each one's time. The docs build executes them itself (through the
+same function, :func:`execute.execute`, with a cache: ``docs/hooks.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
+from execute import NotebookFailedError, execute
 from from_markdown import build
 
 HERE = Path(__file__).resolve().parent
@@ -52,21 +53,14 @@ def main() -> int:
         return 1
     if args.execute is None:
         return 0
-    import nbformat  # noqa: PLC0415 (only to execute)
-    from nbclient import NotebookClient  # noqa: PLC0415
-
-    args.execute.mkdir(parents=True, exist_ok=True)
     for name in SOURCES:
-        notebook = nbformat.read(HERE / f"{name}.ipynb", as_version=4)
-        start = time.perf_counter()
-        NotebookClient(
-            notebook,
-            timeout=args.timeout,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(args.execute)}},
-        ).execute()
-        nbformat.write(notebook, args.execute / f"{name}.ipynb")
-        print(f"executed {name}.ipynb in {time.perf_counter() - start:.1f} s")
+        target = args.execute / f"{name}.ipynb"
+        try:
+            seconds = execute(HERE / f"{name}.ipynb", target, timeout=args.timeout)
+        except NotebookFailedError as error:
+            print(error)
+            return 1
+        print(f"executed {name}.ipynb in {seconds:.1f} s")
     return 0
 
 

@@ -29,10 +29,13 @@ __all__ = ["main"]
 import argparse
 import ast
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
+import inspect
 import math
 import os
+import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -43,6 +46,7 @@ from torch import nn
 
 import scio_recorder
 from scio_recorder import Recorder
+from scio_recorder.graph import ExecutionGraph, GraphError, trace_graph
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
     demo_model,
@@ -92,13 +96,15 @@ EXAMPLES = {
         "  scio-recorder summary timm:create_model --arg resnet18 "
         "--input-size 1,3,224,224\n"
         "  scio-recorder summary my_models.py:build --kwarg width=64 "
-        "--weights model.safetensors"
+        "--weights model.safetensors\n"
+        "  scio-recorder summary my_gpt.py:build --input-ids 1,16 --vocab-size 100"
     ),
     "graph": (
         "examples:\n"
         "  scio-recorder graph demo -o demo.svg\n"
         "  scio-recorder graph resnet18_cifar --depth 1 -o resnet.png\n"
-        "  scio-recorder graph my_models.py:build --input-size 1,3,64,64 -o g.dot"
+        "  scio-recorder graph my_models.py:build --input-size 1,3,64,64 -o g.dot\n"
+        "  scio-recorder graph my_gpt.py:build --input-ids 1,16 -o gpt.svg"
     ),
 }
 
@@ -150,6 +156,19 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a .safetensors file of input tensors (keys 0, 1, ...: positional; "
         "other keys: keyword arguments)",
+    )
+    source.add_argument(
+        "--input-ids",
+        metavar="SHAPE",
+        help="random int64 token ids of this shape, e.g. 2,64 (a language model; "
+        "with an all-ones attention_mask when its forward takes one)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help="token ids of --input-ids are drawn from 0..N-1 (default: the "
+        "model's config.vocab_size)",
     )
     parser.add_argument(
         "--weights",
@@ -301,6 +320,12 @@ def _callable(target: str) -> tuple[Callable[..., Any], tuple[int, ...] | None]:
             module = importlib.import_module(path)
         except ImportError as error:
             msg = f"cannot import {path!r}: {error}. Is the package installed?"
+            local = Path(*path.split(".")).with_suffix(".py")
+            if local.is_file():
+                msg = (
+                    f"cannot import {path!r}: {error}. There is a file {local}: "
+                    f"to load a model from a file, write {local.as_posix()}:{attr}"
+                )
             raise CLIError(msg) from error
     found = module
     for part in attr.split("."):
@@ -348,8 +373,27 @@ def _as_program(target: str) -> Iterator[None]:
         sys.argv = saved
 
 
-def _model(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
-    """Build the model and the Recorder's input keyword arguments."""
+@dataclasses.dataclass
+class _Inputs:
+    """The model's input: the Recorder's keyword arguments, and how it was given."""
+
+    kwargs: dict[str, Any]
+    option: str
+    """``--input-size``, ``--input-data``, ``--input-ids`` or ``default``."""
+    described: str
+    """The option as given, and the shapes and dtypes it made."""
+
+
+def _shapes(tensors: Any) -> str:
+    items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors)
+    return ", ".join(
+        f"{key} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+        for key, t in items
+    )
+
+
+def _model(args: argparse.Namespace) -> tuple[nn.Module, _Inputs]:
+    """Build the model and its input."""
     factory, default_size = _callable(args.target)
     positional = [_literal(a) for a in args.arg]
     keywords = {}
@@ -366,7 +410,7 @@ def _model(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
     if args.weights:
         _load_weights(net, args.weights)
     net.eval()
-    return net, _inputs(args, default_size)
+    return net, _inputs(args, default_size, net)
 
 
 def _load_weights(net: nn.Module, path: str) -> None:
@@ -391,30 +435,32 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def _input_sizes(text: str) -> list[tuple[int, ...]]:
+def _input_sizes(
+    text: str, option: str = "--input-size", dtype: torch.dtype | None = None
+) -> list[tuple[int, ...]]:
     """Parse and bound ``--input-size`` (``1,3,32,32`` or ``1,8;1,8``)."""
+    example = "1,3,32,32 (several inputs: 1,8;1,8)"
+    if option == "--input-ids":
+        example = "2,64 (batch, sequence length)"
     try:
         sizes = [tuple(int(n) for n in part.split(",")) for part in text.split(";")]
     except ValueError as error:
-        msg = (
-            f"bad --input-size {text!r}: give integers with the batch, "
-            "e.g. 1,3,32,32 (several inputs: 1,8;1,8)"
-        )
+        msg = f"bad {option} {text!r}: give integers with the batch, e.g. {example}"
         raise CLIError(msg) from error
     for n in (n for size in sizes for n in size):
         if not 0 < n <= MAX_DIM:
             msg = (
-                f"bad --input-size {text!r}: {n} is not a size; give integers "
-                f"from 1 to {MAX_DIM} with the batch, e.g. 1,3,32,32"
+                f"bad {option} {text!r}: {n} is not a size; give integers "
+                f"from 1 to {MAX_DIM} with the batch, e.g. {example}"
             )
             raise CLIError(msg)
-    dtype = torch.get_default_dtype()
+    dtype = dtype or torch.get_default_dtype()
     elements = sum(math.prod(size) for size in sizes)
     needed = elements * torch.empty((), dtype=dtype).element_size()
     memory = _memory_bytes()
     if memory is not None and needed > memory:
         msg = (
-            f"--input-size {text!r} asks for {elements:,} input values "
+            f"{option} {text!r} asks for {elements:,} input values "
             f"({needed / 2**30:,.3g} GiB as {dtype}), more than this machine's "
             f"memory ({memory / 2**30:,.3g} GiB); give a smaller shape (batch 1 "
             "is enough for a table or a graph)"
@@ -447,33 +493,116 @@ def _input_data(path: str) -> dict[str, Any]:
     return {"input_data": dict(tensors)}
 
 
+def _vocab_size(args: argparse.Namespace, net: nn.Module) -> int:
+    """``--vocab-size``, else the model's ``config.vocab_size``."""
+    vocab = args.vocab_size
+    if vocab is None:
+        vocab = getattr(getattr(net, "config", None), "vocab_size", None)
+        if not isinstance(vocab, int) or isinstance(vocab, bool):
+            msg = (
+                "--input-ids needs the vocabulary size: give --vocab-size N (the "
+                "model has no config.vocab_size to read it from)"
+            )
+            raise CLIError(msg)
+    if vocab < 1:
+        msg = f"bad --vocab-size {vocab}: give the number of tokens, an integer >= 1"
+        raise CLIError(msg)
+    return int(vocab)
+
+
+def _input_ids(args: argparse.Namespace, net: nn.Module) -> _Inputs:
+    """Random token ids for ``--input-ids``, with an attention mask if taken."""
+    sizes = _input_sizes(args.input_ids, "--input-ids", torch.int64)
+    if len(sizes) != 1:
+        msg = f"bad --input-ids {args.input_ids!r}: give one shape, e.g. 2,64"
+        raise CLIError(msg)
+    vocab = _vocab_size(args, net)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, sizes[0], dtype=torch.int64, generator=generator)
+    try:
+        parameters = inspect.signature(net.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature
+        parameters = {}  # type: ignore[assignment]
+    first = next(iter(parameters.values()), None)
+    data: dict[str, Any] | list[Any] = [ids]
+    if (
+        "attention_mask" in parameters
+        and first is not None
+        and first.kind in {first.POSITIONAL_OR_KEYWORD, first.KEYWORD_ONLY}
+    ):
+        data = {first.name: ids, "attention_mask": torch.ones_like(ids)}
+    described = (
+        f"--input-ids {args.input_ids} (int64 token ids in 0..{vocab - 1}, "
+        f"vocabulary {vocab}: {_shapes(data)})"
+    )
+    return _Inputs({"input_data": data}, "--input-ids", described)
+
+
 def _inputs(
-    args: argparse.Namespace, default: tuple[int, ...] | None
-) -> dict[str, Any]:
+    args: argparse.Namespace, default: tuple[int, ...] | None, net: nn.Module
+) -> _Inputs:
+    if args.vocab_size is not None and not args.input_ids:
+        msg = "--vocab-size goes with --input-ids SHAPE (random token ids)"
+        raise CLIError(msg)
+    if args.input_ids:
+        return _input_ids(args, net)
     if args.input_data:
-        return _input_data(args.input_data)
+        kwargs = _input_data(args.input_data)
+        described = f"--input-data {args.input_data} ({_shapes(kwargs['input_data'])})"
+        return _Inputs(kwargs, "--input-data", described)
+    dtype = str(torch.get_default_dtype()).removeprefix("torch.")
     if args.input_size:
         sizes = _input_sizes(args.input_size)
-        return {"input_size": sizes[0] if len(sizes) == 1 else sizes}
+        described = (
+            f"--input-size {args.input_size} ({dtype} tensors of shapes "
+            f"{', '.join(str(list(size)) for size in sizes)})"
+        )
+        size = sizes[0] if len(sizes) == 1 else sizes
+        return _Inputs({"input_size": size}, "--input-size", described)
     if default is None:
-        msg = "give the model's input: --input-size 1,3,32,32 or --input-data FILE"
-        raise CLIError(msg)
-    return {"input_size": default}
-
-
-def _recorder(net: nn.Module, inputs: dict[str, Any], **options: Any) -> Recorder:
-    try:
-        return Recorder(net, force_static_flow=False, **inputs, **options)
-    except RuntimeError as error:
-        cause = error.__cause__ or error
-        first = (
-            str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
-        )
         msg = (
-            f"the model does not run on that input ({first}); check --input-size "
-            "or --input-data"
+            "give the model's input: --input-size 1,3,32,32, --input-data FILE, "
+            "or --input-ids 1,16 for a language model"
         )
-        raise CLIError(msg) from error
+        raise CLIError(msg)
+    described = f"the default input ({dtype} of shape {list(default)})"
+    return _Inputs({"input_size": default}, "default", described)
+
+
+_TOKEN_IDS = re.compile(r"embedding|'indices'|Long, Int|token", re.IGNORECASE)
+
+
+def _forward_error(error: BaseException, given: _Inputs, where: str = "") -> CLIError:
+    """Say which argument to fix when the model's forward raised on ``given``."""
+    cause = error.__cause__ or error
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else ""
+    raised = f"the model's forward raised {type(cause).__name__}{where}: {first}"
+    if given.option in {"--input-size", "default"} and _TOKEN_IDS.search(text):
+        hint = (
+            f"it was given {given.described}; if it takes token ids, use "
+            "--input-ids SHAPE --vocab-size N instead of --input-size (e.g. "
+            "--input-ids 1,16; --vocab-size defaults to the model's "
+            "config.vocab_size)"
+        )
+    elif given.option == "--input-ids":
+        hint = (
+            f"it was given {given.described}; check the shape of --input-ids and "
+            "--vocab-size (or give every input with --input-data FILE)"
+        )
+    else:
+        hint = (
+            f"it was given {given.described}; fix --input-size or --input-data "
+            "(or --input-ids SHAPE for token ids)"
+        )
+    return CLIError(f"{raised}; {hint}")
+
+
+def _recorder(net: nn.Module, given: _Inputs, **options: Any) -> Recorder:
+    try:
+        return Recorder(net, force_static_flow=False, **given.kwargs, **options)
+    except RuntimeError as error:
+        raise _forward_error(error, given) from error
 
 
 # ------------------------------------------------------------------ commands
@@ -515,24 +644,53 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    net, inputs = _model(args)
-    rnet = _recorder(net, inputs)
-    with torch.no_grad():
-        graph = rnet.graph(depth=args.depth, roll=args.roll)
+    """Draw the graph of one pass; no table is built first (:func:`graph_of`)."""
+    net, given = _model(args)
+    call_args, call_kwargs = example_inputs(net, given.kwargs)
+    try:
+        with torch.no_grad():
+            graph = trace_graph(
+                net, None, call_args, call_kwargs, depth=args.depth, roll=args.roll
+            )
+    except GraphError as error:
+        failed = error.graph.failed
+        where = f" at {failed.title()}" if failed is not None else ""
+        if args.output is None:
+            print(error.graph)
+            shown = "the graph up to there is printed above"
+        else:
+            written = args.output
+            try:
+                _write_graph(error.graph, args)
+            except CLIError:  # cannot render: the DOT text still shows it
+                written = args.output.with_suffix(".dot")
+                dot = error.graph.to_dot(expand_nested=args.expand_nested)
+                written.write_text(dot, encoding="utf-8")
+            shown = (
+                "the graph up to there (the failing call in red) was written to "
+                f"{written}"
+            )
+        hint = _forward_error(error, given, where)
+        msg = f"{hint}; {shown}"
+        raise CLIError(msg) from error
     if args.output is None:
         print(graph)
         return 0
+    _write_graph(graph, args)
+    print(f"wrote {args.output} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
+    return 0
+
+
+def _write_graph(graph: ExecutionGraph, args: argparse.Namespace) -> None:
     out: Path = args.output
     if out.suffix == ".dot":
         out.write_text(graph.to_dot(expand_nested=args.expand_nested), encoding="utf-8")
-    else:
-        try:
-            graph.render(out, expand_nested=args.expand_nested)
-        except (RuntimeError, ValueError) as error:
-            msg = f"{error} (or write -o graph.dot)"
-            raise CLIError(msg) from error
-    print(f"wrote {out} ({len(graph.nodes)} nodes, {len(graph.edges)} edges)")
-    return 0
+        return
+    try:
+        graph.render(out, expand_nested=args.expand_nested)
+    except (RuntimeError, ValueError) as error:
+        msg = f"{error} (or write -o graph.dot)"
+        raise CLIError(msg) from error
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -124,7 +124,29 @@ def test_summary_of_a_transformers_model_from_a_file(capsys, tmp_path):
         (["summary", "demo", "--input-size", "1,3,x"], "bad --input-size '1,3,x'"),
         (
             ["summary", "demo", "--input-size", "1,1,8,8"],
-            "the model does not run on that input",
+            (
+                "the model's forward raised RuntimeError: Given groups=1, weight "
+                "of size [8, 3, 3, 3], expected input[1, 1, 8, 8] to have 3 channels"
+            ),
+        ),
+        (
+            ["summary", "demo", "--input-size", "1,1,8,8"],
+            (
+                "it was given --input-size 1,1,8,8 (float32 tensors of shapes "
+                "[1, 1, 8, 8]); fix --input-size or --input-data"
+            ),
+        ),
+        (
+            ["summary", "mlp", "--vocab-size", "10"],
+            "--vocab-size goes with --input-ids SHAPE",
+        ),
+        (
+            ["summary", "mlp", "--input-ids", "2,x"],
+            "bad --input-ids '2,x': give integers with the batch, e.g. 2,64",
+        ),
+        (
+            ["summary", "mlp", "--input-ids", "2,8"],
+            "--input-ids needs the vocabulary size: give --vocab-size N",
         ),
         (
             ["summary", "demo", "--weights", "missing.safetensors"],
@@ -419,10 +441,141 @@ def test_the_cli_passes_leave_every_module_in_eval_mode(capsys, tmp_path):
         code, _, err = run(capsys, argv[0], target, "--input-size", "1,4", *argv[1:])
         assert code == 0, err
         probe = sys.modules.pop("mode_probe")  # each run imports the file anew
-        assert len(probe.SEEN) == 2  # the table's reference pass, then the command's
+        # summary: the table's reference pass, then --record's; graph: its own
+        # pass only (no table is built)
+        assert len(probe.SEEN) == (2 if argv[0] == "summary" else 1)
         assert all(not any(modes) for modes in probe.SEEN)
         (net,) = probe.BUILT
         assert not any(m.training for m in net.modules())
+
+
+GPT2_FILE = """
+import transformers
+
+def small_gpt2():
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)
+    )
+"""
+
+
+@pytest.fixture
+def gpt2_file(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_gpt.py").write_text(GPT2_FILE)
+    yield "my_gpt.py:small_gpt2"
+    sys.modules.pop("my_gpt", None)
+
+
+def test_input_ids_make_a_language_model_run_in_summary_and_record(capsys, gpt2_file):
+    code, out, err = run(
+        capsys, "summary", gpt2_file, "--input-ids", "2,8",
+        "--record", "transformer.h.0.mlp.c_fc", "lm_head",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "GPT2LMHeadModel" in out
+    recorded = out.split("recorded in one pass")[1]
+    # vocab_size from the model's config: the logits have 100 classes
+    assert "(Linear `lm_head`)" in recorded
+    assert "[2, 8, 100]" in recorded
+    assert "(Conv1D `transformer.h.0.mlp.c_fc`)" in recorded
+    assert "[2, 8, 128]" in recorded
+
+
+def test_input_ids_draw_the_graph_of_a_language_model(capsys, gpt2_file, tmp_path):
+    out_file = tmp_path / "gpt.dot"
+    code, out, err = run(
+        capsys, "graph", gpt2_file, "--input-ids", "1,5", "--vocab-size", "50",
+        "--depth", "2", "-o", str(out_file),
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith(f"wrote {out_file}")
+    dot = out_file.read_text()
+    assert "input_ids" in dot
+    assert "attention_mask" in dot  # the forward takes one: an all-ones mask
+    assert "Embedding (transformer.wte): 2-1" in dot
+
+
+def test_input_ids_are_int64_below_the_vocabulary_with_a_mask(monkeypatch):
+    from scio_recorder import cli  # noqa: PLC0415 (the private helper)
+
+    pytest.importorskip("transformers")
+    namespace = {}
+    exec(GPT2_FILE, namespace)  # noqa: S102 (the test's own source)
+    net = namespace["small_gpt2"]()
+    args = cli._build_parser().parse_args(
+        ["summary", "x:y", "--input-ids", "3,7", "--vocab-size", "5"]
+    )
+    given = cli._inputs(args, None, net)
+    data = given.kwargs["input_data"]
+    assert set(data) == {"input_ids", "attention_mask"}
+    assert data["input_ids"].dtype == torch.int64
+    assert data["input_ids"].shape == (3, 7)
+    assert 0 <= int(data["input_ids"].min()) <= int(data["input_ids"].max()) < 5
+    assert torch.equal(data["attention_mask"], torch.ones(3, 7, dtype=torch.int64))
+    # a forward without attention_mask gets the ids alone, positionally
+    embed = torch.nn.Embedding(5, 4)
+    given = cli._inputs(args, None, embed)
+    assert isinstance(given.kwargs["input_data"], list)
+
+
+def test_float_input_to_a_language_model_says_to_use_input_ids(capsys, gpt2_file):
+    code, _, err = run(capsys, "summary", gpt2_file, "--input-size", "1,8")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert (
+        "the model's forward raised RuntimeError: Expected tensor for argument" in err
+    )
+    assert (
+        "it was given --input-size 1,8 (float32 tensors of shapes [1, 8]); if it "
+        "takes token ids, use --input-ids SHAPE --vocab-size N instead of "
+        "--input-size"
+    ) in err
+
+
+def test_a_module_path_naming_a_local_file_suggests_the_file_form(capsys, gpt2_file):
+    code, _, err = run(capsys, "summary", "my_gpt:small_gpt2", "--input-ids", "1,4")
+    assert code == 2
+    assert (
+        "cannot import 'my_gpt': No module named 'my_gpt'. There is a file "
+        "my_gpt.py: to load a model from a file, write my_gpt.py:small_gpt2"
+    ) in err
+
+
+BROKEN_FILE = """
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(5, 2))
+"""
+
+
+def test_graph_of_a_failing_model_writes_the_partial_graph(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_net.py").write_text(BROKEN_FILE)
+    code, _, err = run(
+        capsys, "graph", "broken_net.py:build", "--input-size", "1,4", "-o", "b.dot"
+    )
+    assert code == 2
+    assert err.count("\n") == 1
+    assert (
+        "the model's forward raised RuntimeError at Linear (2): 1-3: mat1 and mat2 "
+        "shapes cannot be multiplied (1x3 and 5x2); it was given --input-size 1,4 "
+        "(float32 tensors of shapes [1, 4]); fix --input-size or --input-data"
+    ) in err
+    assert "the graph up to there (the failing call in red) was written to b.dot" in err
+    dot = (tmp_path / "b.dot").read_text()
+    assert 'label="Linear (2): 1-3", shape=box' in dot
+    assert 'color="#c00000"' in dot  # the failing call
+    # without -o, the partial graph is printed and the error still says where
+    code, out, err = run(capsys, "graph", "broken_net.py:build", "--input-size", "1,4")
+    assert code == 2
+    assert out.splitlines()[-1].endswith("<- 2 FAILED")
+    assert "the graph up to there is printed above" in err
+    sys.modules.pop("broken_net", None)
 
 
 def test_graph_writes_dot_and_svg(capsys, tmp_path):

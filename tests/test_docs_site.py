@@ -72,3 +72,103 @@ def test_a_raw_role_left_in_a_page_fails_the_build():
     expected = r"api/x.md: raw Sphinx roles \[':func:<code>'\]"
     with pytest.raises(ValueError, match=expected):
         hooks.on_post_page("<p>:func:<code>record</code></p>", page, {})
+
+
+def notebook_page(tmp_path: Path, *, execute: bool) -> str:
+    """Render a two-cell notebook (one prints) as the docs build does."""
+    nbformat = pytest.importorskip("nbformat")
+    nbconvert2 = pytest.importorskip("mkdocs_jupyter.nbconvert2")
+    v4 = pytest.importorskip("nbformat.v4")
+
+    source = tmp_path / "small.ipynb"
+    cells = [
+        v4.new_markdown_cell("# Small"),
+        v4.new_code_cell("x = 1 + 1\nprint(x)"),
+        v4.new_code_cell("y = 3"),
+    ]
+    nbformat.write(v4.new_notebook(cells=cells), source)
+    if execute:
+        execute_module = load_notebooks_execute()
+        target = tmp_path / "executed" / "small.ipynb"
+        execute_module.execute(source, target, timeout=120)
+        source = target
+    return str(nbconvert2.nb2html(str(source)))
+
+
+def load_notebooks_execute() -> types.ModuleType:
+    return load("hooks")._execute_module()
+
+
+def test_the_hook_passes_an_executed_notebook_page_and_fails_an_unexecuted_one(
+    tmp_path,
+):
+    hooks = load("hooks")
+    page = types.SimpleNamespace(
+        file=types.SimpleNamespace(src_path="notebooks/small.ipynb")
+    )
+    executed = notebook_page(tmp_path, execute=True)
+    assert "jp-OutputArea-output" in executed
+    assert hooks.on_post_page(executed, page, {}) == executed
+
+    unexecuted = notebook_page(tmp_path, execute=False)
+    with pytest.raises(
+        ValueError, match=r"notebooks/small.ipynb: the notebook page shows no output"
+    ):
+        hooks.on_post_page(unexecuted, page, {})
+    # outputs elsewhere on the page, but the printing cell shows none
+    lost = executed.replace("jp-RenderedText jp-OutputArea-output", "jp-RenderedText")
+    lost = '<div class="jp-OutputArea-output"></div>' + lost
+    with pytest.raises(
+        ValueError,
+        match=r"notebooks/small.ipynb: code cell 1 \('x = 1 \+ 1'\) prints but shows",
+    ):
+        hooks.on_post_page(lost, page, {})
+    # a markdown page is not checked for outputs
+    other = types.SimpleNamespace(file=types.SimpleNamespace(src_path="start.md"))
+    assert hooks.on_post_page("<p>text</p>", other, {}) == "<p>text</p>"
+
+
+def test_executed_notebooks_are_cached_by_notebook_and_package_source(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    v4 = pytest.importorskip("nbformat.v4")
+
+    execute = load_notebooks_execute()
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "code.py").write_text("A = 1\n")
+    source = tmp_path / "small.ipynb"
+    nbformat.write(v4.new_notebook(cells=[v4.new_code_cell("print(1)")]), source)
+    cache = tmp_path / "cache"
+
+    first, fresh = execute.executed(source, cache, package=package)
+    assert fresh
+    assert nbformat.read(first, as_version=4).cells[0].outputs[0].text == "1\n"
+    again, fresh = execute.executed(source, cache, package=package)
+    assert (again, fresh) == (first, False)  # reused, not executed
+
+    (package / "code.py").write_text("A = 2\n")  # a code change re-executes
+    changed, fresh = execute.executed(source, cache, package=package)
+    assert fresh
+    assert changed != first
+    assert sorted(cache.iterdir()) == [changed]  # the stale copy is removed
+
+
+def test_a_failing_notebook_names_itself_and_the_cells_error(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    v4 = pytest.importorskip("nbformat.v4")
+
+    execute = load_notebooks_execute()
+    source = tmp_path / "broken.ipynb"
+    cells = [
+        v4.new_code_cell("x = 1"),
+        v4.new_code_cell("raise KeyError('no-such-layer')"),
+    ]
+    nbformat.write(v4.new_notebook(cells=cells), source)
+    with pytest.raises(
+        execute.NotebookFailedError,
+        match=r"(?s)broken.ipynb failed.*KeyError.*no-such-layer",
+    ):
+        execute.executed(source, tmp_path / "cache", package=tmp_path)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())

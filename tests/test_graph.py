@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
-from scio_recorder.graph import ExecutionGraph, GraphError
+from scio_recorder.graph import ExecutionGraph, GraphError, graph_of
 from scio_recorder.graph._dot import INSTALL_DOT, INSTALL_PACKAGE, to_dot
 from scio_recorder.graph._nodes import Cluster, Edge, Node
 from scio_recorder.models import demo_model, resnet18_cifar, transformer_encoder
@@ -580,3 +580,50 @@ def test_text_form_lists_nodes_and_their_sources():
         "   1  module   Linear (0): 1-1  [1, 3]  <- 0",
         "   2  output   output  [1, 3]  <- 1",
     ]
+
+
+def test_graph_of_draws_a_net_broken_from_the_start_without_a_recorder():
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(5, 2), nn.Tanh())
+    with pytest.raises(RuntimeError, match="Failed to run torchinfo"):
+        Recorder(net, input_size=(1, 4))  # no table, so no Recorder.graph
+    with pytest.raises(GraphError) as caught:
+        graph_of(net, torch.ones(1, 4))
+    error = caught.value
+    assert str(error).startswith("The forward pass raised at Linear (2): 1-3")
+    assert "mat1 and mat2 shapes cannot be multiplied" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
+    graph = error.graph
+    assert titles(graph) == [
+        "input", "Linear (0): 1-1", "ReLU (1): 1-2", "Linear (2): 1-3"
+    ]  # fmt: skip
+    assert graph.failed is graph.nodes[3]
+    assert graph.predecessors(3) == [2]
+    assert 'color="#c00000"' in graph.to_dot()
+    assert leftovers(net) == []
+
+
+@pytest.mark.parametrize(
+    ("make", "size"),
+    [
+        (demo_model, (1, 3, 32, 32)),
+        (resnet18_cifar, (1, 3, 32, 32)),
+        (transformer_encoder, (1, 16, 256)),  # an uncalled ModuleList has a row
+    ],
+)
+def test_graph_of_labels_calls_as_the_table_does(make, size):
+    net = make().eval()
+    x = torch.randn(size)
+    expected = Recorder(net, input_size=size).graph(x)
+    graph = graph_of(net, x)
+    assert titles(graph) == titles(expected)
+    assert graph.edges == expected.edges
+    assert titles(graph_of(net, x, depth=1)) == titles(expected.at_depth(1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases(allow_shared=False))
+def test_graph_of_labels_random_nets_as_the_recorder_does(case):
+    # a module registered at several paths and called at several depths can
+    # be named otherwise than in the table (documented in graph_of)
+    net, rnet, x, _ = case
+    assert titles(graph_of(net, x)) == titles(rnet.graph(x))

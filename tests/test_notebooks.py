@@ -1,7 +1,8 @@
 """The notebooks are built from their sources and stored without outputs.
 
-They are executed by ``.ci/run`` (``python notebooks/run.py --execute``),
-which fails on any error, and shown executed on the docs site.
+Every docs build executes them (``docs/hooks.py``, cached in
+``.cache/notebooks/``; a failing cell fails the build) and shows them
+executed; ``tests/test_docs_site.py`` tests the execution and the check.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ repeated calls rolled into one node, come from the same pass. ``to_dot()``
 gives Graphviz DOT source with no dependency; ``render()`` and Jupyter's rich
 display draw it when the ``graph`` extra and Graphviz's ``dot`` are there. A
 pass that raises gives a :class:`GraphError` holding the graph up to the
-failing call.
+failing call. :func:`graph_of` draws a net without a Recorder (the calls
+labelled by the graph pass itself), so also a net that fails on its first
+pass.
 
 This package is the public face; the parts are private modules:
 
@@ -47,9 +49,10 @@ __all__ = [
     "ExecutionGraph",
     "GraphError",
     "Node",
+    "graph_of",
     "trace_graph",
 ]
 
 from ._model import ExecutionGraph, GraphError
 from ._nodes import Cluster, Edge, Node
-from ._trace import trace_graph
+from ._trace import graph_of, trace_graph

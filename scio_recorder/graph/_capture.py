@@ -141,9 +141,15 @@ def _op_name(func: Any) -> str:
 class _Tracer(TorchFunctionMode):
     """The state of one capture: the mode, and the module-call bookkeeping."""
 
-    def __init__(self, table: LayerTable, names: Mapping[nn.Module, str]) -> None:
+    def __init__(
+        self, table: LayerTable | None, names: Mapping[nn.Module, str]
+    ) -> None:
         super().__init__()
         self.table = table
+        self.started: dict[int, int] = {}  # rows started per depth (no table)
+        self.containers: set[str] = set()  # uncalled containers given a row
+        self.all_names: dict[nn.Module, list[str]] = {}
+        self.shared: dict[tuple[nn.Module, nn.Module], int] = {}
         self.names = names
         self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.calls: list[Call] = []
@@ -230,6 +236,8 @@ class _Tracer(TorchFunctionMode):
             inputs=self.sources(args, kwargs),
             untraced=_may_take_a_fast_path(module),
         )
+        if self.table is None:
+            call.label = self._start_label(call, parent)
         if parent is not None:
             self.calls[parent].children += 1
         self.calls.append(call)
@@ -260,8 +268,58 @@ class _Tracer(TorchFunctionMode):
             self.produced(out, ("call", call.last_child), only_new=True)
         return out
 
+    def _start_label(self, call: Call, parent: int | None) -> DepthIdx:
+        """Label a call at its start as the table would, from this pass alone.
+
+        The table's rows are the module tree of the calls: a call sits one
+        level under its calling module per name level between them, a
+        container that is never called itself (a ``ModuleList``) holding a
+        row of its own (the first time one of its modules is called); ``idx``
+        counts rows per depth in start order.
+        """
+        if parent is None:
+            depth = 0
+        else:
+            above = self.calls[parent]
+            call.name = self._shared_name(call, above)
+            base, depth = above.name, above.label[0] if above.label else 0
+            prefix = f"{base}." if base else ""
+            if call.name.startswith(prefix) and call.name != base:
+                parts = call.name[len(prefix) :].split(".")
+                for level in range(1, len(parts)):  # uncalled containers between
+                    container = prefix + ".".join(parts[:level])
+                    if container not in self.containers:
+                        self.containers.add(container)
+                        self._next_idx(depth + level)
+                depth += len(parts)
+            else:  # a module called from outside its parent: one level down
+                depth += 1
+        return (depth, self._next_idx(depth))
+
+    def _shared_name(self, call: Call, above: Call) -> str:
+        """Name a module registered at several paths by its call's rank.
+
+        Its k-th call under the same calling module takes the k-th of its
+        paths below that module, as the table's rows do.
+        """
+        names = self.all_names.get(call.module, [])
+        if len(names) < 2:  # noqa: PLR2004 (shared: two paths or more)
+            return call.name
+        prefix = f"{above.name}." if above.name else ""
+        below = [name for name in names if name.startswith(prefix)] or names
+        key = (above.module, call.module)
+        k = self.shared.get(key, 0)
+        self.shared[key] = k + 1
+        return below[k % len(below)]
+
+    def _next_idx(self, depth: int) -> int:
+        self.started[depth] = self.started.get(depth, 0) + 1
+        return self.started[depth]
+
     def _label(self, call: Call) -> None:
         """Label the call as the table does: the k-th call of its module to end."""
+        if self.table is None:  # labelled when it started
+            return
         k = self.ended.get(call.module, 0)
         self.ended[call.module] = k + 1
         rows = self.table.calls_of(call.module)
@@ -326,14 +384,26 @@ def _unpatch(patched: _Patched) -> None:
 
 
 def capture(
-    net: nn.Module, table: LayerTable, args: tuple[Any, ...], kwargs: dict[str, Any]
+    net: nn.Module,
+    table: LayerTable | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Capture:
     """Run ``net(*args, **kwargs)`` once and return what it did.
+
+    Module calls are labelled by ``table`` (the Recorder's); without one,
+    each call is labelled ``(depth, idx)`` at its start, ``depth`` its
+    nesting depth (the net's own call is 0) and ``idx`` its rank among the
+    calls started at that depth (from 1): the table's rule applied to this
+    pass.
 
     The pass's exception, if any, is kept in :attr:`Capture.error` (not
     raised), with what ran before it.
     """
     tracer = _Tracer(table, _names(net))
+    if table is None:
+        for name, module in net.named_modules(remove_duplicate=False):
+            tracer.all_names.setdefault(module, []).append(name)
     named_inputs = list(flatten(args, "input"))
     for key, value in kwargs.items():
         named_inputs.extend(flatten(value, key))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["trace_graph"]
+__all__ = ["graph_of", "trace_graph"]
 
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def trace_graph(  # noqa: PLR0913 (the graph's options)
     net: nn.Module,
-    table: LayerTable,
+    table: LayerTable | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
@@ -32,7 +32,9 @@ def trace_graph(  # noqa: PLR0913 (the graph's options)
     """Run ``net(*args, **kwargs)`` once and return its execution graph.
 
     Prefer :meth:`Recorder.graph <scio_recorder.Recorder.graph>`, which
-    passes the table and the selection.
+    passes the table and the selection, or :func:`graph_of` without a
+    Recorder. With ``table=None`` the calls are labelled by this pass itself
+    (see :func:`graph_of`).
 
     Raises
     ------
@@ -65,3 +67,66 @@ def trace_graph(  # noqa: PLR0913 (the graph's options)
         "`error.graph`; its failed node has `failed=True`."
     )
     raise GraphError(msg, graph) from error
+
+
+def graph_of(
+    net: nn.Module,
+    *args: Any,
+    depth: int | None = None,
+    roll: bool = False,
+    **kwargs: Any,
+) -> ExecutionGraph:
+    """Run ``net(*args, **kwargs)`` once and return its graph, without a Recorder.
+
+    No table is built first (no torchinfo reference pass), so this also
+    draws a net that fails on its first pass, where ``Recorder(net, ...)``
+    itself raises: the :class:`GraphError` holds the graph up to the failing
+    call. Module calls are labelled by this pass with the table's rule: a
+    call's depth is its nesting depth (the net's own call is ``0-1``), its
+    index its rank among the calls started at that depth; names are the
+    qualified module names. The labels are those of ``Recorder(net,
+    ...).table`` for the same input, except where the table numbers modules
+    that never ran (a Recorder's table lists them too): use
+    :meth:`Recorder.graph <scio_recorder.Recorder.graph>` when a Recorder
+    exists, which also marks what it records. ``depth`` and ``roll`` are
+    this function's own keywords; a forward taking arguments of those names
+    needs :func:`trace_graph` (``trace_graph(net, None, args, kwargs)``).
+
+    Parameters
+    ----------
+    net : nn.Module
+        The network; run once, in its own mode, under the caller's grad mode.
+    *args, **kwargs
+        The forward's inputs.
+    depth : int, optional
+        Fold calls deeper than ``depth`` into their ancestor (default: none).
+    roll : bool
+        One node per repeated module.
+
+    Returns
+    -------
+    ExecutionGraph
+        The graph of the pass.
+
+    Raises
+    ------
+    GraphError
+        If the pass raised: chained to that exception, with the graph up to
+        the failing call (``failed=True``) in ``.graph``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder.graph import GraphError, graph_of
+    >>> net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(5, 2))
+    >>> try:  # broken from the start: Recorder(net, input_size=(1, 4)) raises
+    ...     graph_of(net, torch.ones(1, 4))
+    ... except GraphError as error:
+    ...     print([node.title() for node in error.graph.nodes])
+    ...     print(error.graph.failed.title())
+    ['input', 'Linear (0): 1-1', 'ReLU (1): 1-2', 'Linear (2): 1-3']
+    Linear (2): 1-3
+
+    """
+    return trace_graph(net, None, args, kwargs, depth=depth, roll=roll)
