@@ -183,8 +183,10 @@ def _labels(
 def _labels_in_order(
     rnet: Recorder, layers: Selector | Sequence[Selector], who: str
 ) -> list[DepthIdx]:
-    """Return the calls ``layers`` select, in the order given (each selector's
-    calls in table order), without repeats: the rows of a grid."""
+    """Return the calls ``layers`` select, in the order given, without repeats.
+
+    Each selector's calls come in table order: the rows of a grid.
+    """
     selectors = list(layers) if isinstance(layers, list | range) else [layers]
     found: list[DepthIdx] = []
     for selector in selectors:
@@ -197,7 +199,7 @@ def _labels_in_order(
 def _in_call_order(
     rnet: Recorder, edits: Mapping[DepthIdx, Callable[[Any], Any]]
 ) -> list[Callable[[Any], Any]]:
-    """The postprocessors as a list, in the order the recorded calls end.
+    """Return the postprocessors as a list, in the order the recorded calls end.
 
     A list of postprocessors is consumed in that order, which the table knows
     from the reference pass.
@@ -741,7 +743,7 @@ def _sweep_edit(
 
 
 def _cell_output(output: Any, k: int, batch: int, rows: int) -> Any:
-    """The part of a batched output that belongs to cell ``k``.
+    """Return the part of a batched output that belongs to cell ``k``.
 
     Every tensor with ``rows`` rows is cut to the cell's ``batch`` rows; any
     other tensor (a loss averaged over all the rows) becomes ``None``.
@@ -960,9 +962,9 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
     for label, act, grad in zip(labels, acts, grads, strict=True):
         source = _stream(rnet, label, clean_run.activations[label], "attribution_patch")
         _check_like(rnet, label, act, source, "attribution_patch")
-        if grad is None:  # the metric does not depend on this call
-            grad = torch.zeros_like(act)
-        product = (source - act.detach()) * grad
+        # None: the metric does not depend on this call
+        slope = torch.zeros_like(act) if grad is None else grad
+        product = (source - act.detach()) * slope
         rows.append(product.sum(0).flatten(1).sum(1))
     columns = _positions(positions, rows[0].shape[0])
     return torch.stack([row[columns] for row in rows])
@@ -989,14 +991,16 @@ def _module(
     if isinstance(chosen, nn.Module):
         return chosen
     if chosen is not None:
-        return resolve_one(rnet.table, rnet.net, chosen, f"logit_lens: `{role}=`").module
+        row = resolve_one(rnet.table, rnet.net, chosen, f"logit_lens: `{role}=`")
+        return row.module
     net = rnet.net
-    modules = dict(net.named_modules())
+    modules: dict[str, nn.Module] = dict(net.named_modules())
     for name in names:
         if name in modules:
             return modules[name]
-    if role == "unembed" and callable(getattr(net, "get_output_embeddings", None)):
-        found = net.get_output_embeddings()
+    getter = getattr(net, "get_output_embeddings", None)
+    if role == "unembed" and callable(getter):
+        found = getter()  # Hugging Face's unembedding
         if isinstance(found, nn.Module):
             return found
     if role == "norm":  # the last norm called: the final one of a transformer

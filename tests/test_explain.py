@@ -243,6 +243,8 @@ def test_patch_and_ablate_take_every_form_of_inputs(net, rnet):
         (CallInputs((), {"x": source}), CallInputs((target,), {})),
     ]:
         assert torch.equal(patch(rnet, s, t, "relu"), want)
-    assert torch.equal(ablate(rnet, {"x": target}, "relu"), ablate(rnet, target, "relu"))
+    assert torch.equal(
+        ablate(rnet, {"x": target}, "relu"), ablate(rnet, target, "relu")
+    )
     with pytest.raises(ValueError, match=r"keyword inputs name \['dont_record'\]"):
         patch(rnet, {"x": source, "dont_record": True}, target, "relu")

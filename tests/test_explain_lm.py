@@ -12,10 +12,10 @@ import contextlib
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import CallInputs, Recorder
@@ -44,7 +44,7 @@ def gpt2() -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
     )
-    config._attn_implementation = "eager"  # noqa: SLF001 (HF's own switch)
+    config._attn_implementation = "eager"  # HF's own switch
     config.loss_type = "ForCausalLM"
     return transformers.GPT2LMHeadModel(config)
 
@@ -177,7 +177,7 @@ def test_patch_and_ablate_take_keyword_inputs(lm):
 
 
 def test_one_source_pass_serves_every_patched_call_and_patch(lm):
-    model, rnet, blocks, _, _ = lm
+    model, rnet, _, _, _ = lm
     clean, corrupted = pair()
     passes, handle = count_passes(model)
     try:
@@ -195,11 +195,8 @@ def test_one_source_pass_serves_every_patched_call_and_patch(lm):
         handle.remove()
     direct = patch(rnet, clean, corrupted, (3, 2), where=(slice(None), 3))
     assert torch.equal(results[T + 3].logits, direct.logits)
-    msg = (
-        "patch: the cached source run lacks layer 2-1 (Embedding `model.embed_tokens`)"
-        if "llama" in type(model).__name__.lower()
-        else "patch: the cached source run lacks layer 2-1 (Embedding `transformer.wte`)"
-    )
+    embedding = next(n for n, m in model.named_modules() if isinstance(m, nn.Embedding))
+    msg = f"patch: the cached source run lacks layer 2-1 (Embedding `{embedding}`)"
     with pytest.raises(KeyError, match=re.escape(msg) + ".*cache_run"):
         patch(rnet, cache, corrupted, (2, 1))
 
@@ -276,7 +273,10 @@ def test_attribution_patch_equals_autograd_by_hand(lm):
     out, acts = block_outputs(model, blocks, {**corrupted, "labels": labels}, grad=True)
     grads = torch.autograd.grad(out.loss, acts)
     want = torch.stack(
-        [((c - a) * g).sum((0, 2)) for c, a, g in zip(clean_streams, acts, grads)]
+        [
+            ((c - a) * g).sum((0, 2))
+            for c, a, g in zip(clean_streams, acts, grads, strict=True)
+        ]
     ).detach()
     model.zero_grad(set_to_none=True)
     got = attribution_patch(
@@ -377,7 +377,7 @@ def test_a_reused_module_is_patched_per_call():
 
     def second_only(_module, _args, output):
         count[0] += 1
-        if count[0] == 2:  # noqa: PLR2004 (the second call)
+        if count[0] == 2:  # the second call
             new = output.clone()
             new[:, 2] = clean_calls[1][:, 2]
             return new
