@@ -520,6 +520,12 @@ def layer_means(
 ) -> dict[DepthIdx, Tensor]:
     """Return each layer's mean activation over a data set (one ``collect`` pass).
 
+    ``input`` and ``**options`` are those of
+    :func:`~scio_recorder.collect.collect`: ``input=0`` takes item 0 of tuple
+    batches, ``input=None`` passes the whole batch as the one argument, and
+    ``input=dict`` passes each batch of keyword inputs (a tokenizer's output)
+    as keyword arguments.
+
     Examples
     --------
     >>> import torch
@@ -551,10 +557,11 @@ def ablate(
     ----------
     rnet : Recorder
         The wrapped net.
-    x : Tensor or tuple
-        The net's inputs.
+    x : Tensor, tuple, Mapping or CallInputs
+        The net's inputs (see the module docstring).
     layers : selector or list of selectors
-        The layers ablated.
+        The layers ablated (every call they select; a label names one call
+        of a reused module).
     means : Mapping, optional
         Layer -> mean activation, as :func:`layer_means` returns it:
         mean-ablation; default zero-ablation. A key is a label ``(depth,
