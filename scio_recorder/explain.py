@@ -14,7 +14,7 @@ take one form everywhere: a tensor is the one positional argument, a tuple
 the positional arguments, a mapping (a tokenizer's ``BatchEncoding``
 included) the keyword arguments (``input_ids``, ``attention_mask``,
 ``labels``, ...), and a :class:`~scio_recorder.CallInputs` ``(args,
-kwargs)`` both.
+kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 
 * :func:`grad_cam`: class-activation heatmaps of a convolutional layer
   (Selvaraju et al. 2017), upsampled to the input size;
@@ -741,6 +741,7 @@ def _sweep_edit(
         if not cells:
             return None
         stream = _stream(rnet, label, output, "patch_sweep")
+        _check_like(rnet, label, stream, clean, "patch_sweep")
         edited = stream.clone()
         for k, position in cells:
             edited[k * batch : (k + 1) * batch, position] = clean[:, position]

@@ -252,13 +252,21 @@ def test_patch_sweep_equals_a_loop_of_hooked_runs(lm, max_batch):
     assert rnet.recording == ()
 
 
-def test_patch_sweep_refuses_a_loss_and_a_small_max_batch(lm):
+def test_patch_sweep_refuses_a_loss_other_lengths_and_a_small_max_batch(lm):
     _, rnet, _, _, _ = lm
     clean, corrupted = pair()
     with_labels = {**corrupted, "labels": corrupted["input_ids"]}
     msg = r"patch_sweep: `metric` returned None; it must return one number"
     with pytest.raises(ValueError, match=msg):
         patch_sweep(rnet, clean, with_labels, (3, 1), lambda out: out.loss)
+    shorter = {k: v[:, :-1] for k, v in corrupted.items()}
+    msg = (
+        r"patch_sweep: layer 3-1 \(\w+ `[\w.]+`\) outputs \[\d+, 5, 32\] on the "
+        r"corrupted input and \[2, 6, 32\] on the clean one: pass inputs of the "
+        r"same length"
+    )
+    with pytest.raises(ValueError, match=msg):
+        patch_sweep(rnet, clean, shorter, (3, 1), logit_diff, positions=[0])
     msg = r"patch_sweep: `max_batch=1` is below the batch size 2 of the inputs"
     with pytest.raises(ValueError, match=msg):
         patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, max_batch=1)
