@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the usual alias)
 from torch import nn
 
-from scio_recorder import Recorder
+from scio_recorder import CallInputs, Recorder
 from scio_recorder.explain import ablate, grad_cam, layer_means, patch
 
 
@@ -191,3 +191,60 @@ def test_ablate_means_keyed_by_name_and_broadcast(net, rnet):
     # a mean for a layer not ablated is ignored (layer_means of a superset)
     more = {**full, (1, 1): torch.zeros(1)}
     assert torch.equal(ablate(rnet, x, "relu", means=more), want)
+
+
+def test_grad_cam_takes_keyword_inputs_and_a_scalar_function(net, rnet):
+    """`x` as keywords; `target` a function of the output (a loss, a logit sum)."""
+    x = torch.randn(4, 3, 8, 8)
+    # the same ops as with target=1: the scalar is the sum of logit 1
+    got = grad_cam(rnet, {"x": x}, "conv2", target=lambda out: out[:, 1].sum())
+    torch.testing.assert_close(got, cam_by_hand(net, x, torch.full((4,), 1)))
+    both = grad_cam(rnet, CallInputs((x,), {}), "conv2", target=1)
+    torch.testing.assert_close(both, got)
+    msg = (
+        r"grad_cam: `target` returned a tensor of shape \[4\]; it must return one "
+        r"number as a tensor, e.g. `lambda out: out.logits\[:, -1, 7\].sum\(\)`"
+    )
+    with pytest.raises(ValueError, match=msg):
+        grad_cam(rnet, x, "conv2", target=lambda out: out[:, 1])
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_grad_cam_without_an_image_says_to_pass_upsample_false():
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+
+        def forward(self, flat):
+            return self.conv(flat.reshape(-1, 1, 4, 4)).sum((1, 2, 3))[:, None]
+
+    rnet = Recorder(Flat(), input_size=(1, 16))
+    msg = (
+        "grad_cam: `upsample=True` resizes to the input image, but no input is "
+        "a [batch, channels, height, width] tensor: pass `upsample=False`."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        grad_cam(rnet, torch.randn(2, 16), "conv", target=0)
+    assert grad_cam(rnet, torch.randn(2, 16), "conv", 0, upsample=False).shape == (
+        2,
+        4,
+        4,
+    )
+
+
+def test_patch_and_ablate_take_every_form_of_inputs(net, rnet):
+    """A tensor, a tuple, a mapping and CallInputs are the same call."""
+    source, target = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    want = patch(rnet, source, target, "relu")
+    for s, t in [
+        ((source,), (target,)),
+        ({"x": source}, {"x": target}),
+        (CallInputs((), {"x": source}), CallInputs((target,), {})),
+    ]:
+        assert torch.equal(patch(rnet, s, t, "relu"), want)
+    assert torch.equal(
+        ablate(rnet, {"x": target}, "relu"), ablate(rnet, target, "relu")
+    )
+    with pytest.raises(ValueError, match=r"keyword inputs name \['dont_record'\]"):
+        patch(rnet, {"x": source, "dont_record": True}, target, "relu")

@@ -1,0 +1,445 @@
+"""`explain` on language models, against hand-written hooks and autograd.
+
+GPT-2 and Llama (grouped-query attention: 4 query heads, 2 key/value heads)
+from tiny configs. Every reference is written with plain forward hooks
+(``register_forward_hook``) and :func:`torch.autograd.grad` on the bare
+model, never through the recorder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+import torch
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from scio_recorder import CallInputs, Recorder
+from scio_recorder.explain import (
+    ablate,
+    attribution_patch,
+    cache_run,
+    layer_means,
+    logit_lens,
+    patch,
+    patch_sweep,
+)
+
+B, T, VOCAB = 2, 6, 100
+GOOD, BAD = 7, 11  # the tokens whose logit difference is the metric
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=64,
+        initializer_range=0.2,  # a signal well above float32 rounding
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    config._attn_implementation = "eager"  # HF's own switch
+    config.loss_type = "ForCausalLM"
+    return transformers.GPT2LMHeadModel(config)
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        attn_implementation="eager",
+        loss_type="ForCausalLM",
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+# (builder, the blocks, final norm, unembedding) by name
+MODELS = {
+    "gpt2": (gpt2, "transformer.h", "transformer.ln_f", "lm_head"),
+    "llama": (llama, "model.layers", "model.norm", "lm_head"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def lm(request):
+    """(model, recorder, blocks, norm, unembedding) of a tiny trained-free LM."""
+    build, blocks, norm, head = MODELS[request.param]
+    torch.manual_seed(0)
+    model = build().eval()
+    ids = torch.zeros(B, T, dtype=torch.long)
+    rnet = Recorder(model, input_data={"input_ids": ids}, force_static_flow=False)
+    modules = dict(model.named_modules())
+    return model, rnet, list(modules[blocks]), modules[norm], modules[head]
+
+
+def pair():
+    """A clean and a corrupted prompt differing at position 2, with a mask."""
+    torch.manual_seed(1)
+    clean = torch.randint(0, VOCAB, (B, T))
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 1) % VOCAB
+    mask = torch.ones(B, T, dtype=torch.long)
+    return (
+        transformers.BatchEncoding({"input_ids": clean, "attention_mask": mask}),
+        transformers.BatchEncoding({"input_ids": corrupted, "attention_mask": mask}),
+    )
+
+
+def stream(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def replaced(output, new):
+    return (new, *output[1:]) if isinstance(output, tuple) else new
+
+
+@contextlib.contextmanager
+def hooked(module, hook):
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def block_outputs(model, blocks, inputs, *, grad=False):
+    """Each block's output stream on ``inputs``, by forward hooks."""
+    kept = []
+    handles = [
+        b.register_forward_hook(lambda _m, _i, o: kept.append(stream(o)))
+        for b in blocks
+    ]
+    try:
+        with torch.set_grad_enabled(grad):
+            out = model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, kept
+
+
+def logit_diff(out):
+    logits = out.logits[:, -1]
+    return (logits[:, GOOD] - logits[:, BAD]).mean()
+
+
+def count_passes(model):
+    """A forward pre-hook on the model counting its passes: (counter, handle)."""
+    passes = [0]
+
+    def count(_module, _args):
+        passes[0] += 1
+
+    return passes, model.register_forward_pre_hook(count)
+
+
+def test_patch_and_ablate_take_keyword_inputs(lm):
+    """A tokenizer's output reaches the model as keywords, attention mask and all."""
+    model, rnet, blocks, _, _ = lm
+    clean, corrupted = pair()
+    _, clean_streams = block_outputs(model, blocks, clean)
+
+    def put(position):
+        def hook(_module, _args, output):
+            new = stream(output).clone()
+            new[:, position] = clean_streams[0][:, position]
+            return replaced(output, new)
+
+        return hook
+
+    with hooked(blocks[0], put(2)), torch.no_grad():
+        want = model(**corrupted).logits
+    got = patch(rnet, clean, corrupted, (3, 1), where=(slice(None), 2))
+    # the same float32 ops on the same inputs, in the same order: bit-exact
+    assert torch.equal(got.logits, want)
+
+    def zero(_module, _args, output):
+        return replaced(output, torch.zeros_like(stream(output)))
+
+    with hooked(blocks[1], zero), torch.no_grad():
+        want = model(**clean).logits
+    assert torch.equal(ablate(rnet, clean, (3, 2)).logits, want)
+    both = CallInputs((), dict(clean))  # positional and keyword arguments
+    assert torch.equal(ablate(rnet, both, (3, 2)).logits, want)
+    assert rnet.recording == ()
+
+
+def test_one_source_pass_serves_every_patched_call_and_patch(lm):
+    model, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    passes, handle = count_passes(model)
+    try:
+        patch(rnet, clean, corrupted, [(3, 1), (3, 2)], where=(slice(None), 2))
+        assert passes[0] == 2  # one source pass for both patched calls, one target
+        passes[0] = 0
+        cache = cache_run(rnet, clean, [(3, 1), (3, 2)])
+        results = [
+            patch(rnet, cache, corrupted, (3, 1 + layer), where=(slice(None), p))
+            for layer in range(2)
+            for p in range(T)
+        ]
+        assert passes[0] == 1 + 2 * T  # the loop's count: one source pass
+    finally:
+        handle.remove()
+    direct = patch(rnet, clean, corrupted, (3, 2), where=(slice(None), 3))
+    assert torch.equal(results[T + 3].logits, direct.logits)
+    embedding = next(n for n, m in model.named_modules() if isinstance(m, nn.Embedding))
+    msg = f"patch: the cached source run lacks layer 2-1 (Embedding `{embedding}`)"
+    with pytest.raises(KeyError, match=re.escape(msg) + ".*cache_run"):
+        patch(rnet, cache, corrupted, (2, 1))
+
+
+def sweep_by_hand(model, blocks, clean, corrupted, positions):
+    """The patching grid as a loop of single runs with a forward hook each."""
+    _, clean_streams = block_outputs(model, blocks, clean)
+    grid = torch.empty(len(blocks), len(positions))
+    for i, block in enumerate(blocks):
+        for j, position in enumerate(positions):
+
+            def hook(_module, _args, output, i=i, position=position):
+                new = stream(output).clone()
+                new[:, position] = clean_streams[i][:, position]
+                return replaced(output, new)
+
+            with hooked(block, hook), torch.no_grad():
+                grid[i, j] = logit_diff(model(**corrupted))
+    return grid
+
+
+@pytest.mark.parametrize("max_batch", [None, 3 * B])
+def test_patch_sweep_equals_a_loop_of_hooked_runs(lm, max_batch):
+    model, rnet, blocks, _, _ = lm
+    clean, corrupted = pair()
+    positions = range(T)
+    want = sweep_by_hand(model, blocks, clean, corrupted, positions)
+    passes, handle = count_passes(model)
+    try:
+        got = patch_sweep(
+            rnet,
+            clean,
+            corrupted,
+            [(3, 1), (3, 2)],
+            logit_diff,
+            positions=positions,
+            max_batch=max_batch,
+        )
+    finally:
+        handle.remove()
+    cells = 2 * T
+    chunks = 1 if max_batch is None else -(-cells // (max_batch // B))
+    assert passes[0] == 1 + chunks  # one clean pass, one per chunk of the grid
+    # The batched pass runs the same float32 ops on [cells * B, T, D] instead
+    # of [B, T, D]: matmul kernels may block the reduction over the hidden
+    # size (32 to 128 terms) differently, so each product can differ by a few
+    # ulps (eps = 1.2e-7 relative), carried through ~15 ops of 2 blocks to
+    # logit differences of magnitude ~2: 1e-5 absolute bounds that with
+    # room (on this CPU they are equal bit for bit), while a wrong cell
+    # (another position patched) differs by > 1e-2.
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert (want[:, 2] - want[:, 0]).abs().max() > 1e-2  # the grid has signal
+    assert rnet.recording == ()
+
+
+def test_patch_sweep_refuses_a_loss_other_lengths_and_a_small_max_batch(lm):
+    _, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    with_labels = {**corrupted, "labels": corrupted["input_ids"]}
+    msg = r"patch_sweep: `metric` returned None; it must return one number"
+    with pytest.raises(ValueError, match=msg):
+        patch_sweep(rnet, clean, with_labels, (3, 1), lambda out: out.loss)
+    shorter = {k: v[:, :-1] for k, v in corrupted.items()}
+    msg = (
+        r"patch_sweep: layer 3-1 \(\w+ `[\w.]+`\) outputs \[\d+, 5, 32\] on the "
+        r"corrupted input and \[2, 6, 32\] on the clean one: pass inputs of the "
+        r"same length"
+    )
+    with pytest.raises(ValueError, match=msg):
+        patch_sweep(rnet, clean, shorter, (3, 1), logit_diff, positions=[0])
+    msg = r"patch_sweep: `max_batch=1` is below the batch size 2 of the inputs"
+    with pytest.raises(ValueError, match=msg):
+        patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, max_batch=1)
+
+
+def test_attribution_patch_equals_autograd_by_hand(lm):
+    """(clean - corrupted) x gradient of the loss, by hooks and autograd.grad."""
+    model, rnet, blocks, _, _ = lm
+    clean, corrupted = pair()
+    labels = corrupted["input_ids"]
+    _, clean_streams = block_outputs(model, blocks, clean)
+    out, acts = block_outputs(model, blocks, {**corrupted, "labels": labels}, grad=True)
+    grads = torch.autograd.grad(out.loss, acts)
+    want = torch.stack(
+        [
+            ((c - a) * g).sum((0, 2))
+            for c, a, g in zip(clean_streams, acts, grads, strict=True)
+        ]
+    ).detach()
+    model.zero_grad(set_to_none=True)
+    got = attribution_patch(
+        rnet,
+        clean,
+        {**corrupted, "labels": labels},  # `labels` reaches the model's loss
+        [(3, 1), (3, 2)],
+        lambda out: out.loss,
+    )
+    # the same ops on the same tensors, in the same order: equal up to the
+    # order autograd accumulates the gradient, a few ulps of values ~1e-2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert all(p.grad is None for p in model.parameters())
+    some = attribution_patch(
+        rnet, clean, corrupted, (3, 2), logit_diff, positions=[5, 2]
+    )
+    assert some.shape == (1, 2)
+
+
+def test_logit_lens_equals_norm_and_unembedding_by_hand(lm):
+    model, rnet, blocks, norm, head = lm
+    clean, _ = pair()
+    out, streams = block_outputs(model, blocks, clean)
+    with torch.no_grad():
+        want = torch.stack([head(norm(s)) for s in streams])
+    got = logit_lens(rnet, clean, [(3, 1), (3, 2)])  # norm and head found
+    assert torch.equal(got, want)
+    assert torch.equal(got[-1], out.logits)  # the last stream: the output
+    named = logit_lens(rnet, clean, (3, 1), norm=norm, unembed="lm_head")
+    assert torch.equal(named[0], want[0])
+
+
+def test_logit_lens_says_how_to_name_what_it_cannot_find():
+    net = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10))
+    rnet = Recorder(net, input_data=[torch.zeros(1, 3, dtype=torch.long)])
+    ids = torch.tensor([[1, 2, 3]])
+    msg = (
+        "logit_lens: found no norm module in Sequential (looked for "
+        "transformer.ln_f, model.norm, gpt_neox.final_layer_norm, "
+        "model.decoder.final_layer_norm, transformer.norm_f, ln_final, then the "
+        'last *Norm called): name it, e.g. `norm="transformer.ln_f"` (a name, '
+        "label or any selector of one call, or a module), or "
+        "`norm=torch.nn.Identity()` for none."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        logit_lens(rnet, ids, "1")
+    msg = r"logit_lens: found no unembed module in Sequential .*`unembed=\"lm_head\"`"
+    with pytest.raises(ValueError, match=msg):
+        logit_lens(rnet, ids, "1", norm=nn.Identity())
+    lens = logit_lens(rnet, ids, "1", norm=nn.Identity(), unembed="2")
+    with torch.no_grad():
+        assert torch.equal(lens[0], net(ids))
+
+
+def test_layer_means_of_keyword_batches(lm):
+    model, rnet, blocks, _, _ = lm
+    clean, corrupted = pair()
+    batches = [dict(clean), dict(corrupted)]
+    means = layer_means(rnet, batches, (3, 1), input=dict)  # a dict: keywords
+    kept = [block_outputs(model, blocks, b)[1][0] for b in batches]
+    want = torch.cat(kept).double().mean(0)
+    # float32 features averaged in float64 in another order
+    torch.testing.assert_close(means[(3, 1)], want, rtol=1e-12, atol=1e-12)
+
+
+class Twice(nn.Module):
+    """One block called twice: two calls, two labels, one module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.block = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        h = h + torch.tanh(self.block(h))
+        h = h + torch.tanh(self.block(h))
+        return self.head(h)
+
+
+def test_a_reused_module_is_patched_per_call():
+    """Patching the block's second call leaves its first call alone."""
+    torch.manual_seed(0)
+    net = Twice()
+    rnet = Recorder(net, input_data=[torch.zeros(1, 5, dtype=torch.long)])
+    first, second = (row.label for row in rnet.table.calls_of(net.block))
+    clean, corrupted = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 2, 9, 4, 5]])
+
+    def calls(ids):
+        kept = []
+        with hooked(net.block, lambda _m, _i, o: kept.append(o)), torch.no_grad():
+            net(ids)
+        return kept
+
+    clean_calls = calls(clean)
+    count = [0]
+
+    def second_only(_module, _args, output):
+        count[0] += 1
+        if count[0] == 2:  # the second call
+            new = output.clone()
+            new[:, 2] = clean_calls[1][:, 2]
+            return new
+        return None
+
+    with hooked(net.block, second_only), torch.no_grad():
+        want = net(corrupted)
+    got = patch(rnet, clean, corrupted, second, where=(slice(None), 2))
+    assert torch.equal(got, want)
+    with torch.no_grad():
+        assert not torch.equal(got, net(corrupted))
+    grid = patch_sweep(rnet, clean, corrupted, [first, second], lambda o: o[0, 2, 0])
+    # position 2 of the second call, as the hand hook patched it; batched
+    # float32 (see test_patch_sweep_equals_a_loop_of_hooked_runs)
+    torch.testing.assert_close(grid[1, 2], want[0, 2, 0], rtol=0, atol=1e-6)
+    with torch.no_grad():
+        assert torch.equal(grid[0, 0], net(corrupted)[0, 2, 0])  # nothing changed
+
+
+@pytest.fixture(scope="module")
+def twice():
+    torch.manual_seed(0)
+    net = Twice()
+    return net, Recorder(net, input_data=[torch.zeros(1, 5, dtype=torch.long)])
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    positions=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    max_batch=st.one_of(st.none(), st.integers(2, 12)),
+)
+def test_patch_sweep_any_positions_and_chunks_equal_single_patches(
+    twice, positions, max_batch
+):
+    """Every cell of any grid, in any chunking, is its single patched run."""
+    net, rnet = twice
+    g = torch.Generator().manual_seed(len(positions))
+    clean = torch.randint(0, 10, (2, 5), generator=g)
+    corrupted = torch.randint(0, 10, (2, 5), generator=g)
+    labels = [row.label for row in rnet.table.calls_of(net.block)]
+    grid = patch_sweep(
+        rnet,
+        clean,
+        corrupted,
+        labels,
+        lambda o: o[:, -1].sum(),
+        positions=positions,
+        max_batch=max_batch,
+    )
+    cache = cache_run(rnet, clean, labels)
+    for i, label in enumerate(labels):
+        for j, p in enumerate(positions):
+            single = patch(rnet, cache, corrupted, label, where=(slice(None), p))
+            # batched float32 products (see the GPT-2 sweep test): a few ulps
+            torch.testing.assert_close(
+                grid[i, j], single[:, -1].sum(), rtol=0, atol=1e-5
+            )
