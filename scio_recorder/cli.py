@@ -624,7 +624,7 @@ def _summary(args: argparse.Namespace) -> int:
         rnet.record(*(_selector(s) for s in args.record))
     except (KeyError, ValueError, TypeError) as error:
         raise CLIError(str(error).strip("'\"")) from error
-    call_args, call_kwargs = example_inputs(net, rnet._summary_kwargs)  # noqa: SLF001 (the table's own input)
+    call_args, call_kwargs = rnet.example_inputs()
     with torch.no_grad():
         rnet(*call_args, **call_kwargs)
     print("\nrecorded in one pass on the input above:")

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from ._hooks import CallInputs
+from ._engine.state import CallInputs
 from ._outputs import logits_of
 from ._tree import map_tensors
 from .collect import collect

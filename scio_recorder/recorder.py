@@ -569,6 +569,24 @@ class Recorder(nn.Module):
                 dtype=options.dtype,
             )
 
+    def example_inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Return the inputs the table was built from, as ``(args, kwargs)``.
+
+        Fresh random tensors of ``input_size`` (torchinfo's dtypes, batch
+        dimension and device), or ``input_data``; ``rnet(*args, **kwargs)``
+        then runs a pass like the reference pass.
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(4, 3))
+        >>> args, kwargs = rnet.example_inputs()
+        >>> args[0].shape, kwargs
+        (torch.Size([4, 3]), {})
+
+        """
+        return example_inputs(self._net, self._summary_kwargs)
+
     def graph(
         self,
         *args: Any,
@@ -631,7 +649,7 @@ class Recorder(nn.Module):
 
         """
         if not args and not kwargs:
-            args, kwargs = example_inputs(self._net, self._summary_kwargs)
+            args, kwargs = self.example_inputs()
         selection = self._selection
         recorded = {*selection.outputs, *selection.inputs, *selection.grads}
         with self._passes.suspended():  # an open scope ignores this pass
