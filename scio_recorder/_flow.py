@@ -204,7 +204,22 @@ def check_static_flow(net: nn.Module, summary_kwargs: dict[str, Any]) -> None:
     RuntimeError: The control flow of the input network is not static: ...
 
     """
-    _judge(net, _fake_forward(net, summary_kwargs))
+    reason = _fake_unsafe(net, summary_kwargs)
+    if reason is None:
+        _judge(net, _fake_forward(net, summary_kwargs))
+        return
+    # A fake pass could change the net (`reason`): fx alone decides, as before.
+    fx_error = _fx_traces(net)
+    if fx_error is not None:
+        msg = (
+            "The control flow of the input network may not be static: "
+            "`torch.fx.symbolic_trace` cannot trace it (see traceback), and "
+            f"the fake-tensor check cannot run because {reason}. Pass "
+            "`force_static_flow=False` to accept it anyway: every pass then "
+            "checks that recorded modules are called as in the reference pass "
+            "and raises otherwise. See `help(Recorder)`"
+        )
+        raise RuntimeError(msg) from fx_error
 
 
 def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | None:
@@ -293,14 +308,27 @@ def fake_table(
         else:
             _assert_real(net)
             return table
-    elif check_flow:
-        check_static_flow(net, summary_kwargs)
+        check_flow = False  # the fake pass checked it
     warnings.warn(
         f'`reference_pass="fake"` ran on real tensors: {reason}.',
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of `Recorder`
     )
-    return build_table(net, summary_kwargs)
+    return _real_table(net, summary_kwargs, check_flow=check_flow)
+
+
+def _real_table(
+    net: nn.Module, summary_kwargs: dict[str, Any], *, check_flow: bool
+) -> LayerTable:
+    """Build the table from a real pass, then check the flow if asked.
+
+    The check comes second: the real pass materializes lazy parameters, after
+    which a fake pass can run.
+    """
+    table = build_table(net, summary_kwargs)
+    if check_flow:
+        check_static_flow(net, summary_kwargs)
+    return table
 
 
 def _root(error: BaseException) -> str:
@@ -327,12 +355,10 @@ def table_of(
     """Return the layer table of ``net``, checking its flow if asked.
 
     The :class:`~scio_recorder.Recorder` entry point: with ``fake`` the table
-    comes from :func:`fake_table`; else from a real pass, after
+    comes from :func:`fake_table`; else from a real pass, followed by
     :func:`check_static_flow` if ``check_flow``.
     """
     if fake:
         return fake_table(net, summary_kwargs, check_flow=check_flow)
-    if check_flow:
-        check_static_flow(net, summary_kwargs)
-    return build_table(net, summary_kwargs)
+    return _real_table(net, summary_kwargs, check_flow=check_flow)
 
