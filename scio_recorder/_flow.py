@@ -20,7 +20,7 @@ line that reads it.
   tensors cannot run (no fake kernel, a data-dependent output *shape* such as
   ``x[x > 0]``) ends the check without a verdict: the net is accepted.
 * :func:`fake_table` builds the layer table from a fake reference pass
-  (``Recorder(..., reference_pass="fake")``) and falls back to the real pass,
+  (``Recorder(..., reference_tensors="fake")``) and falls back to the real pass,
   with a warning, where the fake one cannot run.
 
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
@@ -59,7 +59,7 @@ from ._preserve import preserved
 from .layers import LayerTable, build_table, example_inputs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # noqa: PTH120 (a prefix)
 _OWN_DIR = os.path.dirname(__file__) + os.sep  # noqa: PTH120 (a prefix)
@@ -115,7 +115,8 @@ def _data_read(error: BaseException) -> DataRead | None:
     if not frames:
         return DataRead("an unknown line", "", read)
     frame = frames[-1]
-    return DataRead(f"{frame.filename}:{frame.lineno}", (frame.line or "").strip(), read)
+    code = (frame.line or "").strip()
+    return DataRead(f"{frame.filename}:{frame.lineno}", code, read)
 
 
 @contextlib.contextmanager
@@ -310,7 +311,7 @@ def fake_table(
             return table
         check_flow = False  # the fake pass checked it
     warnings.warn(
-        f'`reference_pass="fake"` ran on real tensors: {reason}.',
+        f'`reference_tensors="fake"` ran on real tensors: {reason}.',
         UserWarning,
         stacklevel=4,  # the caller of `Recorder`
     )
@@ -342,7 +343,7 @@ def _assert_real(net: nn.Module) -> None:
     for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
         if isinstance(tensor, FakeTensor):  # pragma: no cover - a torch change
             msg = f"The fake reference pass replaced `{name}` by a fake tensor."
-            raise RuntimeError(msg)
+            raise RuntimeError(msg)  # noqa: TRY004 (a broken invariant, not a type)
 
 
 def table_of(
@@ -361,4 +362,3 @@ def table_of(
     if fake:
         return fake_table(net, summary_kwargs, check_flow=check_flow)
     return _real_table(net, summary_kwargs, check_flow=check_flow)
-

@@ -129,7 +129,7 @@ class Recorder(nn.Module):
         recorded module is called as often as in the reference pass, and
         raises otherwise, so a dynamic flow gives either the right
         activations or an error. See ``docs/guarantees.md``.
-    reference_pass : {"real", "fake"}, default "real"
+    reference_tensors : {"real", "fake"}, default "real"
         ``"fake"`` runs the reference pass on fake tensors: the same table,
         without computing anything (wrapping a large model then costs a
         fraction of one forward), and the static-flow check is done by the
@@ -191,7 +191,7 @@ class Recorder(nn.Module):
         /,
         *,
         force_static_flow: bool = True,
-        reference_pass: Literal["real", "fake"] = "real",
+        reference_tensors: Literal["real", "fake"] = "real",
         **summary_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -215,7 +215,7 @@ class Recorder(nn.Module):
             net,
             self._summary_kwargs,
             check_flow=force_static_flow,
-            fake=_fake_reference(reference_pass),
+            fake=_fake_reference(reference_tensors),
         )
         self._latest = _Latest()
         # A plain attribute: reading a submodule goes through the slower
@@ -1417,8 +1417,8 @@ def _make_plan(
     )
 
 
-def _fake_reference(reference_pass: str) -> bool:
-    if reference_pass not in {"real", "fake"}:
-        msg = f'`reference_pass` is "real" or "fake", got {reference_pass!r}.'
+def _fake_reference(reference_tensors: str) -> bool:
+    if reference_tensors not in {"real", "fake"}:
+        msg = f'`reference_tensors` is "real" or "fake", got {reference_tensors!r}.'
         raise ValueError(msg)
-    return reference_pass == "fake"
+    return reference_tensors == "fake"

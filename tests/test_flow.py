@@ -119,7 +119,7 @@ class Printing(nn.Module):
         self.linear = nn.Linear(3, 3)
 
     def forward(self, x: Tensor, *, scale: float = 2.0) -> Tensor:
-        print("shape", tuple(x.shape))  # noqa: T201 (the point of the net)
+        print("shape", tuple(x.shape))
         return self.linear(x) * scale
 
 
@@ -178,10 +178,10 @@ def test_data_dependent_flow_is_refused_naming_the_line(net):
     assert isinstance(excinfo.value.__cause__, torch.fx.proxy.TraceError | TypeError)
 
 
-def test_data_dependent_flow_is_refused_with_the_fake_reference_pass():
-    """`reference_pass="fake"` checks the flow in the same pass, same message."""
+def test_data_dependent_flow_is_refused_with_the_fake_reference_tensors():
+    """`reference_tensors="fake"` checks the flow in the same pass, same message."""
     with pytest.raises(RuntimeError, match=r"x\.sum\(\) > 0.*force_static_flow"):
-        Recorder(Branchy(), input_size=(1, 3), reference_pass="fake")
+        Recorder(Branchy(), input_size=(1, 3), reference_tensors="fake")
 
 
 def test_shape_dependent_loop_is_accepted():
@@ -227,7 +227,7 @@ def test_check_leaves_no_compiled_state_and_the_net_as_it_was():
     state = {k: v.clone() for k, v in net.state_dict().items()}
     frames = dict(torch._dynamo.utils.counters["frames"])
     Recorder(net, input_size=(4, 3), mode="train")
-    Recorder(net, input_size=(4, 3), mode="train", reference_pass="fake")
+    Recorder(net, input_size=(4, 3), mode="train", reference_tensors="fake")
     assert dict(torch._dynamo.utils.counters["frames"]) == frames
     for module in net.modules():
         code = type(module).forward.__code__
@@ -278,26 +278,28 @@ def same_tables(real, fake):
 
 
 @pytest.mark.parametrize(("factory", "size", "options"), TABLE_NETS)
-def test_fake_reference_pass_gives_the_same_table(factory, size, options):
+def test_fake_reference_tensors_gives_the_same_table(factory, size, options):
     """Rows, sizes, parameter counts and the printed table are identical."""
     net = factory()
     kwargs = {"input_size": size, **options}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback to the real pass
-        fake = Recorder(net, force_static_flow=False, reference_pass="fake", **kwargs)
+        fake = Recorder(
+            net, force_static_flow=False, reference_tensors="fake", **kwargs
+        )
     real = Recorder(net, force_static_flow=False, **kwargs)
     same_tables(real.table, fake.table)
     assert repr(real) == repr(fake)
 
 
 @pytest.mark.parametrize("factory", [gpt2, llama])
-def test_fake_reference_pass_gives_the_same_table_on_transformers(factory):
+def test_fake_reference_tensors_gives_the_same_table_on_transformers(factory):
     """GPT-2 and Llama configs: identical tables, default check included."""
     net = factory()
     data = tokens()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fake = Recorder(net, input_data=data, reference_pass="fake")
+        fake = Recorder(net, input_data=data, reference_tensors="fake")
     same_tables(Recorder(net, input_data=data).table, fake.table)
 
 
@@ -315,30 +317,30 @@ class Spy(nn.Module):
         return out
 
 
-def test_fake_reference_pass_computes_nothing():
+def test_fake_reference_tensors_computes_nothing():
     """The forward sees fake tensors only; parameters stay the same real tensors."""
     net = Spy()
     params = {name: (p, p.clone()) for name, p in net.named_parameters()}
-    Recorder(net, input_size=(1, 3), reference_pass="fake")
+    Recorder(net, input_size=(1, 3), reference_tensors="fake")
     assert net.seen == [FakeTensor, FakeTensor]  # one pass: table and check
     for name, param in net.named_parameters():
         assert param is params[name][0]
         assert type(param) is nn.Parameter
         assert torch.equal(param, params[name][1])
     net.seen.clear()
-    Recorder(net, input_size=(1, 3), reference_pass="real", force_static_flow=False)
+    Recorder(net, input_size=(1, 3), reference_tensors="real", force_static_flow=False)
     assert net.seen == [Tensor, Tensor]
 
 
-def test_fake_reference_pass_falls_back_to_real_with_a_warning():
+def test_fake_reference_tensors_falls_back_to_real_with_a_warning():
     """An operation without a fake kernel: real pass, same table, warned why."""
     net = Opaque()
     with pytest.warns(UserWarning, match=r"ran on real tensors: fake tensors cannot"):
-        fake = Recorder(net, input_size=(1, 3), reference_pass="fake")
+        fake = Recorder(net, input_size=(1, 3), reference_tensors="fake")
     same_tables(Recorder(net, input_size=(1, 3)).table, fake.table)
 
 
-def test_fake_reference_pass_falls_back_on_lazy_modules():
+def test_fake_reference_tensors_falls_back_on_lazy_modules():
     """A lazy module would be materialized with fake parameters: real pass."""
     net = nn.Sequential(nn.LazyLinear(2))
     with pytest.warns(UserWarning, match="lazy parameters"):
@@ -349,10 +351,10 @@ def test_fake_reference_pass_falls_back_on_lazy_modules():
     assert Recorder(lazy, input_size=(1, 3)).table[(1, 1)].output_size == [1, 2]
 
 
-def test_reference_pass_must_be_real_or_fake():
+def test_reference_tensors_must_be_real_or_fake():
     """Another value names the argument and the accepted values."""
-    with pytest.raises(ValueError, match=r'`reference_pass` is "real" or "fake"'):
-        Recorder(nn.Linear(3, 2), input_size=(1, 3), reference_pass="meta")
+    with pytest.raises(ValueError, match=r'`reference_tensors` is "real" or "fake"'):
+        Recorder(nn.Linear(3, 2), input_size=(1, 3), reference_tensors="meta")
 
 
 def test_fake_table_equals_build_table_in_train_mode_with_batch_norm():
