@@ -61,6 +61,13 @@ from .layers import LayerTable, build_table, example_inputs
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+# torch's modules whose fast path is skipped for tensor subclasses (their
+# forward checks `has_torch_function`): a fake pass would call other modules.
+_TYPE_CHECKED_FAST_PATHS = (
+    nn.MultiheadAttention,
+    nn.TransformerEncoderLayer,
+    nn.TransformerEncoder,
+)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # noqa: PTH120 (a prefix)
 _OWN_DIR = os.path.dirname(__file__) + os.sep  # noqa: PTH120 (a prefix)
 _TORCHINFO_DIR = os.path.dirname(_torchinfo_impl.__file__) + os.sep  # noqa: PTH120
@@ -205,7 +212,7 @@ def check_static_flow(net: nn.Module, summary_kwargs: dict[str, Any]) -> None:
     RuntimeError: The control flow of the input network is not static: ...
 
     """
-    reason = _fake_unsafe(net, summary_kwargs)
+    reason = _check_unsafe(net)
     if reason is None:
         _judge(net, _fake_forward(net, summary_kwargs))
         return
@@ -236,15 +243,29 @@ def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | 
     return None
 
 
-def _fake_unsafe(net: nn.Module, summary_kwargs: dict[str, Any]) -> str | None:
-    """Say why a fake reference pass could change ``net``, ``None`` if it cannot."""
+def _check_unsafe(net: nn.Module) -> str | None:
+    """Say why a fake pass could change ``net``, ``None`` if it cannot."""
     from .recorder import Recorder  # noqa: PLC0415 (circular at import time)
 
-    tensors = [*net.parameters(), *net.buffers()]
-    if any(is_lazy(tensor) for tensor in tensors):
+    if any(is_lazy(tensor) for tensor in [*net.parameters(), *net.buffers()]):
         return "the net has lazy parameters, which a pass materializes"
     if any(isinstance(module, Recorder) for module in net.modules()):
         return "the net contains a recorder, which would record fake tensors"
+    return None
+
+
+def _fake_unsafe(net: nn.Module, summary_kwargs: dict[str, Any]) -> str | None:
+    """Say why a fake reference pass could differ from a real one, if it could."""
+    reason = _check_unsafe(net)
+    if reason is not None:
+        return reason
+    fast = [m for m in net.modules() if isinstance(m, _TYPE_CHECKED_FAST_PATHS)]
+    if fast:
+        return (
+            f"{type(fast[0]).__name__} takes its fused fast path only on real "
+            "tensors, so a fake pass would call other modules"
+        )
+    tensors = [*net.parameters(), *net.buffers()]
     device = summary_kwargs.get("device")
     if device is None and summary_kwargs.get("input_data") is None:
         device = _torchinfo_impl.get_device(net, None)

@@ -248,14 +248,10 @@ TABLE_NETS = [
     (HolderNet, X, {}),
     (StructuredNet, X, {}),
     (TrainOnlyNet, X, {"mode": "train"}),
+    (models.demo_model, (2, 3, 32, 32), {"mode": "train"}),
     (SelfCallNet, X, {}),
     (PassedModuleNet, X, {}),
     (models.demo_model, (2, 3, 32, 32), {}),
-    (
-        lambda: models.transformer_encoder(d_model=32, nhead=4, num_layers=2),
-        (2, 5, 32),
-        {"mode": "train"},
-    ),
 ]
 
 
