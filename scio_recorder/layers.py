@@ -52,7 +52,7 @@ import dataclasses
 import inspect
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torch
@@ -673,7 +673,12 @@ def example_inputs(
     return tuple(x or ()), kwargs
 
 
-def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
+def build_table(
+    net: nn.Module,
+    summary_kwargs: dict[str, Any],
+    *,
+    around: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+) -> LayerTable:
     """Run the reference pass of ``net`` and return its labelled rows.
 
     Parameters
@@ -683,6 +688,10 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     summary_kwargs : dict
         Keyword arguments for :func:`torchinfo.summary`; must contain
         ``input_data`` or ``input_size``.
+    around : callable, optional
+        Returns a context manager entered around :func:`torchinfo.summary`
+        only (inside the snapshot that restores the net), e.g. a fake-tensor
+        mode.
 
     Returns
     -------
@@ -733,7 +742,11 @@ def build_table(net: nn.Module, summary_kwargs: dict[str, Any]) -> LayerTable:
     previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
     handles = log.install()
     try:
-        with preserved(net), _summary_patches():
+        with (
+            preserved(net),
+            _summary_patches(),
+            around() if around is not None else contextlib.nullcontext(),
+        ):
             summary = torchinfo.summary(net, **kwargs)
     finally:
         for handle in handles:

@@ -33,7 +33,7 @@ __all__ = [
 import contextlib
 import copy
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -51,8 +51,9 @@ from ._engine.plan import (
     make_plan,
 )
 from ._engine.state import CallInputs, InPlaceWarning
+from ._flow import table_of
 from .graph import ExecutionGraph, trace_graph
-from .layers import DepthIdx, LayerTable, build_table, example_inputs
+from .layers import DepthIdx, LayerTable, example_inputs
 from .scope import Scope
 from .select import Selector, as_list, check_labels, resolve, resolve_params
 
@@ -85,11 +86,26 @@ class Recorder(nn.Module):
     net : torch.nn.Module
         The network to record. It is kept as the submodule ``_net``.
     force_static_flow : bool, default True
-        If true, refuse networks that :func:`torch.fx.symbolic_trace` cannot
-        trace (data-dependent control flow). With ``False`` any network is
-        accepted: every recording pass checks that each recorded module is
-        called as often as in the reference pass, and raises otherwise, so a
-        dynamic flow gives either the right activations or an error.
+        If true, refuse networks with data-dependent control flow: a forward
+        on fake tensors (shapes without values, nothing computed) with the
+        table's example inputs must read no tensor value into Python
+        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``), unless
+        :func:`torch.fx.symbolic_trace` traces the net. Control flow on
+        shapes, ``print``, keyword-only arguments and Hugging Face models
+        pass; the error names the line that reads a value. With ``False`` any
+        network is accepted. Either way every recording pass checks that each
+        recorded module is called as often as in the reference pass, and
+        raises otherwise, so a dynamic flow gives either the right
+        activations or an error. See ``docs/guarantees.md``.
+    reference_tensors : {"real", "fake"}, default "real"
+        ``"fake"`` runs the reference pass on fake tensors: the same table,
+        without computing anything (wrapping a large model then costs a
+        fraction of one forward), and the static-flow check is done by the
+        same pass. Where fake tensors cannot run the net (an operation
+        without a fake kernel, a data-dependent shape or read, lazy modules,
+        a recorder inside the net, a net torchinfo would move to another
+        device) the pass runs on real tensors, with a warning. See
+        ``docs/labels.md``.
     **summary_kwargs
         Passed to :func:`torchinfo.summary`. ``input_data`` or ``input_size``
         is required. Defaults: ``col_names=("input_size", "output_size",
@@ -105,7 +121,8 @@ class Recorder(nn.Module):
     ValueError
         If neither ``input_data`` nor ``input_size`` is given.
     RuntimeError
-        If ``force_static_flow`` is true and the net cannot be traced.
+        If ``force_static_flow`` is true and the net's control flow depends on
+        the data (see above).
 
     Warnings
     --------
@@ -141,6 +158,7 @@ class Recorder(nn.Module):
         /,
         *,
         force_static_flow: bool = True,
+        reference_tensors: Literal["real", "fake"] = "real",
         **summary_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -156,10 +174,13 @@ class Recorder(nn.Module):
         net, compiler = unwrap_compiled(net)
         drop_copied_hooks(net)  # of a net copied while another recorder hooked it
         self._net = net
-        if force_static_flow:
-            _check_static_flow(net)
         self._summary_kwargs = _DEFAULT_SUMMARY_KWARGS | summary_kwargs
-        self._table = build_table(net, self._summary_kwargs)
+        self._table = table_of(
+            net,
+            self._summary_kwargs,
+            check_flow=force_static_flow,
+            fake=_fake_reference(reference_tensors),
+        )
         # A plain attribute: reading a submodule goes through the slower
         # `nn.Module.__getattr__`, and forward reads it on every pass.
         object.__setattr__(self, "_net_direct", net)
@@ -1003,29 +1024,8 @@ def _labels(labels: tuple[DepthIdx, ...]) -> str:
     return ", ".join(f"{d}-{i}" for d, i in labels)
 
 
-class _Tracer(torch.fx.Tracer):
-    """The default tracer, which does not trace into recorders inside the net.
-
-    A recorder's forward has its own checks (and state): tracing it with
-    proxies would fail for reasons that have nothing to do with the net.
-    """
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, Recorder) or super().is_leaf_module(
-            m, module_qualified_name
-        )
-
-
-def _check_static_flow(net: nn.Module) -> None:
-    """Refuse a net that :func:`torch.fx.symbolic_trace` cannot trace."""
-    try:
-        _Tracer().trace(net)
-    except Exception as error:
-        msg = (
-            "The control flow of the input network is not static: "
-            "`torch.fx.symbolic_trace` cannot trace it (see traceback). Pass "
-            "`force_static_flow=False` to accept it anyway: every pass then "
-            "checks that recorded modules are called as in the reference pass "
-            "and raises otherwise. See `help(Recorder)`"
-        )
-        raise RuntimeError(msg) from error
+def _fake_reference(reference_tensors: str) -> bool:
+    if reference_tensors not in {"real", "fake"}:
+        msg = f'`reference_tensors` is "real" or "fake", got {reference_tensors!r}.'
+        raise ValueError(msg)
+    return reference_tensors == "fake"

@@ -24,7 +24,7 @@ records (and fed to the listener); one that fails clears the latest records.
 
 from __future__ import annotations
 
-__all__ = ["Passes"]
+__all__ = ["Passes", "is_recorder"]
 
 import contextlib
 import warnings
@@ -317,3 +317,12 @@ class Passes:
             for label, target in latest.traced_grads.items():
                 grads[label] = deposits.value(target)
         return MappingProxyType(grads)
+
+
+def is_recorder(module: object) -> bool:
+    """Whether ``module`` is a recorder (it holds the passes of one).
+
+    For the modules below :mod:`scio_recorder.recorder`, which cannot import
+    it: a net containing a recorder is traced and faked differently.
+    """
+    return isinstance(getattr(module, "__dict__", {}).get("_passes"), Passes)

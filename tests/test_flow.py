@@ -1,0 +1,363 @@
+"""The static-flow check and the fake reference pass (``scio_recorder._flow``)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+import transformers
+from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from scio_recorder import Recorder, models
+from scio_recorder._flow import check_static_flow, fake_table
+from scio_recorder.layers import build_table
+from tests.nets import (
+    DirectChildNet,
+    HolderNet,
+    ListNet,
+    PassedModuleNet,
+    ReversedNet,
+    SelfCallNet,
+    SharedActNet,
+    StructuredNet,
+    TrainOnlyNet,
+    reused_relu_seq,
+)
+
+THIS_FILE = Path(__file__).name
+X = (2, 4)
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def bert() -> nn.Module:
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.BertModel(config).eval()
+
+
+def tokens() -> dict[str, Tensor]:
+    """A tokenizer-like batch with padding (HF then checks the mask in eager)."""
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, :4] = 0
+    return {"input_ids": torch.randint(0, 100, (2, 16)), "attention_mask": mask}
+
+
+class Branchy(nn.Module):
+    """``if x.sum() > 0``: the flow depends on the values of the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.sum() > 0:  # the data-dependent branch
+            return self.linear(x)
+        return -x
+
+
+class ItemLoop(nn.Module):
+    """Loops as many times as a value of the input says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for _ in range(int(x.abs().max().item() * 3) + 1):  # reads a value
+            x = self.linear(x)
+        return x
+
+
+class ShapeLoop(nn.Module):
+    """Loops over the batch: flow on shapes, not on values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for _ in range(x.shape[0]):
+            x = self.linear(x)
+        return x
+
+
+class Printing(nn.Module):
+    """Prints in its forward and takes a keyword-only argument (fx refuses both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor, *, scale: float = 2.0) -> Tensor:
+        print("shape", tuple(x.shape))
+        return self.linear(x) * scale
+
+
+@torch.library.custom_op("scio_test_flow::opaque", mutates_args=())
+def opaque(x: Tensor) -> Tensor:
+    """An operation with no fake kernel: fake tensors cannot run it."""
+    return x.clone()
+
+
+class Opaque(nn.Module):
+    """Uses an operation without a fake kernel, and branches on a shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[0] > 0:  # fx cannot trace a branch on a shape
+            x = opaque(x)
+        return self.linear(x)
+
+
+# -- item 1: the static-flow check ---------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [gpt2, llama, bert])
+@pytest.mark.parametrize("padded", [False, True])
+def test_hugging_face_models_wrap_with_the_default_check(factory, padded):
+    """GPT-2, Llama (grouped-query) and BERT wrap without `force_static_flow`."""
+    net = factory()
+    data = tokens() if padded else {"input_ids": torch.randint(0, 100, (2, 16))}
+    rnet = Recorder(net, input_data=data)
+    rnet.record((1, 1))
+    with torch.no_grad():
+        rnet(**data)
+    assert list(rnet.activations) == [(1, 1)]
+
+
+@pytest.mark.parametrize("net", [Branchy(), ItemLoop()], ids=["branch", "item"])
+def test_data_dependent_flow_is_refused_naming_the_line(net):
+    """The error names the file, line and code that read a value, and the fix."""
+    source = type(net).forward.__code__
+    lines = Path(source.co_filename).read_text().splitlines()
+    line = next(
+        number
+        for number in range(source.co_firstlineno, len(lines))
+        if "x.sum() > 0" in lines[number - 1] or ".item()" in lines[number - 1]
+    )
+    pattern = (
+        rf"reads a tensor value into Python at \S*{re.escape(THIS_FILE)}:{line} "
+        r"\(`.+`\).*Pass `force_static_flow=False` to accept it anyway"
+    )
+    with pytest.raises(RuntimeError, match=pattern) as excinfo:
+        Recorder(net, input_size=(1, 3))
+    # Raised from fx's own error (a TraceError, or int() of a Proxy).
+    assert isinstance(excinfo.value.__cause__, torch.fx.proxy.TraceError | TypeError)
+
+
+def test_data_dependent_flow_is_refused_with_the_fake_reference_tensors():
+    """`reference_tensors="fake"` checks the flow in the same pass, same message."""
+    with pytest.raises(RuntimeError, match=r"x\.sum\(\) > 0.*force_static_flow"):
+        Recorder(Branchy(), input_size=(1, 3), reference_tensors="fake")
+
+
+def test_shape_dependent_loop_is_accepted():
+    """A loop over ``range(x.shape[0])`` depends on shapes, not values: accepted.
+
+    A pass with another batch size calls the recorded module another number of
+    times, which the per-pass call-plan check refuses (as documented).
+    """
+    rnet = Recorder(ShapeLoop(), input_size=(2, 3))
+    assert [row.label_str for row in rnet.table.values()] == ["0-1", "1-1", "1-2"]
+
+
+@pytest.mark.parametrize(
+    ("net", "kwargs"),
+    [(Printing(), {"scale": 3.0}), (Opaque(), {})],
+    ids=["print-kwonly", "no-fake-kernel"],
+)
+def test_print_keyword_only_and_unsupported_ops_are_accepted(net, kwargs, capsys):
+    """What fx cannot trace but is no data-dependent flow wraps by default."""
+    with pytest.raises(Exception):  # noqa: B017, PT011 (fx refused these before)
+        torch.fx.symbolic_trace(net)
+    rnet = Recorder(net, input_size=(1, 3), **kwargs)
+    capsys.readouterr()
+    x = torch.rand(2, 3)
+    assert torch.equal(rnet(x, **kwargs), net(x, **kwargs))
+
+
+def test_fx_traceable_net_that_reads_a_value_is_still_accepted():
+    """`x * y.item()` traces in fx (accepted before): fx's word keeps it."""
+
+    class Scaled(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return x * x.mean().item()
+
+    check_static_flow(Scaled(), {"input_size": (1, 3)})
+
+
+def test_check_leaves_no_compiled_state_and_the_net_as_it_was():
+    """No Dynamo cache entry or counter; modes, flags and buffers restored."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Dropout()).train()
+    net[2].eval()
+    net[0].bias.requires_grad_(False)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    frames = dict(torch._dynamo.utils.counters["frames"])
+    Recorder(net, input_size=(4, 3), mode="train")
+    Recorder(net, input_size=(4, 3), mode="train", reference_tensors="fake")
+    assert dict(torch._dynamo.utils.counters["frames"]) == frames
+    for module in net.modules():
+        code = type(module).forward.__code__
+        assert torch._dynamo.eval_frame._debug_get_cache_entry_list(code) == []
+    assert [m.training for m in net.modules()] == [True, True, True, False]
+    assert not net[0].bias.requires_grad
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+
+
+# -- item 7: the fake reference pass --------------------------------------------
+
+TABLE_NETS = [
+    (SharedActNet, X, {}),
+    (ListNet, X, {}),
+    (reused_relu_seq, X, {}),
+    (ReversedNet, X, {}),
+    (DirectChildNet, X, {}),
+    (HolderNet, X, {}),
+    (StructuredNet, X, {}),
+    (TrainOnlyNet, X, {"mode": "train"}),
+    (models.demo_model, (2, 3, 32, 32), {"mode": "train"}),
+    (SelfCallNet, X, {}),
+    (PassedModuleNet, X, {}),
+    (models.demo_model, (2, 3, 32, 32), {}),
+]
+
+
+def same_tables(real, fake):
+    assert str(real) == str(fake)
+    assert repr(real.statistics) == repr(fake.statistics)
+    for a, b in zip(real.rows, fake.rows, strict=True):
+        assert (a.label, a.name, a.module, a.call_index, a.end_order) == (
+            b.label,
+            b.name,
+            b.module,
+            b.call_index,
+            b.end_order,
+        )
+        assert (a.input_size, a.output_size, a.num_params) == (
+            b.input_size,
+            b.output_size,
+            b.num_params,
+        )
+
+
+@pytest.mark.parametrize(("factory", "size", "options"), TABLE_NETS)
+def test_fake_reference_tensors_gives_the_same_table(factory, size, options):
+    """Rows, sizes, parameter counts and the printed table are identical."""
+    net = factory()
+    kwargs = {"input_size": size, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to the real pass
+        fake = Recorder(
+            net, force_static_flow=False, reference_tensors="fake", **kwargs
+        )
+    real = Recorder(net, force_static_flow=False, **kwargs)
+    same_tables(real.table, fake.table)
+    assert repr(real) == repr(fake)
+
+
+@pytest.mark.parametrize("factory", [gpt2, llama])
+def test_fake_reference_tensors_gives_the_same_table_on_transformers(factory):
+    """GPT-2 and Llama configs: identical tables, default check included."""
+    net = factory()
+    data = tokens()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fake = Recorder(net, input_data=data, reference_tensors="fake")
+    same_tables(Recorder(net, input_data=data).table, fake.table)
+
+
+class Spy(nn.Module):
+    """Notes the type of every tensor its forward sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.seen: list[type] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.linear(x)
+        self.seen += [type(x), type(out)]
+        return out
+
+
+def test_fake_reference_tensors_computes_nothing():
+    """The forward sees fake tensors only; parameters stay the same real tensors."""
+    net = Spy()
+    params = {name: (p, p.clone()) for name, p in net.named_parameters()}
+    Recorder(net, input_size=(1, 3), reference_tensors="fake")
+    assert net.seen == [FakeTensor, FakeTensor]  # one pass: table and check
+    for name, param in net.named_parameters():
+        assert param is params[name][0]
+        assert type(param) is nn.Parameter
+        assert torch.equal(param, params[name][1])
+    net.seen.clear()
+    Recorder(net, input_size=(1, 3), reference_tensors="real", force_static_flow=False)
+    assert net.seen == [Tensor, Tensor]
+
+
+def test_fake_reference_tensors_falls_back_to_real_with_a_warning():
+    """An operation without a fake kernel: real pass, same table, warned why."""
+    net = Opaque()
+    with pytest.warns(UserWarning, match=r"ran on real tensors: fake tensors cannot"):
+        fake = Recorder(net, input_size=(1, 3), reference_tensors="fake")
+    same_tables(Recorder(net, input_size=(1, 3)).table, fake.table)
+
+
+def test_fake_reference_tensors_falls_back_on_lazy_modules():
+    """A lazy module would be materialized with fake parameters: real pass."""
+    net = nn.Sequential(nn.LazyLinear(2))
+    with pytest.warns(UserWarning, match="lazy parameters"):
+        fake_table(net, {"input_size": (1, 3)}, check_flow=True)
+    assert net[0].weight.shape == (2, 3)
+    assert type(net[0].weight) is nn.Parameter
+    lazy = nn.Sequential(nn.LazyLinear(2))  # the default check, after the pass
+    assert Recorder(lazy, input_size=(1, 3)).table[(1, 1)].output_size == [1, 2]
+
+
+def test_reference_tensors_must_be_real_or_fake():
+    """Another value names the argument and the accepted values."""
+    with pytest.raises(ValueError, match=r'`reference_tensors` is "real" or "fake"'):
+        Recorder(nn.Linear(3, 2), input_size=(1, 3), reference_tensors="meta")
+
+
+def test_fake_table_equals_build_table_in_train_mode_with_batch_norm():
+    """Train-mode BatchNorm: same table, running statistics untouched."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    options = {"input_size": (4, 3), "mode": "train"}
+    fake = fake_table(net, options, check_flow=False)
+    assert int(net[1].num_batches_tracked) == 0
+    assert torch.equal(net[1].running_mean, torch.zeros(3))
+    same_tables(build_table(net, options), fake)
