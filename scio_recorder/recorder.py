@@ -32,6 +32,7 @@ __all__ = [
 
 import contextlib
 import copy
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,17 +46,25 @@ from ._engine.passes import Passes
 from ._engine.plan import (
     CallPlan,
     CallPlanError,
+    Edits,
     Postprocessor,
     RecordOptions,
     Selection,
     make_plan,
 )
-from ._engine.state import CallInputs, InPlaceWarning
+from ._engine.state import CallInputs, InPlaceWarning, Records
 from ._flow import table_of
 from .graph import ExecutionGraph, trace_graph
 from .layers import DepthIdx, LayerTable, example_inputs
 from .scope import Scope
-from .select import Selector, as_list, check_labels, resolve, resolve_params
+from .select import (
+    Selector,
+    as_list,
+    check_labels,
+    resolve,
+    resolve_callables,
+    resolve_params,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -376,8 +385,12 @@ class Recorder(nn.Module):
     def forward(
         self,
         *args: Any,
-        activation_postproc: Postprocessor | Sequence[Postprocessor] | None = None,
+        activation_postproc: Postprocessor
+        | Sequence[Postprocessor]
+        | Mapping[Selector, Postprocessor]
+        | None = None,
         dont_record: bool = False,
+        input_postproc: Mapping[Selector, Postprocessor] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Call the net, recording the selected layers and editing them.
@@ -394,9 +407,18 @@ class Recorder(nn.Module):
             recorded call; a list is consumed one item per recorded call, in
             the order recorded outputs are produced (the order forward hooks
             fire: a container comes after its children). Extra items are
-            ignored, too few raise; the list itself is not modified.
+            ignored, too few raise; the list itself is not modified. A dict
+            ``{selector: postproc}`` (a label, a qualified name, anything
+            :meth:`record` takes) edits those calls only, each with its own
+            function, whether they are recorded or not.
         dont_record : bool, default False
             Record nothing (postprocessors still run).
+        input_postproc : dict, optional
+            ``{selector: fn}``: ``fn(first_input) -> replacement or None``
+            edits the first positional input of those calls before the module
+            runs (e.g. the input of an attention's output projection, to edit
+            heads: see :mod:`scio_recorder.heads`); recorded inputs are taken
+            before the edit.
 
         Returns
         -------
@@ -431,17 +453,39 @@ class Recorder(nn.Module):
 
         """
         net = self._net_direct
+        edits = self._edits(activation_postproc, input_postproc)
         if torch.compiler.is_compiling():
+            if edits is not None:
+                msg = (
+                    "Edits given by selector (`activation_postproc` as a dict, "
+                    "`input_postproc`) run in eager passes only: give a callable "
+                    "or a list under `torch.compile`, or call the recorder uncompiled."
+                )
+                raise RuntimeError(msg)
             return self._passes.run_traced(
                 net, args, kwargs, activation_postproc, dont_record
             )
-        return self._passes.run(net, args, kwargs, activation_postproc, dont_record)
+        return self._passes.run(
+            net, args, kwargs, activation_postproc, dont_record, edits
+        )
+
+    def _edits(self, postproc: Any, input_postproc: Any) -> Edits | None:
+        """Resolve edits given by selector to labels (``None``: none given)."""
+        if input_postproc is None and not isinstance(postproc, Mapping):
+            return None
+        table, net = self._table, self._net
+        outputs = postproc
+        if isinstance(postproc, Mapping):
+            outputs = resolve_callables(table, net, postproc, "activation_postproc")
+        inputs = resolve_callables(table, net, input_postproc or {}, "input_postproc")
+        return Edits(outputs, inputs)
 
     def _eager_forward(
         self,
         *args: Any,
-        activation_postproc: Postprocessor | Sequence[Postprocessor] | None = None,
+        activation_postproc: Any = None,
         dont_record: bool = False,
+        input_postproc: Mapping[Selector, Postprocessor] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run :meth:`forward` outside Dynamo (``__call__``'s fast path calls it).
@@ -449,12 +493,126 @@ class Recorder(nn.Module):
         ``__call__`` has already asked whether Dynamo is tracing; asking again
         would cost every eager pass a second check.
         """
+        edits = self._edits(activation_postproc, input_postproc)
         return self._passes.run(
-            self._net_direct, args, kwargs, activation_postproc, dont_record
+            self._net_direct, args, kwargs, activation_postproc, dont_record, edits
         )
 
     _fast_forward = _eager_forward
     """What ``__call__``'s fast path runs (a subclass's own ``forward``)."""
+
+    def generate(
+        self,
+        *args: Any,
+        activation_postproc: Any = None,
+        dont_record: bool = False,
+        input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run the net's own ``generate``, recording and editing every forward step.
+
+        The same as :meth:`call_method` with ``"generate"``: each call of the
+        net that ``generate`` makes (the prefill, then one per decoded token,
+        with the KV cache as the net uses it) is a pass, checked against the
+        call plan and edited by ``activation_postproc`` and
+        ``input_postproc`` (as in :meth:`forward`), so steering applies at
+        every step. The latest records are the last step's; :attr:`steps`
+        holds every step's.
+
+        Returns
+        -------
+        Any
+            What ``net.generate(*args, **kwargs)`` returns.
+
+        Raises
+        ------
+        CallPlanError
+            Naming the forward step, if a recorded module is called more or
+            fewer times in a step than in the reference pass.
+
+        Examples
+        --------
+        >>> import torch, transformers
+        >>> config = transformers.GPT2Config(
+        ...     n_layer=1, n_embd=8, n_head=2, vocab_size=20
+        ... )
+        >>> model = transformers.GPT2LMHeadModel(config).eval()
+        >>> ids = torch.tensor([[1, 2, 3]])
+        >>> rnet = Recorder(model, input_data={"input_ids": ids})
+        >>> rnet.record("transformer.h.0")
+        >>> out = rnet.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        >>> len(rnet.steps), out.shape
+        (3, torch.Size([1, 6]))
+
+        """
+        return self.call_method(
+            "generate",
+            *args,
+            activation_postproc=activation_postproc,
+            dont_record=dont_record,
+            input_postproc=input_postproc,
+            **kwargs,
+        )
+
+    def call_method(
+        self,
+        name: str,
+        /,
+        *args: Any,
+        activation_postproc: Any = None,
+        dont_record: bool = False,
+        input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run a method of the net that calls its forward, one pass per call.
+
+        See :meth:`generate`, which is ``call_method("generate", ...)``; any
+        method (``net.sample``, a beam search) runs the same way.
+
+        Raises
+        ------
+        AttributeError
+            If the net has no such method.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> class Twice(nn.Sequential):
+        ...     def twice(self, x):
+        ...         return self(self(x))
+        >>> rnet = Recorder(Twice(nn.Linear(2, 2)), input_size=(1, 2))
+        >>> rnet.record((1, 1))
+        >>> _ = rnet.call_method("twice", torch.ones(1, 2))
+        >>> len(rnet.steps)
+        2
+
+        """
+        method = getattr(self._net, name, None)
+        if not callable(method):
+            msg = (
+                f"The net ({type(self._net).__name__}) has no method {name!r}: "
+                "`rnet.call_method` runs a method of the net, e.g. `generate`."
+            )
+            raise AttributeError(msg)  # noqa: TRY004 (what getattr raises)
+        edits = self._edits(activation_postproc, input_postproc)
+        postproc = activation_postproc if edits is None else edits
+        return self._passes.run_steps(
+            self._net, method, args, kwargs, postproc, dont_record, name
+        )
+
+    @property
+    def steps(self) -> tuple[MappingProxyType[DepthIdx, Any], ...]:
+        """The outputs recorded at each forward step of the latest :meth:`generate`.
+
+        One read-only mapping label -> output per call of the net, in order
+        (empty after any other pass).
+        """
+        table = self._table
+        return tuple(
+            MappingProxyType(Records(step, table, "activations"))
+            for step in self._passes.latest.steps
+        )
 
     def scope(
         self,
@@ -882,16 +1040,51 @@ class Recorder(nn.Module):
         2
 
         """
-        rows = resolve(self._table, self._net, [selector])
-        records = self._passes.latest.activations
-        missing = [row.label for row in rows if row.label not in records]
-        if missing:
-            msg = (
-                f"Labels {missing} were not recorded in the latest pass. "
-                f"Record them first: `rnet.record({selector!r})`."
-            )
-            raise KeyError(msg)
-        return tuple(records[row.label] for row in rows)
+        labels = [row.label for row in resolve(self._table, self._net, [selector])]
+        return self._passes.records_of("activations", labels, selector)  # type: ignore[no-any-return]
+
+    def inputs_of(self, selector: Selector) -> tuple[CallInputs, ...]:
+        """Return the latest pass's inputs of the rows ``selector`` picks.
+
+        As :meth:`activations_of`, for inputs recorded with
+        ``record(inputs=...)``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+        >>> rnet.record(inputs="0")
+        >>> _ = rnet(torch.ones(4, 3))
+        >>> rnet.inputs_of("0")[0].args[0].shape
+        torch.Size([4, 3])
+
+        """
+        labels = [row.label for row in resolve(self._table, self._net, [selector])]
+        return self._passes.records_of("inputs", labels, selector)  # type: ignore[no-any-return]
+
+    def gradients_of(self, selector: Selector) -> tuple[Any, ...]:
+        """Return the latest pass's output gradients of the rows ``selector`` picks.
+
+        As :meth:`activations_of`, for gradients recorded with
+        ``record(grads=...)`` (filled in by ``backward()``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 2)), input_size=(1, 3))
+        >>> rnet.record(grads="0")
+        >>> rnet(torch.ones(4, 3)).sum().backward()
+        >>> rnet.gradients_of("0")[0]
+        tensor([[1., 1.],
+                [1., 1.],
+                [1., 1.],
+                [1., 1.]])
+
+        """
+        labels = [row.label for row in resolve(self._table, self._net, [selector])]
+        return self._passes.records_of("gradients", labels, selector)  # type: ignore[no-any-return]
 
     @property
     def recording(self) -> tuple[DepthIdx, ...]:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
+from ._engine.passes import Passes, RootPasses
 from ._engine.state import CallInputs, Listener, PassState, pick_argument
 from .reduce import Keep, make_reducer
 from .select import resolve
@@ -45,10 +46,8 @@ from .select import resolve
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from torch.utils.hooks import RemovableHandle
     from typing_extensions import Self
 
-    from ._engine.passes import Passes
     from .layers import DepthIdx, LayerTable
     from .reduce import Reducer
     from .select import Selector
@@ -84,16 +83,13 @@ class ScopeState(Listener):
     """The listener a scope registers: it receives the recorder's passes.
 
     Registered while no pass of the recorder runs, so that hooks find
-    nothing to do (see :class:`~scio_recorder._engine.state.Listener`);
-    ``current`` is the pass of the net called directly, while it runs.
+    nothing to do (see :class:`~scio_recorder._engine.state.Listener`).
     """
 
-    __slots__ = ("completed", "current", "scope", "ticket")
+    __slots__ = ("scope", "ticket")
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
-        self.current: PassState | None = None
-        self.completed = False
         self.ticket: _Ticket | None = None  # of the pass in progress
 
     def grad_sink(self, label: DepthIdx) -> Callable[[Any], None]:
@@ -114,6 +110,10 @@ class ScopeState(Listener):
         keep = self.scope.feed(state)
         if ticket is not None:
             ticket.keep = keep
+
+    def dropped(self) -> None:
+        """Forget the failed pass's gradients' ticket."""
+        self.ticket = None
 
 
 class Scope:
@@ -168,9 +168,7 @@ class Scope:
         self._inputs: dict[DepthIdx, dict[Any, Reducer]] = {}
         self._samples: dict[DepthIdx, int] = {}
         self._open = False
-        self._handles: list[RemovableHandle] = []
-        self._previous: Any = None
-        self._state: ScopeState | None = None
+        self._direct: RootPasses | None = None
 
     # -- context -----------------------------------------------------------
 
@@ -180,14 +178,8 @@ class Scope:
             msg = "This scope is already open; use `rnet.scope()` for another one."
             raise RuntimeError(msg)
         state = ScopeState(self)
-        self._previous = self._passes.listen(state)
-        self._state = state
-        net = self.recorder.net
-        self._handles = [
-            net.register_forward_pre_hook(self._open_pass, prepend=True),
-            net.register_forward_hook(self._mark_completed),
-            net.register_forward_hook(self._close_pass, always_call=True),
-        ]
+        self._direct = RootPasses(self._passes, self.recorder.net, state)
+        self._direct.__enter__()
         self._passes.listeners.append(self)
         self._open = True
         return self
@@ -200,49 +192,10 @@ class Scope:
     ) -> None:
         """Stop recording; remove the hooks the scope added."""
         self._open = False
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
         self._passes.listeners.remove(self)
-        # Remove our listener only (scopes of other recorders, under other
-        # keys, may still be open: exits out of order are fine).
-        if self._state is not None:
-            self._passes.unlisten(self._state, self._previous)
-        self._previous = None
-        self._state = None
-
-    def _open_pass(self, module: nn.Module, _args: Any) -> None:
-        state, passes = self._state, self._passes
-        if state is None:
-            return
-        if state.current is not None and passes.is_open(state.current):
-            # A pass left open by a `KeyboardInterrupt` (torch runs no hook
-            # then) is dropped here. A net calling itself at the root is not
-            # supported: its inner call restarts the pass, which then fails
-            # the call-plan check, loudly.
-            passes.listen(state)  # drops the stale pass
-        if not passes.listening(state):  # an explicit pass, or another thread
-            return
-        state.current = passes.open_direct(state, module.training)
-        state.completed = False
-
-    def _mark_completed(self, _module: nn.Module, _args: Any, _output: Any) -> None:
-        state = self._state
-        if state is not None and state.current is not None:
-            state.completed = True
-
-    def _close_pass(self, _module: nn.Module, _args: Any, _output: Any) -> None:
-        state, passes = self._state, self._passes
-        if state is None or state.current is None or not passes.is_open(state.current):
-            return
-        current, completed = state.current, state.completed
-        state.current, state.completed = None, False
-        try:
-            if not passes.close_direct(state, current, completed):
-                state.ticket = None
-        except BaseException:
-            state.ticket = None
-            raise
+        if self._direct is not None:
+            self._direct.__exit__()
+        self._direct = None
 
     # -- feeding -----------------------------------------------------------
 

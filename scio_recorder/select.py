@@ -30,6 +30,7 @@ __all__ = [
     "looks_like_label",
     "modules",
     "resolve",
+    "resolve_callables",
     "resolve_one",
     "resolve_params",
 ]
@@ -37,6 +38,7 @@ __all__ = [
 import dataclasses
 import difflib
 import operator
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from torch import nn
@@ -507,3 +509,46 @@ def as_list(selectors: Selector | None) -> list[Selector]:
     if isinstance(selectors, list | set | frozenset):
         return list(selectors)
     return [selectors]
+
+
+def resolve_callables(
+    table: LayerTable,
+    net: nn.Module,
+    mapping: Mapping[Any, Callable[[Any], Any]],
+    option: str,
+) -> dict[DepthIdx, Callable[[Any], Any]]:
+    """Return ``{label: fn}`` for ``{selector: fn}`` (each selector's rows).
+
+    ``option`` names the argument in messages. Refuses a mapping whose value
+    is not callable, and a selector that matches nothing (as :func:`resolve`).
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), input_size=(1, 2))
+    >>> resolve_callables(rnet.table, rnet.net, {"1": abs}, "activation_postproc")
+    {(1, 2): <built-in function abs>}
+    >>> resolve_callables(rnet.table, rnet.net, {"1": 0}, "input_postproc")
+    Traceback (most recent call last):
+    ...
+    TypeError: `input_postproc` maps '1' to 0, which is not callable: give a function `fn(tensor) -> replacement or None`.
+
+    """  # noqa: E501 (doctest output)
+    if not isinstance(mapping, Mapping):
+        msg = (
+            f"`{option}` must be a dict {{selector: function}}, got "
+            f"{type(mapping).__name__}."
+        )
+        raise TypeError(msg)
+    found: dict[DepthIdx, Callable[[Any], Any]] = {}
+    for selector, fn in mapping.items():
+        if not callable(fn):
+            msg = (
+                f"`{option}` maps {selector!r} to {fn!r}, which is not callable: "
+                "give a function `fn(tensor) -> replacement or None`."
+            )
+            raise TypeError(msg)
+        for row in resolve(table, net, [selector]):
+            found[row.label] = fn
+    return found

@@ -300,18 +300,38 @@ def test_grad_cam_of_the_last_conv_block_equals_manual_grad_cam():
     assert cam.shape == (2, 8, 8)
 
 
-def test_grads_under_no_grad_raise_runtime_error(rnet, x):
-    """Selecting gradients for a pass under ``torch.no_grad()`` is refused."""
+def test_grads_under_no_grad_record_none(rnet, x):
+    """A selection with gradients records none in a ``torch.no_grad()`` pass.
+
+    The outputs are recorded as usual, and the same selection records the
+    gradients of a pass with gradients: clean and corrupted runs share it.
+    """
+    rnet.record("0", grads="0")
+    with torch.no_grad():
+        rnet(x)
+    assert set(rnet.activations) == {(1, 1)}
+    assert dict(rnet.gradients) == {}
+    with torch.inference_mode():
+        rnet(x)
+    assert dict(rnet.gradients) == {}
+    rnet(x).sum().backward()
+    assert rnet.gradients[(1, 1)].shape == rnet.activations[(1, 1)].shape
+
+
+def test_grads_where_nothing_requires_grad_raise_runtime_error(x):
+    """With gradients on, an output that cannot get one is refused, named."""
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).requires_grad_(False)
+    rnet = Recorder(net, input_size=(1, 4))
     rnet.record(grads="0")
     msg = (
         "Cannot capture the gradient of module `0` (Linear, label 1-1) at label "
-        "1-1: its output does not require grad (the pass ran under "
-        "`torch.no_grad()` or `torch.inference_mode()`, or nothing before it "
-        "requires grad). Run the pass with gradients enabled, or record without "
+        "1-1: its output does not require grad (nothing before it requires "
+        "grad: no parameter before it has `requires_grad=True`, and neither has "
+        "the input). Set `requires_grad_()` on the input, or record without "
         "`grads=`."
     )
-    with torch.no_grad(), pytest.raises(RuntimeError, match=f"^{re.escape(msg)}$"):
-        rnet(x)
+    with pytest.raises(RuntimeError, match=f"^{re.escape(msg)}$"):
+        rnet(torch.randn(2, 4))
     assert dict(rnet.activations) == {}
     assert dict(rnet.gradients) == {}
 

@@ -284,11 +284,20 @@ def test_two_compiled_passes_then_one_backward_keep_the_latest_pass_gradients():
     assert _close(rnet.gradients[(1, 2)], eager)
 
 
-def test_gradients_without_grad_mode_fail_when_traced():
+def test_gradients_without_grad_mode_are_not_recorded_when_traced():
+    # As in eager mode: a pass under no_grad records no gradient, and the
+    # same selection serves passes with gradients.
     rnet = Recorder(_mlp(), input_size=(1, 64))
-    rnet.record(grads=(1, 2))
-    with pytest.raises(Exception, match="does not require grad"), torch.no_grad():
-        _compiled(rnet, "aot_eager")(torch.randn(1, 64))
+    rnet.record((1, 2), grads=(1, 2))
+    compiled = _compiled(rnet, "aot_eager")
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        out = compiled(x)
+    assert dict(rnet.gradients) == {}
+    assert torch.equal(rnet.activations[(1, 2)], rnet.net[:2](x))
+    compiled(x).sum().backward()
+    assert (1, 2) in rnet.gradients
+    assert out.shape == (1, 10)
 
 
 # -- recompiles and the call plan --------------------------------------------

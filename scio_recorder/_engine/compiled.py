@@ -296,8 +296,8 @@ class TracedPass(PassState):
             if not self.dont_record:
                 self.records[label] = self.apply(output)
             if self.postproc is not None:
-                result = self.postprocess(output)
-        if wants_grad and not self.dont_record:
+                result = self.postprocess(label, output)
+        if wants_grad and not self.dont_record and torch.is_grad_enabled():
             if not HAS_DEPOSIT_OP:
                 msg = (
                     "Recording gradients inside a compiled graph needs torch >= "

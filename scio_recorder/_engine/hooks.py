@@ -126,14 +126,21 @@ def _traced_state(token: int) -> Any:
     return state
 
 
+_DROPPED = -1
+"""The token of a hook copied with the net: no recorder has it."""
+
+
 class _RecorderHook:
     """A hook of one recorder on a user's module: it serves that recorder's passes.
 
-    An object of a module-level class, not a closure, so that the user's net
-    can still be saved while it is recorded: ``pickle``, ``torch.save`` and
-    ``copy.deepcopy`` of the net (which carry the modules' hook dicts) turn
-    it into a :class:`DroppedHook`, so the copy records nothing, into no
-    recorder, and drops those hooks on its first pass.
+    What is registered on the module is the bound method :meth:`fire` of an
+    object of a module-level class: a bound method calls as fast as a plain
+    function (a ``__call__`` costs about 60 ns more per call), and unlike a
+    closure it can be copied. ``pickle``, ``torch.save`` and
+    ``copy.deepcopy`` of the net (which carry the modules' hook dicts) copy
+    the object as a :class:`DroppedHook`, whose token no recorder has: the
+    copy records nothing, into no recorder, and its hooks remove themselves
+    on its first pass (a module carrying hooks keeps fused kernels off).
     """
 
     __slots__ = ("token",)
@@ -145,35 +152,47 @@ class _RecorderHook:
         """Copy (pickle, deep copy) to a hook that does nothing and drops itself."""
         return DroppedHook, ()
 
+    def fire(self, module: nn.Module, *_: Any) -> Any:
+        """Serve a call (overridden); here: a copied hook drops itself."""
+        if self.token == _DROPPED and not torch.compiler.is_compiling():
+            drop_copied_hooks(module, recurse=False)
+
 
 class _PreHook(_RecorderHook):
     """The forward pre-hook of a module whose inputs are recorded."""
 
     __slots__ = ()
 
-    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def fire(self, module: nn.Module, args: Any, kwargs: Any = None) -> Any:
+        """Hand the start of a call to this recorder's pass, if one is open.
+
+        Returns the edited ``(args, kwargs)`` when the pass edits them.
+        """
         if TRACING.state is None:  # eager
             state = ACTIVE.states.get(self.token)
         else:  # a compiled pass being traced
             state = _traced_state(self.token)
         if state is not None:
-            state.on_input(module, args, kwargs)
+            return state.on_input(module, args, kwargs)
+        if self.token == _DROPPED:
+            _RecorderHook.fire(self, module)
+        return None
 
 
 class _PostHook(_RecorderHook):
     """The forward hook of one hooked module, made for one plan.
 
     It counts the module's calls in its slot of the pass's counts and, on
-    the common path (the pass's plan is its plan, the call's output is
-    recorded as it is: no postprocessor, no option, no gradient), stores the
-    record and its version counter itself, in this one frame: a hook runs on
-    every recorded call, and each Python call it saves is a good part of what
-    it costs. Anything else goes to :meth:`PassState.end_call
+    the common path (the pass's plan is its plan, the call's output is one
+    tensor recorded as it is: no postprocessor, no option, no gradient),
+    stores the record and its version counter itself, in this one frame: a
+    hook runs on every recorded call, and each Python call it saves is a
+    good part of what it costs. Anything else goes to :meth:`PassState.end_call
     <scio_recorder._engine.state.PassState.end_call>` (or, for another plan's
     pass, to ``on_output``, which finds the slot itself).
     """
 
-    __slots__ = ("plain", "plan", "slot", "specs")
+    __slots__ = ("labels", "plain", "plan", "slot", "specs")
 
     def __init__(
         self, token: int, plan: CallPlan, slot: int, specs: tuple[EndSpec | None, ...]
@@ -182,43 +201,47 @@ class _PostHook(_RecorderHook):
         self.plan = plan
         self.slot = slot
         self.specs = specs
+        self.labels = tuple(None if spec is None else spec.label for spec in specs)
+        """The label of each call (``None``: counted, not captured)."""
         self.plain = not plan.options.transforms and all(
-            spec is None or not spec.grad for spec in specs
+            spec is None or not (spec.grad or spec.label in plan.unrecorded)
+            for spec in specs
         )
         """Whether every call's record is the output itself, with no gradient."""
 
-    def __call__(self, module: nn.Module, _args: Any, output: Any) -> Any:  # noqa: PLR0911 (one frame, every path returns early)
+    def fire(self, module: nn.Module, _args: Any, output: Any) -> Any:  # noqa: PLR0911 (one frame, every path returns early)
+        """Count a call of ``module`` and capture what the plan asks of it."""
         if TRACING.state is not None:  # a compiled pass being traced
             traced = _traced_state(self.token)
             return None if traced is None else traced.on_output(module, output)
         state = ACTIVE.states.get(self.token)
         if state is None:
+            if self.token == _DROPPED:
+                _RecorderHook.fire(self, module)
             return None
         if state.plan is not self.plan:  # another plan's pass, or an idle scope
             return state.on_output(module, output)
-        counts, slot, specs = state.counts, self.slot, self.specs
+        counts, slot = state.counts, self.slot
         k = counts[slot]
         counts[slot] = k + 1
-        if k >= len(specs):
-            raise state.extra_call(module, k + 1, len(specs))
-        spec = specs[k]
-        if spec is None:
+        try:
+            label = self.labels[k]
+        except IndexError:
+            raise state.extra_call(module, k + 1, len(self.labels)) from None
+        if label is None:
             return None
-        if not (self.plain and state.plain):
-            return state.end_call(module, spec, output)
-        label = spec.label
-        state.records[label] = output
-        if type(output) is Tensor:
+        if self.plain and state.plain and type(output) is Tensor:
+            state.records[label] = output
             try:
                 version = output._version  # noqa: SLF001 (version counter)
             except RuntimeError:  # inference tensors have no version counter
                 return None
             state.versions.append((label, "activations", output, version))
             return None
-        return state.end_call(module, spec, output)
+        return state.end_call(module, self.specs[k], output)
 
 
-class DroppedHook:
+class DroppedHook(_PostHook):
     """What a recorder's hook becomes in a pickled or deep-copied net.
 
     It does nothing, and removes itself from the module on its first call (a
@@ -230,23 +253,37 @@ class DroppedHook:
 
     __slots__ = ()
 
-    def __call__(self, module: nn.Module, *_: Any) -> None:
+    def __init__(self) -> None:
+        self.token = _DROPPED
+
+    def fire(self, module: nn.Module, *_: Any) -> None:
+        """Remove this recorder's copied hooks from ``module``."""
         if not torch.compiler.is_compiling():
             drop_copied_hooks(module, recurse=False)
 
 
 def drop_copied_hooks(net: nn.Module, *, recurse: bool = True) -> None:
-    """Remove every :class:`DroppedHook` from ``net``'s modules (or ``net`` only)."""
+    """Remove every copied recorder hook from ``net``'s modules (or ``net`` only).
+
+    A copied hook is a bound method whose object is a :class:`DroppedHook`
+    (``pickle``) or whose token is the dropped one (``copy.deepcopy`` copies
+    the object, and keeps the method's function).
+    """
     for module in net.modules() if recurse else (net,):
         for hooks, with_kwargs in (
             (module._forward_hooks, module._forward_hooks_with_kwargs),  # noqa: SLF001 (no public API lists hooks)
             (module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs),  # noqa: SLF001
         ):
-            for key in [k for k, hook in hooks.items() if type(hook) is DroppedHook]:
+            for key in [k for k, hook in hooks.items() if _is_dropped(hook)]:
                 # torch reads the with-kwargs flag before calling a hook, so
                 # removing both while a pass runs the hooks is safe.
                 del hooks[key]
                 with_kwargs.pop(key, None)
+
+
+def _is_dropped(hook: object) -> bool:
+    owner = getattr(hook, "__self__", None)
+    return isinstance(owner, _RecorderHook) and owner.token == _DROPPED
 
 
 def _remove_all(handles: list[RemovableHandle]) -> None:
@@ -269,14 +306,32 @@ class HookSet:
         """Put a hook on exactly the modules ``plan`` hooks (and pre-hooks)."""
         _remove_all(self._handles)
         self._handles.extend(
-            module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            module.register_forward_pre_hook(self._pre_hook.fire, with_kwargs=True)
             for module in plan.starts
         )
         self._handles.extend(
-            module.register_forward_hook(_PostHook(self._token, plan, slot, specs))
+            module.register_forward_hook(_PostHook(self._token, plan, slot, specs).fire)
             for slot, (module, specs) in enumerate(plan.ends.items())
         )
         self.modules = tuple(dict.fromkeys([*plan.ends, *plan.starts]))
+
+    def add_for(self, plan: CallPlan, *, skip: CallPlan) -> list[RemovableHandle]:
+        """Place hooks where ``plan`` has some and ``skip`` none; return them.
+
+        The modules both hook keep ``skip``'s hooks, which serve a pass of
+        ``plan`` through its general path (they find their slot in it).
+        """
+        handles = [
+            module.register_forward_pre_hook(self._pre_hook.fire, with_kwargs=True)
+            for module in plan.starts
+            if module not in skip.starts
+        ]
+        handles += [
+            module.register_forward_hook(_PostHook(self._token, plan, slot, specs).fire)
+            for slot, (module, specs) in enumerate(plan.ends.items())
+            if module not in skip.ends
+        ]
+        return handles
 
     def remove(self) -> None:
         """Remove every hook; safe to call twice."""

@@ -24,7 +24,7 @@ records (and fed to the listener); one that fails clears the latest records.
 
 from __future__ import annotations
 
-__all__ = ["Passes", "is_recorder"]
+__all__ = ["Passes", "RootPasses", "is_recorder"]
 
 import contextlib
 import warnings
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
 from .hooks import ACTIVE, HookSet, enter_trace, exit_trace, new_token
+from .plan import CallPlanError, Edits, with_edits
 from .state import (
     CallInputs,
     InPlaceWarning,
@@ -44,13 +45,15 @@ from .state import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from torch import nn
+    from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Self
 
     from scio_recorder.layers import DepthIdx, LayerTable
 
-    from .plan import CallPlan, Postprocessor
+    from .plan import CallPlan
 
 
 class Passes:
@@ -83,6 +86,7 @@ class Passes:
     def select(self, plan: CallPlan) -> None:
         """Make ``plan`` the plan of the following passes; place its hooks."""
         self.plan = plan
+        self.edit_plans: dict[Any, CallPlan] = {}
         self.traced_key = traced_key(plan, self.token, self.deposits)
         self.hooks.place(plan)
 
@@ -102,21 +106,27 @@ class Passes:
                 states[self.token] = own
 
     # -- eager passes ------------------------------------------------------
-    def run(
+    def run(  # noqa: PLR0913, PLR0917 (the options of Recorder.forward)
         self,
         net: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        postproc: Any,
         dont_record: bool,  # noqa: FBT001 (positional: called on every pass)
+        edits: Edits | None = None,
     ) -> Any:
-        """Run ``net(*args, **kwargs)`` as one recording pass; return its output."""
+        """Run ``net(*args, **kwargs)`` as one recording pass; return its output.
+
+        ``edits`` (``activation_postproc`` or ``input_postproc`` given by
+        selector, resolved to labels) replaces ``postproc``; calls that are
+        edited but not recorded get hooks for this pass only.
+        """
         states = ACTIVE.states
         key = self.token
         outer = states.get(key)
         plan = self.plan
-        if outer is None and not plan.ends and not plan.starts:  # nothing recorded
-            latest = self.latest
+        if edits is None and outer is None and not plan.ends and not plan.starts:
+            latest = self.latest  # nothing recorded, nothing edited
             if (
                 latest.activations
                 or latest.inputs
@@ -125,14 +135,25 @@ class Passes:
             ):
                 self.clear()
             return net(*args, **kwargs)
+        if edits is not None:
+            with self.editing(edits) as plan:
+                return self._run(net, args, kwargs, plan, edits, dont_record, outer)
+        return self._run(net, args, kwargs, plan, postproc, dont_record, outer)
+
+    def _run(  # noqa: PLR0913, PLR0917 (run's, resolved)
+        self,
+        net: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        plan: CallPlan,
+        postproc: Any,
+        dont_record: bool,  # noqa: FBT001 (run's)
+        outer: Any,
+    ) -> Any:
+        states = ACTIVE.states
+        key = self.token
         listener = outer if isinstance(outer, Listener) else None
-        state = PassState(
-            plan,
-            postproc,
-            dont_record,
-            net.training,
-            None if listener is None else listener.grad_sink,
-        )
+        state = self.new_state(plan, postproc, dont_record, net.training, listener)
         states[key] = state
         try:
             out = net(*args, **kwargs)
@@ -150,13 +171,55 @@ class Passes:
             listener.feed(state)
         return out
 
+    @staticmethod
+    def new_state(
+        plan: CallPlan,
+        postproc: Any,
+        dont_record: bool,  # noqa: FBT001 (the pass's flag)
+        training: bool,  # noqa: FBT001 (the net's flag)
+        listener: Listener | None,
+    ) -> PassState:
+        """Return the state of a pass; ``postproc`` may be :class:`Edits`."""
+        edits = postproc if isinstance(postproc, Edits) else None
+        if edits is not None:
+            postproc = edits.outputs or None
+        grad_sink = None if listener is None else listener.grad_sink
+        state = PassState(plan, postproc, dont_record, training, grad_sink)
+        if edits is not None and edits.inputs:
+            state.input_postproc = edits.inputs
+        return state
+
+    @contextlib.contextmanager
+    def editing(self, edits: Edits) -> Iterator[CallPlan]:
+        """Yield the plan that also hooks the calls ``edits`` edits.
+
+        The current plan when it hooks them all; otherwise a plan extended
+        with those calls (kept for the next passes with the same labels),
+        whose extra hooks stay in place for the ``with`` block only.
+        """
+        plan = self.plan
+        key = (frozenset(edits.outputs), frozenset(edits.inputs))
+        extended = self.edit_plans.get(key)
+        if extended is None:
+            extended = with_edits(plan, self.table, *key)
+            self.edit_plans[key] = extended
+        if extended is plan:
+            yield plan
+            return
+        handles = self.hooks.add_for(extended, skip=plan)
+        try:
+            yield extended
+        finally:
+            for handle in handles:
+                handle.remove()
+
     # -- compiled passes ---------------------------------------------------
     def run_traced(
         self,
         net: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        postproc: Postprocessor | Sequence[Postprocessor] | None,
+        postproc: Any,
         dont_record: bool,  # noqa: FBT001 (mirrors run)
     ) -> Any:
         """Run the pass as Dynamo traces it (``torch.compile``, ``torch.export``).
@@ -197,6 +260,90 @@ class Passes:
         latest.traced_grads = state.grad_targets
         return out
 
+    # -- methods that call the net repeatedly (generate) -------------------
+    def run_steps(  # noqa: PLR0913, PLR0917 (a pass's options, and the method)
+        self,
+        net: nn.Module,
+        method: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        postproc: Any,
+        dont_record: bool,  # noqa: FBT001 (a pass's flag)
+        name: str,
+    ) -> Any:
+        """Call ``method(*args, **kwargs)``, one recording pass per call of ``net``.
+
+        Each root call of the net (a forward step of ``generate``: the
+        prefill, then one per decoded token) is a pass, checked against the
+        call plan, edited by ``postproc``; the latest records are the last
+        step's, :attr:`Latest.steps` every step's outputs. An open scope
+        receives every step.
+        """
+        outer = ACTIVE.states.get(self.token)
+        if isinstance(outer, PassState):
+            msg = (
+                f"`rnet.{name}(...)` was called inside a pass of the same "
+                "recorder (from a postprocessor?): call it outside."
+            )
+            raise RuntimeError(msg)  # noqa: TRY004 (a state, not a type, is wrong)
+        steps = _Steps(outer)
+
+        def failed(error: BaseException) -> BaseException:
+            if not isinstance(error, CallPlanError):
+                return error
+            return CallPlanError(
+                f"In forward step {len(steps.states)} of `rnet.{name}(...)` (step "
+                "0 is the first call of the net, e.g. the prefill of `generate`, "
+                f"then one per decoded token): {error}"
+            )
+
+        edits = postproc if isinstance(postproc, Edits) else None
+        with contextlib.ExitStack() as stack:
+            plan = (
+                self.plan if edits is None else stack.enter_context(self.editing(edits))
+            )
+            stack.enter_context(
+                RootPasses(
+                    self,
+                    net,
+                    steps,
+                    plan=plan,
+                    postproc=postproc,
+                    dont_record=dont_record,
+                    failed=failed,
+                )
+            )
+            out = method(*args, **kwargs)
+        self.latest.steps = [state.records for state in steps.states]
+        if not steps.states:
+            msg = (
+                f"`rnet.{name}(...)` never called the net: nothing was recorded "
+                "or edited. Call the method that runs the net's forward."
+            )
+            warnings.warn(msg, UserWarning, stacklevel=user_stacklevel())
+        return out
+
+    def records_of(self, kind: str, labels: Sequence[DepthIdx], selector: Any) -> Any:
+        """Return the latest records of ``kind`` at ``labels``, or say what to record.
+
+        ``kind`` is ``"activations"``, ``"inputs"`` or ``"gradients"``.
+        """
+        latest = self.latest
+        records: Mapping[DepthIdx, Any] = latest.activations
+        if kind == "inputs":
+            records = latest.inputs
+        elif kind == "gradients":
+            records = self.gradients()
+        missing = [label for label in labels if label not in records]
+        if missing:
+            option = {"activations": "", "inputs": "inputs=", "gradients": "grads="}
+            msg = (
+                f"Labels {missing} were not recorded ({kind}) in the latest pass. "
+                f"Record them first: `rnet.record({option[kind]}{selector!r})`."
+            )
+            raise KeyError(msg)
+        return tuple(records[label] for label in labels)
+
     # -- scopes: listeners and direct passes -------------------------------
     def listen(self, listener: Listener) -> Any:
         """Register ``listener`` for the passes to come; return what it replaced."""
@@ -218,9 +365,17 @@ class Passes:
         """Whether ``listener`` is registered in this thread, no pass open."""
         return ACTIVE.states.get(self.token) is listener
 
-    def open_direct(self, listener: Listener, training: bool) -> PassState:  # noqa: FBT001 (the net's flag)
-        """Open a pass of the net called directly, for ``listener``'s scope."""
-        state = PassState(self.plan, None, False, training, listener.grad_sink)  # noqa: FBT003 (dont_record)
+    def open_direct(
+        self,
+        listener: Listener,
+        training: bool,  # noqa: FBT001 (the net's flag)
+        plan: CallPlan | None = None,
+        postproc: Any = None,
+        dont_record: bool = False,  # noqa: FBT001, FBT002 (a pass's flag)
+    ) -> PassState:
+        """Open a pass of the net called directly, for ``listener``."""
+        plan = self.plan if plan is None else plan
+        state = self.new_state(plan, postproc, dont_record, training, listener)
         ACTIVE.states[self.token] = state
         return state
 
@@ -241,11 +396,13 @@ class Passes:
             states[self.token] = listener
         if not completed:
             self.clear()
+            listener.dropped()
             return False
         try:
             state.check_counts()
         except BaseException:
             self.clear()
+            listener.dropped()
             raise
         self.publish(state)
         listener.feed(state)
@@ -261,6 +418,7 @@ class Passes:
         latest = self.latest
         latest.activations, latest.inputs, latest.grads = {}, {}, {}
         latest.traced_grads = {}
+        latest.steps = []
 
     def publish(self, state: PassState) -> None:
         """Make ``state``'s records the latest pass's (called after success).
@@ -274,6 +432,7 @@ class Passes:
         latest.inputs = state.inputs
         latest.grads = state.grads
         latest.traced_grads = {}
+        latest.steps = []
         for label, kind, tensor, version in state.versions:
             if tensor._version != version:  # noqa: SLF001 (version counter)
                 self.warn_inplace(label, kind)
@@ -317,6 +476,113 @@ class Passes:
             for label, target in latest.traced_grads.items():
                 grads[label] = deposits.value(target)
         return MappingProxyType(grads)
+
+
+class _Steps(Listener):
+    """Collects the passes of each forward step; hands them on to a scope."""
+
+    def __init__(self, outer: Any) -> None:
+        self.states: list[PassState] = []
+        self.outer = outer if isinstance(outer, Listener) else None
+        if self.outer is not None:
+            self.grad_sink = self.outer.grad_sink
+
+    def feed(self, state: PassState) -> None:
+        """Keep a completed step; an open scope receives it too."""
+        self.states.append(state)
+        if self.outer is not None:
+            self.outer.feed(state)
+
+    def dropped(self) -> None:
+        """Pass a failed step on to an open scope."""
+        if self.outer is not None:
+            self.outer.dropped()
+
+
+class RootPasses:
+    """One pass per root call of the net while a ``with`` block is open.
+
+    For passes that go through no ``rnet(x)``: the net called directly in a
+    scope, the forward steps of ``generate``. Three hooks on the net delimit
+    each pass: a pre-hook (first of all) opens it, a forward hook marks that
+    the call returned, a last forward hook with ``always_call=True`` closes
+    it (see :meth:`Passes.close_direct`). Only the thread that opened the
+    block is recorded, and only while ``listener`` is what the registry
+    holds (an explicit ``rnet(x)`` inside runs as usual).
+
+    ``failed`` turns a failed check into the error to raise (a step number,
+    for ``generate``).
+    """
+
+    def __init__(  # noqa: PLR0913 (a pass's options)
+        self,
+        passes: Passes,
+        net: nn.Module,
+        listener: Listener,
+        *,
+        plan: CallPlan | None = None,
+        postproc: Any = None,
+        dont_record: bool = False,
+        failed: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        self.passes, self.net, self.listener = passes, net, listener
+        self.plan, self.postproc, self.dont_record = plan, postproc, dont_record
+        self.failed = failed
+        self.current: PassState | None = None
+        self.completed = False
+        self._previous: Any = None
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> Self:
+        """Register the listener and the three hooks on the net."""
+        self._previous = self.passes.listen(self.listener)
+        net = self.net
+        self._handles = [
+            net.register_forward_pre_hook(self._open, prepend=True),
+            net.register_forward_hook(self._mark_completed),
+            net.register_forward_hook(self._close, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Remove the hooks; put back what the registry held."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.passes.unlisten(self.listener, self._previous)
+        self._previous = None
+
+    def _open(self, module: nn.Module, _args: Any) -> None:
+        passes, listener = self.passes, self.listener
+        if self.current is not None and passes.is_open(self.current):
+            # A pass left open by a `KeyboardInterrupt` (torch runs no hook
+            # then) is dropped here. A net calling itself at the root is not
+            # supported: its inner call restarts the pass, which then fails
+            # the call-plan check, loudly.
+            passes.listen(listener)
+        if not passes.listening(listener):  # an explicit pass, or another thread
+            return
+        self.current = passes.open_direct(
+            listener, module.training, self.plan, self.postproc, self.dont_record
+        )
+        self.completed = False
+
+    def _mark_completed(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        if self.current is not None:
+            self.completed = True
+
+    def _close(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        current, passes = self.current, self.passes
+        if current is None or not passes.is_open(current):
+            return
+        completed = self.completed
+        self.current, self.completed = None, False
+        try:
+            passes.close_direct(self.listener, current, completed)
+        except BaseException as error:
+            if self.failed is None:
+                raise
+            raise self.failed(error) from error
 
 
 def is_recorder(module: object) -> bool:

@@ -14,12 +14,14 @@ from __future__ import annotations
 __all__ = [
     "CallPlan",
     "CallPlanError",
+    "Edits",
     "EndSpec",
     "Postprocessor",
     "RecordOptions",
     "Selection",
     "convert",
     "make_plan",
+    "with_edits",
 ]
 
 import dataclasses
@@ -29,6 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 from scio_recorder._tree import map_tensors
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     import torch
     from torch import Tensor, nn
 
@@ -95,7 +99,12 @@ def convert(
 
 
 class EndSpec(NamedTuple):
-    """What to capture when a call ends: its label, output and/or gradient."""
+    """What to capture when a call ends: its label, output and/or gradient.
+
+    ``output``: the output is recorded (unless the label is one the plan
+    hooks for an edit only, see :attr:`CallPlan.unrecorded`) and goes
+    through the pass's postprocessor.
+    """
 
     label: DepthIdx
     output: bool
@@ -119,6 +128,9 @@ class CallPlan:
     options: RecordOptions
     reference: str
     outputs_per_pass: int
+    unrecorded: frozenset[DepthIdx] = frozenset()
+    """Labels hooked only to be edited (``activation_postproc`` or
+    ``input_postproc`` given as a dict): their calls are edited, not recorded."""
     end_slots: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """The slot of each hooked module in a pass's call counts (derived)."""
     expected_counts: list[int] = dataclasses.field(init=False, repr=False)
@@ -187,35 +199,47 @@ class Selection:
     params: tuple[str, ...] = ()
 
 
-def make_plan(
+def make_plan(  # noqa: PLR0913 (the rows of each kind)
     table: LayerTable,
     outputs: list[Layer],
     inputs: list[Layer],
     grads: list[Layer],
     options: RecordOptions,
+    *,
+    edits: Sequence[Layer] = (),
+    input_edits: Sequence[Layer] = (),
 ) -> CallPlan:
-    """Return the call plan that captures the given rows."""
+    """Return the call plan that captures the given rows.
+
+    ``edits`` and ``input_edits`` are rows hooked only to be edited (their
+    outputs, or their inputs), not recorded unless also in ``outputs`` or
+    ``inputs``.
+    """
     out_labels = {row.label for row in outputs}
     grad_labels = {row.label for row in grads}
     in_labels = {row.label for row in inputs}
+    unrecorded = {row.label for row in edits} - out_labels
+    unrecorded |= {row.label for row in input_edits} - in_labels
+    ends_at = out_labels | {row.label for row in edits}
+    starts_at = in_labels | {row.label for row in input_edits}
     ends: dict[nn.Module, tuple[EndSpec | None, ...]] = {}
     starts: dict[nn.Module, tuple[DepthIdx | None, ...]] = {}
     describe: dict[nn.Module, str] = {}
-    for row in (*outputs, *grads, *inputs):
+    for row in (*outputs, *grads, *inputs, *edits, *input_edits):
         module = row.module
         if module in describe:
             continue
         calls = table.calls_of(module)
-        if any(call.label in out_labels or call.label in grad_labels for call in calls):
+        if any(call.label in ends_at or call.label in grad_labels for call in calls):
             ends[module] = tuple(
-                EndSpec(call.label, call.label in out_labels, call.label in grad_labels)
-                if call.label in out_labels or call.label in grad_labels
+                EndSpec(call.label, call.label in ends_at, call.label in grad_labels)
+                if call.label in ends_at or call.label in grad_labels
                 else None
                 for call in table.call_plan(module)
             )
-        if any(call.label in in_labels for call in calls):
+        if any(call.label in starts_at for call in calls):
             starts[module] = tuple(
-                call.label if call.label in in_labels else None for call in calls
+                call.label if call.label in starts_at else None for call in calls
             )
         name = f"`{row.name}`" if row.name else "the whole net"
         describe[module] = (
@@ -224,5 +248,61 @@ def make_plan(
             f"{', '.join(call.label_str for call in calls)})"
         )
     return CallPlan(
-        ends, starts, describe, options, table.mode_description, len(out_labels)
+        ends,
+        starts,
+        describe,
+        options,
+        table.mode_description,
+        len(out_labels),
+        frozenset(unrecorded),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Edits:
+    """The edits of one pass, by label: of outputs, and of first inputs.
+
+    What ``activation_postproc`` and ``input_postproc`` become when given as
+    ``{selector: fn}``: each selector resolved to the labels it picks.
+    """
+
+    outputs: dict[DepthIdx, Postprocessor] = dataclasses.field(default_factory=dict)
+    inputs: dict[DepthIdx, Postprocessor] = dataclasses.field(default_factory=dict)
+
+
+def with_edits(
+    plan: CallPlan,
+    table: LayerTable,
+    edits: frozenset[DepthIdx],
+    input_edits: frozenset[DepthIdx],
+) -> CallPlan:
+    """Return ``plan``, or ``plan`` extended to hook the edited calls too.
+
+    The recorded rows stay those of ``plan``; calls edited but not recorded
+    are hooked and counted, and left out of the records.
+    """
+    outputs, grads, inputs = [], [], []
+    for specs in plan.ends.values():
+        for spec in specs:
+            if spec is not None and spec.label not in plan.unrecorded:
+                if spec.output:
+                    outputs.append(spec.label)
+                if spec.grad:
+                    grads.append(spec.label)
+    for labels in plan.starts.values():
+        inputs += [x for x in labels if x is not None and x not in plan.unrecorded]
+    if edits <= set(outputs) and input_edits <= set(inputs):
+        return plan
+
+    def rows(labels: Iterable[DepthIdx]) -> list[Layer]:
+        return [table[label] for label in labels]
+
+    return make_plan(
+        table,
+        rows(outputs),
+        rows(inputs),
+        rows(grads),
+        plan.options,
+        edits=rows(sorted(edits)),
+        input_edits=rows(sorted(input_edits)),
     )

@@ -205,6 +205,9 @@ class Listener:
     def feed(self, state: PassState) -> None:
         """Receive a completed pass made while this listener was registered."""
 
+    def dropped(self) -> None:
+        """Learn that the pass in progress failed, and was dropped."""
+
 
 class PassState:
     """Everything that lives for one pass of the net.
@@ -219,6 +222,8 @@ class PassState:
     """
 
     post_index = 0
+    input_postproc: dict[DepthIdx, Postprocessor] | None = None
+    """Label -> the edit of that call's first positional input."""
     grad_sink: GradSink | None = None
     inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
     grads: dict[DepthIdx, GradSlot] = _NO_GRADS
@@ -245,23 +250,45 @@ class PassState:
         # the end of the pass to detect in-place modifications of records.
         self.versions: list[tuple[DepthIdx, str, Tensor, int]] = []
 
-    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        """Handle the start of a call of a module whose inputs are captured."""
+    def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        """Handle the start of a call of a module whose inputs are captured.
+
+        Returns ``(args, kwargs)`` with the first positional argument edited
+        when ``input_postproc`` edits this call, else ``None``.
+        """
         plan = self.plan
         slot = plan.start_slots.get(module)
         if slot is None:  # hooked after this pass started
-            return
+            return None
         labels = plan.starts[module]
         k = self.starts[slot]
         self.starts[slot] = k + 1
         if k >= len(labels):
             raise self.extra_call(module, k + 1, len(labels))
         label = labels[k]
-        if label is None or self.dont_record:
-            return
+        if label is None:
+            return None
+        if not self.dont_record and label not in plan.unrecorded:
+            self.record_inputs(label, args, kwargs)
+        edit = None if self.input_postproc is None else self.input_postproc.get(label)
+        if edit is None:
+            return None
+        if not args:
+            msg = (
+                f"`input_postproc` edits the first positional input of "
+                f"{plan.describe[module]}, but call {label[0]}-{label[1]} got "
+                "none (only keyword arguments). Edit the output of the module "
+                "that computes it instead, with `activation_postproc`."
+            )
+            raise ValueError(msg)
+        new = edit(args[0])
+        return None if new is None else ((new, *args[1:]), kwargs)
+
+    def record_inputs(self, label: DepthIdx, args: Any, kwargs: Any) -> None:
+        """Record the inputs of ``label``'s call (with their version counters)."""
         if self.inputs is _NO_INPUTS:
             self.inputs = {}
-        options = plan.options
+        options = self.plan.options
         if options.transforms:
             args, kwargs = options.apply(args), options.apply(kwargs)
         record = CallInputs(tuple(args), dict(kwargs))
@@ -308,10 +335,10 @@ class PassState:
             return None
         options = self.plan.options
         record = None
-        if not self.dont_record:
+        if not self.dont_record and label not in self.plan.unrecorded:
             record = options.apply(output) if options.transforms else output
             self.records[label] = record
-        result = None if self.postproc is None else self.postprocess(output)
+        result = None if self.postproc is None else self.postprocess(label, output)
         if record is not None and not options.clone:
             if isinstance(record, Tensor):
                 try:
@@ -326,11 +353,21 @@ class PassState:
             self.watch_grad(module, label, output if result is None else result)
         return result
 
-    def postprocess(self, output: Any) -> Any:
-        """Run the next postprocessor on ``output``; return its result."""
+    def postprocess(self, label: DepthIdx, output: Any) -> Any:
+        """Run the postprocessor of ``label``'s call on ``output``; return its result.
+
+        One callable edits every call; a dict (label -> callable, resolved
+        from the selectors of ``activation_postproc``) edits its labels only;
+        a list is consumed one item per recorded call.
+        """
         postproc = self.postproc
         if callable(postproc):
             result = postproc(output)
+        elif isinstance(postproc, dict):
+            func = postproc.get(label)
+            if func is None:
+                return None
+            result = func(output)
         else:
             assert postproc is not None  # noqa: S101 (checked by the caller)
             if self.post_index >= len(postproc):
@@ -346,7 +383,14 @@ class PassState:
         return result
 
     def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
-        """Capture the gradient that will flow back into ``output``."""
+        """Capture the gradient that will flow back into ``output``.
+
+        In a pass without gradients (``torch.no_grad()``,
+        ``torch.inference_mode()``) nothing is captured: the same selection
+        serves clean runs without gradients and runs with them.
+        """
+        if not torch.is_grad_enabled():
+            return
         if not (
             output.requires_grad
             if isinstance(output, Tensor)
@@ -373,9 +417,9 @@ class PassState:
         return (
             f"Cannot capture the gradient of {self.plan.describe[module]} at "
             f"label {label[0]}-{label[1]}: its output does not require grad "
-            "(the pass ran under `torch.no_grad()` or `torch.inference_mode()`"
-            ", or nothing before it requires grad). Run the pass with "
-            "gradients enabled, or record without `grads=`."
+            "(nothing before it requires grad: no parameter before it has "
+            "`requires_grad=True`, and neither has the input). Set "
+            "`requires_grad_()` on the input, or record without `grads=`."
         )
 
     def too_few_message(self, given: int) -> str:
@@ -445,9 +489,11 @@ def _versions(
 class Latest:
     """The records of the latest completed pass (a plain object: cheap to set)."""
 
-    __slots__ = ("activations", "grads", "inputs", "traced_grads")
+    __slots__ = ("activations", "grads", "inputs", "steps", "traced_grads")
 
     def __init__(self) -> None:
+        self.steps: list[dict[DepthIdx, Any]] = []
+        """The outputs of every forward step of the latest ``call_method``."""
         self.activations: dict[DepthIdx, Any] = {}
         self.inputs: dict[DepthIdx, CallInputs] = {}
         self.grads: dict[DepthIdx, GradSlot] = {}

@@ -1,0 +1,157 @@
+"""Attention heads: a view of the heads in a projection's input, and head edits.
+
+Multi-head attention computes one output per head, ``z_h`` (``[..., D]``),
+concatenates them along the last dimension (``[..., H * D]``) and applies the
+output projection (``o_proj``, ``c_proj``, ``out_proj``). The input of that
+projection therefore holds every head's output side by side: editing a head
+is editing a slice of that input (TransformerLens's ``hook_z``), with
+``Recorder(..., input_postproc={"...o_proj": fn})`` on the unmodified model.
+
+This is exact under grouped-query attention (Llama, Mistral with
+``num_key_value_heads < num_attention_heads``): keys and values are shared by
+groups of query heads, but each *query* head still has its own output, and
+the projection's input has ``num_attention_heads`` slices. (Slicing the value
+projection instead would edit a whole group of heads at once.)
+
+Examples
+--------
+>>> import torch
+>>> x = torch.arange(8.0).reshape(1, 1, 8)  # 4 heads of size 2
+>>> zero_heads([1], num_heads=4)(x)
+tensor([[[0., 1., 0., 0., 4., 5., 6., 7.]]])
+"""
+
+from __future__ import annotations
+
+__all__ = ["head_count", "heads_view", "scale_heads", "zero_heads"]
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .select import resolve_one
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from torch import Tensor
+
+    from .recorder import Recorder
+    from .select import Selector
+
+_COUNT_NAMES = ("num_heads", "num_attention_heads", "n_head", "n_heads")
+
+
+def heads_view(x: Tensor, num_heads: int) -> Tensor:
+    """Return ``x`` (``[..., H * D]``) viewed as ``[..., H, D]`` (no copy).
+
+    An in-place change of the view changes ``x``.
+
+    Raises
+    ------
+    ValueError
+        If the last dimension is not a multiple of ``num_heads``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> heads_view(torch.zeros(2, 5, 12), num_heads=4).shape
+    torch.Size([2, 5, 4, 3])
+
+    """
+    if num_heads < 1 or x.shape[-1] % num_heads:
+        msg = (
+            f"Cannot split the last dimension ({x.shape[-1]}) of a tensor of "
+            f"shape {list(x.shape)} into {num_heads} heads: it must be a multiple "
+            "of the head count. Give the number of query heads "
+            "(`num_attention_heads`), not of key/value heads."
+        )
+        raise ValueError(msg)
+    return x.view(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
+
+
+def scale_heads(
+    factors: dict[int, float], num_heads: int
+) -> Callable[[Tensor], Tensor]:
+    """Return an ``input_postproc`` that multiplies head ``h`` by ``factors[h]``.
+
+    The tensor given is not changed: the function returns an edited copy.
+
+    Examples
+    --------
+    >>> import torch
+    >>> scale_heads({0: 2.0}, num_heads=2)(torch.ones(1, 4))
+    tensor([[2., 2., 1., 1.]])
+
+    """
+    chosen = dict(factors)
+    for head in chosen:
+        if not 0 <= head < num_heads:
+            msg = (
+                f"Head {head} does not exist: there are {num_heads} "
+                f"(0 to {num_heads - 1})."
+            )
+            raise ValueError(msg)
+
+    def edit(x: Tensor) -> Tensor:
+        scale = torch.ones(num_heads, dtype=x.dtype, device=x.device)
+        for head, factor in chosen.items():
+            scale[head] = factor
+        return (heads_view(x, num_heads) * scale[:, None]).flatten(-2)
+
+    return edit
+
+
+def zero_heads(heads: Iterable[int], num_heads: int) -> Callable[[Tensor], Tensor]:
+    """Return an ``input_postproc`` that zeroes the outputs of ``heads``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> zero_heads([0], num_heads=2)(torch.ones(1, 4))
+    tensor([[0., 0., 1., 1.]])
+
+    """
+    return scale_heads(dict.fromkeys(heads, 0.0), num_heads)
+
+
+def head_count(rnet: Recorder, selector: Selector) -> int:
+    """Return the number of (query) heads of the attention ``selector`` is in.
+
+    ``selector`` names a module (its output projection, or the attention
+    module itself); the count is read from that module or the closest
+    enclosing one that has ``num_heads``, ``num_attention_heads``,
+    ``n_head`` or ``n_heads``, or a ``config`` with one of these.
+
+    Raises
+    ------
+    ValueError
+        If no enclosing module says how many heads it has.
+
+    Examples
+    --------
+    >>> import torch, transformers
+    >>> from scio_recorder import Recorder
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    >>> model = transformers.GPT2Model(config)
+    >>> rnet = Recorder(model, input_size=(1, 4), dtypes=[torch.long])
+    >>> head_count(rnet, "h.0.attn.c_proj")
+    2
+
+    """
+    row = resolve_one(rnet.table, rnet.net, selector, "head_count")
+    parts = row.name.split(".") if row.name else []
+    modules = dict(rnet.net.named_modules())
+    for end in range(len(parts), -1, -1):
+        module = modules.get(".".join(parts[:end]))
+        for owner in (module, getattr(module, "config", None)):
+            for name in _COUNT_NAMES:
+                value = getattr(owner, name, None)
+                if isinstance(value, int) and value > 0:
+                    return value
+    msg = (
+        f"No module enclosing {row.describe()} says how many heads it has "
+        f"(none of {', '.join(_COUNT_NAMES)}, on the module or its `config`): "
+        "give `num_heads=` yourself."
+    )
+    raise ValueError(msg)
