@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from scio_recorder._batches import batch_getter
+
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks, rank_and_world
 from ._estimate import Estimate, estimate_slots, human
-from ._loop import Run, batch_getter, total_samples
+from ._loop import Run, total_samples
 from ._progress import bar_description, make_bar
 from ._results import CollectResult
 from ._specs import (

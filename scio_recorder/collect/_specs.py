@@ -48,10 +48,10 @@ from scio_recorder.reduce import (
     PerClass,
     Quantiles,
     Reducer,
+    check_class_labels,
     SharedCovariance,
     make_reducer,
 )
-from scio_recorder.reduce._base import check_class_labels
 from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
