@@ -61,7 +61,7 @@ def batch_getter(spec: object, what: str) -> Callable[[Any], Any]:
     if isinstance(spec, str):
         return key_getter(spec, what)
     if callable(spec) and not isinstance(spec, bool):
-        return spec  # type: ignore[no-any-return]
+        return spec
     msg = f"`{what}` must be an int, a str, a callable or None, got {spec!r}"
     raise TypeError(msg)
 
@@ -111,9 +111,7 @@ def key_getter(key: str, what: str) -> Callable[[Any], Any]:
     return by_key
 
 
-def as_arguments(
-    value: Any, *, spread: bool
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def as_arguments(value: Any, *, spread: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Turn an input into the net's positional and keyword arguments.
 
     A :class:`~scio_recorder.CallInputs` is both, always. With ``spread``

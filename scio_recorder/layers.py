@@ -369,7 +369,7 @@ def as_table(obj: object, who: str = "`table=`") -> Mapping[DepthIdx, Layer] | N
     >>> as_table([1, 2], "`table=` of save_records")
     Traceback (most recent call last):
     ...
-    TypeError: `table=` of save_records must be a LayerTable, a Recorder (or an object with a LayerTable as `table`) or None, got a list.
+    TypeError: `table=` of save_records must be a LayerTable, a Recorder (or an object with a LayerTable as `table`) or None, got a value of type list.
 
     """  # noqa: E501 (doctest output)
     if obj is None:
@@ -381,7 +381,7 @@ def as_table(obj: object, who: str = "`table=`") -> Mapping[DepthIdx, Layer] | N
         return cast("Mapping[DepthIdx, Layer]", obj)
     msg = (
         f"{who} must be a LayerTable, a Recorder (or an object with a "
-        f"LayerTable as `table`) or None, got a {type(obj).__name__}."
+        f"LayerTable as `table`) or None, got a value of type {type(obj).__name__}."
     )
     raise TypeError(msg)
 

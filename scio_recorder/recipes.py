@@ -26,14 +26,6 @@ scio_recorder.recipes.mahalanobis_scores moved: import it from scio_recorder.ood
 
 from __future__ import annotations
 
-__all__ = [
-    "Pattern",
-    "class_colours",
-    "mahalanobis_scores",
-    "make_blobs_images",
-    "train_classifier",
-]
-
 import importlib
 import warnings
 from typing import Any
@@ -46,6 +38,15 @@ _MOVED = {
     "mahalanobis_scores": "scio_recorder.ood",
 }
 """Each name of this module, by the module that now holds it."""
+
+# each name is provided, with a warning, by `__getattr__`
+__all__ = [
+    "Pattern",  # noqa: F822 (from `__getattr__`)
+    "class_colours",  # noqa: F822 (from `__getattr__`)
+    "mahalanobis_scores",  # noqa: F822 (from `__getattr__`)
+    "make_blobs_images",  # noqa: F822 (from `__getattr__`)
+    "train_classifier",  # noqa: F822 (from `__getattr__`)
+]
 
 _AUROC_REMOVED = (
     "scio_recorder.recipes.auroc was removed: it counted in-distribution "
@@ -61,7 +62,7 @@ _AUROC_REMOVED = (
 )
 
 
-def __getattr__(name: str) -> Any:  # noqa: ANN401 (any moved name)
+def __getattr__(name: str) -> Any:
     """Return a moved name with a :class:`DeprecationWarning`; raise for ``auroc``.
 
     ``from scio_recorder.recipes import auroc`` raises :class:`ImportError`

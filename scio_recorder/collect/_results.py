@@ -216,7 +216,8 @@ class CollectResult(Mapping[DepthIdx, Any]):
             a label names another module; see
             :func:`~scio_recorder.io.load_records`.
         """
-        records = load_records(path, table)
+        layers = as_table(table, "`table=` of CollectResult.load")
+        records = load_records(path, layers)
         if records.metadata.get(META_PREFIX + "format") is None:
             msg = (
                 f"'{records.path}' holds records but no collect results; load it "
@@ -236,7 +237,7 @@ class CollectResult(Mapping[DepthIdx, Any]):
             results,
             samples=int(records.metadata[META_PREFIX + "samples"]),
             batches=int(records.metadata[META_PREFIX + "batches"]),
-            table=as_table(table, "`table=` of CollectResult.load"),
+            table=layers,
         )
 
 

@@ -48,8 +48,8 @@ from scio_recorder.reduce import (
     PerClass,
     Quantiles,
     Reducer,
-    check_class_labels,
     SharedCovariance,
+    check_class_labels,
     make_reducer,
 )
 from scio_recorder.select import resolve
