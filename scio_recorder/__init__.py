@@ -19,10 +19,12 @@ torch.Size([2, 4])
 
 """
 
+from typing import TYPE_CHECKING
+
 from ._engine.plan import CallPlanError, Postprocessor
 from ._engine.state import CallInputs
 from .calls import CallRecorder
-from .collect import CollectResult, Estimate, collect, estimate
+from .collect import CollectResult, Estimate, estimate
 from .group import RecorderGroup
 from .io import RecordInfo, Records, load_records, save_records
 from .layers import DepthIdx, Layer, LayerTable
@@ -30,6 +32,14 @@ from .recorder import InPlaceWarning, Recorder, Selection
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
+
+# `scio_recorder.collect` is the subpackage, callable: calling it calls the
+# function `collect` (see `scio_recorder.collect._collect.CollectModule`).
+# Type checkers are told it is the function, which is how it is called.
+if TYPE_CHECKING:
+    from .collect import collect
+else:
+    from . import collect
 
 __all__ = [
     "CallInputs",

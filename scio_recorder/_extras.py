@@ -7,7 +7,14 @@ extra is spelled differently, and naming the underlying package always works.
 
 from __future__ import annotations
 
-__all__ = ["install_hint"]
+__all__ = ["INSTALL_DOT", "install_hint"]
+
+INSTALL_DOT = (
+    "Rendering needs Graphviz's `dot` program, which was not found: install it "
+    "with `apt-get install graphviz`, `conda install graphviz` or `brew install "
+    "graphviz`. `graph.to_dot()` works without it."
+)
+"""The message of a render without Graphviz's ``dot`` (a system program)."""
 
 
 def install_hint(extra: str, packages: str) -> str:

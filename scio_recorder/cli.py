@@ -37,15 +37,14 @@ import math
 import os
 import re
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-import scio_recorder
 from scio_recorder import Recorder
+from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
 from scio_recorder.graph import ExecutionGraph, GraphError, trace_graph
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
@@ -57,8 +56,6 @@ from scio_recorder.models import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-
-DIST_NAME = "scio-recorder"
 
 BUILTINS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "demo": (demo_model, (1, 3, 32, 32)),
@@ -77,13 +74,6 @@ MAX_DIM = 2**31 - 1
 """The largest size of one dimension that ``--input-size`` accepts."""
 
 DEBUG_HELP = "show the traceback of an error (before or after COMMAND)"
-
-
-def _version() -> str:
-    try:
-        return version(DIST_NAME)
-    except PackageNotFoundError:  # running from a source tree, not installed
-        return str(getattr(scio_recorder, "__version__", "unknown"))
 
 
 EXAMPLES = {
@@ -183,7 +173,9 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Look inside PyTorch networks while they run.",
         epilog="Run `scio-recorder COMMAND --help` for a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {library_version()}"
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     # every command accepts --debug too; SUPPRESS keeps a command's parser from
     # writing False over a --debug given before the command

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._extras import install_hint
+from ._extras import INSTALL_DOT, install_hint
 from .data import batches, make_blobs_images, ood_sets, train_classifier
 from .explain import grad_cam
-from .graph._dot import INSTALL_DOT
 from .models import demo_model
 from .ood import ASH, KNN, MSP, Energy, Mahalanobis, ReAct, evaluate, fit_detectors
 from .recorder import Recorder

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ._batches import as_arguments, first_batch_size
 from ._engine.state import CallInputs
 from ._outputs import logits_of
 from ._tree import map_tensors
@@ -71,17 +72,13 @@ if TYPE_CHECKING:
 def _arguments(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Return the positional and keyword arguments that ``inputs`` stands for.
 
-    A :class:`CallInputs` is both; a tuple the positional arguments; a
-    mapping (``BatchEncoding`` too) the keyword arguments; anything else the
-    one positional argument.
+    The convention of a callable ``input=`` of
+    :func:`~scio_recorder.collect.collect`
+    (:func:`scio_recorder._batches.as_arguments`): a :class:`CallInputs` is
+    both; a tuple the positional arguments; a mapping (``BatchEncoding``
+    too) the keyword arguments; anything else the one positional argument.
     """
-    if isinstance(inputs, CallInputs):
-        return tuple(inputs.args), dict(inputs.kwargs)
-    if isinstance(inputs, tuple):
-        return inputs, {}
-    if isinstance(inputs, Mapping):
-        return (), dict(inputs)
-    return (inputs,), {}
+    return as_arguments(inputs, spread=True)
 
 
 def _run(rnet: Recorder, inputs: Any, **options: Any) -> Any:
@@ -99,10 +96,9 @@ def _run(rnet: Recorder, inputs: Any, **options: Any) -> Any:
 
 def _batch_size(inputs: Any, who: str) -> int:
     """Return dim 0 of the first tensor among the inputs, or raise naming them."""
-    args, kwargs = _arguments(inputs)
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.dim() >= 1:
-            return int(value.shape[0])
+    size = first_batch_size(*_arguments(inputs))
+    if size is not None:
+        return size
     msg = (
         f"{who}: the inputs hold no tensor with a batch dimension "
         f"({type(inputs).__name__}); pass a tensor, a tuple of positional "

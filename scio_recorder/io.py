@@ -48,11 +48,8 @@ __all__ = [
 
 import dataclasses
 import functools
-import importlib.metadata
 import json
 import os
-import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -62,11 +59,12 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .layers import DepthIdx, label_str
-from .recorder import Recorder
+from ._files import dtype_name, library_version, write_atomic
+from .layers import DepthIdx, as_table, label_str
 
 if TYPE_CHECKING:
     from .layers import Layer
+    from .recorder import Recorder
 
 RecordKey: TypeAlias = DepthIdx | str
 """The key of a record: a layer label ``(depth, idx)`` or a string."""
@@ -307,7 +305,7 @@ def save_records(
     {'0': (3, 2)}
 
     """
-    layers = table.table if isinstance(table, Recorder) else table
+    layers = as_table(table, "`table=` of save_records")
     metadata = _check_extra_metadata(extra_metadata)
     encoder = _Encoder()
     entries: list[dict[str, Any]] = []
@@ -331,12 +329,17 @@ def save_records(
         entries.append(entry)
     metadata |= {
         _FORMAT_KEY: str(FORMAT_VERSION),
-        _VERSION_KEY: _library_version(),
+        _VERSION_KEY: library_version(),
         _TORCH_KEY: str(torch.__version__),
         _RECORDS_KEY: json.dumps(entries, separators=(",", ":"), allow_nan=False),
     }
     target = _resolve(path, writing=True)
-    _write_atomic(target, encoder.tensors, metadata)
+    write_atomic(
+        target,
+        lambda path: safetensors.torch.save_file(
+            encoder.tensors, str(path), metadata=metadata
+        ),
+    )
     return target
 
 
@@ -410,7 +413,7 @@ class _Encoder:
             "type": "tensor",
             "key": key,
             "shape": list(tensor.shape),
-            "dtype": _dtype_name(tensor.dtype),
+            "dtype": dtype_name(tensor.dtype),
         }
         view = None
         self._given.append(tensor)
@@ -519,7 +522,7 @@ def _unsavable(tensor: torch.Tensor) -> str:
         return "is on the meta device and has no data."
     if not _dtype_supported(tensor.dtype):
         return (
-            f"has dtype {_dtype_name(tensor.dtype)}, which safetensors cannot "
+            f"has dtype {dtype_name(tensor.dtype)}, which safetensors cannot "
             "store; cast it (e.g. `.float()`) first."
         )
     return ""
@@ -554,22 +557,6 @@ def _check_extra_metadata(extra: Mapping[str, str] | None) -> dict[str, str]:
             raise ValueError(msg)
         checked[key] = value
     return checked
-
-
-def _write_atomic(
-    target: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
-) -> None:
-    """Write the file under a temporary name, then move it to ``target``."""
-    handle, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-    )
-    os.close(handle)
-    try:
-        safetensors.torch.save_file(tensors, temporary, metadata=metadata)
-        Path(temporary).replace(target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 # ------------------------------------------------------------------------ load
@@ -636,7 +623,7 @@ def load_records(
     '`0` (Linear, call 0)'
 
     """  # noqa: E501 (doctest output)
-    layers = table.table if isinstance(table, Recorder) else table
+    layers = as_table(table, "`table=` of load_records")
     target = torch.device(device)
     source = _resolve(path, writing=False)
     if not source.is_file():
@@ -694,7 +681,7 @@ def _read_header(source: Path, metadata: dict[str, str]) -> list[Any]:
         msg = (
             f"'{source}' uses records format {version}, written by scio_recorder "
             f"{metadata.get(_VERSION_KEY, '(unknown version)')}; this "
-            f"scio_recorder ({_library_version()}) reads formats up to "
+            f"scio_recorder ({library_version()}) reads formats up to "
             f"{FORMAT_VERSION}. Upgrade scio_recorder to load it."
         )
         raise ValueError(msg)
@@ -796,7 +783,7 @@ class _Decoder:
             if self.device.type != "cpu":
                 tensor = tensor.to(self.device)
             self.loaded[key] = tensor
-        found = (tuple(tensor.shape), _dtype_name(tensor.dtype))
+        found = (tuple(tensor.shape), dtype_name(tensor.dtype))
         expected = (tuple(shape), dtype)
         if found != expected:
             self.fail(
@@ -922,10 +909,6 @@ def _escape(name: str) -> str:
     return name.replace("%", "%25").replace("/", "%2F")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _describe_module(
     name: str | None, module_type: str | None, call: int | None
 ) -> str:
@@ -936,15 +919,3 @@ def _describe_module(
 
 def _corrupted(source: Path, problem: str) -> str:
     return f"The records file '{source}' is corrupted: {problem}."
-
-
-def _library_version() -> str:
-    """Return ``scio_recorder.__version__``, read when needed (no import cycle)."""
-    package = sys.modules.get(__package__ or "scio_recorder")
-    version = getattr(package, "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        return importlib.metadata.version("scio-recorder")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

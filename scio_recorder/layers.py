@@ -40,6 +40,7 @@ __all__ = [
     "Layer",
     "LayerTable",
     "RaggedDim",
+    "as_table",
     "build_table",
     "example_inputs",
     "label_str",
@@ -53,7 +54,7 @@ import inspect
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, cast, overload
 
 import torch
 import torchinfo
@@ -315,6 +316,74 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         """Say in words how the reference pass ran, for error messages."""
         grad = "enabled" if self.grad_enabled else "disabled"
         return f"{self.mode} mode with gradients {grad}"
+
+
+class _HoldsTable(Protocol):
+    """An object holding a layer table (a Recorder, a Scope)."""
+
+    @property
+    def table(self) -> LayerTable: ...  # pragma: no cover (a protocol)
+
+
+@overload
+def as_table(obj: None, who: str = ...) -> None: ...
+@overload
+def as_table(obj: LayerTable | _HoldsTable, who: str = ...) -> LayerTable: ...
+@overload
+def as_table(
+    obj: Mapping[DepthIdx, Layer] | _HoldsTable | None, who: str = ...
+) -> Mapping[DepthIdx, Layer] | None: ...
+def as_table(obj: object, who: str = "`table=`") -> Mapping[DepthIdx, Layer] | None:
+    """Return the layer table ``obj`` stands for: a table, or what holds one.
+
+    Functions that take "a :class:`LayerTable` or a
+    :class:`~scio_recorder.Recorder`" read it through this one helper: an
+    object whose ``table`` attribute is a :class:`LayerTable` (a
+    ``Recorder``, a ``Scope``) gives that table; a mapping of labels to rows
+    (a ``LayerTable`` itself) is returned as it is; ``None`` stays ``None``.
+    Duck typed, so that this module needs no import of the recorder.
+
+    Parameters
+    ----------
+    obj : LayerTable, Recorder, Mapping or None
+        The table, or the object holding it.
+    who : str, default "`table=`"
+        What ``obj`` was passed as, for the error message.
+
+    Returns
+    -------
+    LayerTable, Mapping or None
+
+    Raises
+    ------
+    TypeError
+        If ``obj`` is none of these; the message names ``who`` and the type.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(5, 4)), input_size=(1, 5))
+    >>> as_table(rnet) is rnet.table, as_table(rnet.table) is rnet.table
+    (True, True)
+    >>> as_table([1, 2], "`table=` of save_records")
+    Traceback (most recent call last):
+    ...
+    TypeError: `table=` of save_records must be a LayerTable, a Recorder (or an object with a LayerTable as `table`) or None, got a value of type list.
+
+    """  # noqa: E501 (doctest output)
+    if obj is None:
+        return None
+    held = getattr(obj, "table", None)
+    if isinstance(held, LayerTable):
+        return held
+    if isinstance(obj, Mapping):
+        return cast("Mapping[DepthIdx, Layer]", obj)
+    msg = (
+        f"{who} must be a LayerTable, a Recorder (or an object with a "
+        f"LayerTable as `table`) or None, got a value of type {type(obj).__name__}."
+    )
+    raise TypeError(msg)
 
 
 class _Row(LayerInfo):

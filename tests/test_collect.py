@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from scio_recorder import InPlaceWarning, Recorder
+from scio_recorder import CallInputs, InPlaceWarning, Recorder
 from scio_recorder.collect import (
     LOCK,
     MANIFEST,
@@ -1148,3 +1148,47 @@ def test_device_moves_named_tuple_arguments_and_records(option):
     assert type(record) is Pair
     assert [t.device.type for t in record] == ["meta", "meta"]
     assert [t.shape for t in record] == [(4, 3), (4, 3)]
+
+
+def test_collect_runs_under_its_three_spellings():
+    """The module, the name bound in the package, and the function agree."""
+    import scio_recorder  # noqa: PLC0415 (the spellings tested)
+    import scio_recorder.collect as face  # noqa: PLC0415
+    from scio_recorder import collect as bound  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.ReLU())
+    rnet = Recorder(net, input_size=(1, 5))
+    data = [(torch.randn(3, 5), 0) for _ in range(2)]
+    results = [
+        spelling(rnet, data, {(1, 1): "concat"})[(1, 1)]
+        for spelling in (scio_recorder.collect, bound, face.collect, face)
+    ]
+    for result in results[1:]:
+        assert torch.equal(result, results[0])  # the same pass, the same tensors
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        face(rnet, data)
+
+
+def test_a_callable_input_may_return_call_inputs():
+    """`CallInputs` is args and kwargs, as in `explain` (one convention)."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+            return self.fc(x) * scale
+
+    rnet = Recorder(Scaled(), input_size=(1, 3))
+    data = [torch.randn(4, 3)]
+    got = collect(
+        rnet,
+        data,
+        {(0, 1): "concat"},
+        input=lambda batch: CallInputs((batch,), {"scale": 2.0}),
+    )
+    with torch.no_grad():
+        expected = rnet.net(data[0], scale=2.0)
+    assert torch.equal(got[(0, 1)], expected)  # the same layer on the same batch

@@ -794,3 +794,46 @@ def test_totals_and_param_counts_equal_torchinfo(factory, size, options):
         (row.class_name, row.num_params, row.trainable_params)
         for row in theirs.summary_list
     ]
+
+
+def test_as_table_reads_a_table_from_a_recorder_a_table_or_a_holder():
+    """One helper for every "a LayerTable or a Recorder" argument (duck typed)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from scio_recorder import Recorder  # noqa: PLC0415
+    from scio_recorder.layers import as_table  # noqa: PLC0415
+
+    rnet = Recorder(nn.Sequential(nn.Linear(5, 4), nn.ReLU()), input_size=(1, 5))
+    assert as_table(rnet) is rnet.table
+    assert as_table(rnet.table) is rnet.table
+    assert as_table(SimpleNamespace(table=rnet.table)) is rnet.table
+    plain = dict(rnet.table)
+    assert as_table(plain) is plain
+    assert as_table(None) is None
+    with pytest.raises(
+        TypeError,
+        match=r"^`table=` of load_records must be a LayerTable, a Recorder .* got a "
+        r"value of type str\.$",
+    ):
+        as_table("1-1", "`table=` of load_records")
+    with pytest.raises(
+        TypeError, match=r"^`table=` must be .* got a value of type SimpleNamespace"
+    ):
+        as_table(SimpleNamespace(table=[1]))  # a `table` that is not a LayerTable
+
+
+def test_every_function_taking_a_recorder_or_its_table_reads_it_one_way(tmp_path):
+    """save_records, load_records and CollectResult.load name themselves."""
+    from scio_recorder import Recorder  # noqa: PLC0415
+    from scio_recorder.collect import CollectResult  # noqa: PLC0415
+    from scio_recorder.io import load_records, save_records  # noqa: PLC0415
+
+    rnet = Recorder(nn.Sequential(nn.Linear(5, 4)), input_size=(1, 5))
+    path = save_records(tmp_path / "r", {(1, 1): torch.zeros(2)}, rnet)
+    assert load_records(path, rnet).label_map[(1, 1)].name == "0"
+    with pytest.raises(TypeError, match=r"^`table=` of save_records must be"):
+        save_records(tmp_path / "s", {(1, 1): torch.zeros(2)}, [rnet])
+    with pytest.raises(TypeError, match=r"^`table=` of load_records must be"):
+        load_records(path, 3)
+    with pytest.raises(TypeError, match=r"^`table=` of CollectResult.load must be"):
+        CollectResult.load(path, 3)

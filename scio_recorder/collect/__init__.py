@@ -29,7 +29,8 @@ This package is the public face: it re-exports the public names defined in
 its private modules, one concept each:
 
 * ``_collect``: the entry points :func:`collect` and :func:`estimate`, the
-  option checks and the assembly of the result;
+  option checks and the assembly of the result, and the class that makes
+  this module callable;
 * ``_specs``: the specs of ``keep`` and their plan, one slot per label
   (``ReducerSpec``, ``BatchSpec``, ``Gather``, ``CONCAT``, ``STATISTICS``);
 * ``_estimate``: :class:`Estimate`, :class:`LabelEstimate`;
@@ -41,6 +42,10 @@ its private modules, one concept each:
 * ``_distributed``: merging and gathering across ranks;
 * ``_results``: :class:`CollectResult` and its file format;
 * ``_progress``: the progress bar (tqdm).
+
+The module is callable: ``scio_recorder.collect(rnet, batches, keep)``
+calls the function :func:`collect` (``import scio_recorder.collect as m``
+gives this module; ``m.collect`` is the function).
 
 Examples
 --------
@@ -76,9 +81,17 @@ __all__ = [
     "estimate",
 ]
 
+import sys
+
 from ._checkpoint import MANIFEST
-from ._collect import collect, estimate
+from ._collect import COLLECT_SIGNATURE, CollectModule, collect, estimate
 from ._estimate import Estimate, LabelEstimate
 from ._results import CollectResult
 from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, InputOf, ReducerSpec
 from ._spill import LOCK
+
+# The module is callable (``scio_recorder.collect(rnet, ...)`` calls the
+# function), and ``inspect.signature`` of it is the function's.
+sys.modules[__name__].__class__ = CollectModule
+__signature__ = COLLECT_SIGNATURE
+del sys, CollectModule, COLLECT_SIGNATURE

@@ -3,9 +3,10 @@
 Holds :class:`Checkpoints` (the manifest, the reducer states, the commit
 order that makes a checkpoint atomic, the checks made before resuming), the
 run's fingerprint (a deterministic description of the labels, reducers and
-batch specs, compared with the saved one), atomic file writes, and the
+batch specs, compared with the saved one), and the
 flattening of reducer states into one safetensors dict (also what the
-distributed merge sends, see :mod:`scio_recorder._distributed`).
+distributed merge sends, see :mod:`scio_recorder._distributed`). Files are
+written atomically by :func:`scio_recorder._files.write_atomic`.
 
 Why: a long run interrupted by a crash or a kill must resume, rerun with the
 same arguments, exactly where its last checkpoint left it, and must refuse
@@ -26,39 +27,38 @@ __all__ = [
     "entry_problem",
     "fingerprint_of",
     "flat_states",
-    "fsync",
     "is_count",
-    "library_version",
     "load_states",
     "manifest_digest",
-    "write_atomic",
 ]
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
-import os
 import re
-import sys
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 import safetensors.torch
 import torch
 from torch import Tensor
 
+from scio_recorder._files import (
+    fsync_file,
+    is_temporary,
+    library_version,
+    parse_dtype,
+    write_atomic,
+)
 from scio_recorder._public import public_module
 from scio_recorder.reduce import Reducer
 
 from ._specs import CONCAT
-from ._spill import parse_dtype
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
+    from pathlib import Path
 
     from ._specs import BatchSpec, Slot
 
@@ -139,39 +139,6 @@ def fingerprint_of(
         "input": describe_spec(input_spec),
         "target": describe_spec(target_spec),
     }
-
-
-def library_version() -> str:
-    package = sys.modules.get(__package__ or "scio_recorder")
-    version = getattr(package, "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        return importlib.metadata.version("scio-recorder")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def write_atomic(path: Path, write: Callable[[Path], object], *, durable: bool) -> None:
-    """Write ``path`` through a temporary file and :func:`os.replace`."""
-    handle, name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
-    os.close(handle)
-    temporary = Path(name)
-    try:
-        write(temporary)
-        if durable:
-            fsync(temporary)
-        temporary.replace(path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def fsync(path: Path) -> None:
-    with path.open("rb") as file:
-        os.fsync(file.fileno())
 
 
 def flat_states(
@@ -420,7 +387,7 @@ class Checkpoints:
     def _remove_stale(self) -> None:
         """Remove temporary files left by an interrupted manifest write."""
         for path in self.folder.iterdir():
-            if path.name.startswith(f".{MANIFEST}.") and path.name.endswith(".tmp"):
+            if is_temporary(path, MANIFEST):
                 path.unlink(missing_ok=True)
 
     def _clear(self, data: dict[str, Any] | None) -> None:
@@ -472,7 +439,7 @@ class Checkpoints:
         }
         safetensors.torch.save_file(states, str(path), metadata)
         if self.durable:
-            fsync(path)
+            fsync_file(path)
         text = json.dumps(manifest, indent=1, sort_keys=True)
         write_atomic(
             self.manifest,

@@ -9,21 +9,25 @@ merging across ranks (``_distributed``), and assemble a
 
 from __future__ import annotations
 
-__all__ = ["collect", "estimate"]
+__all__ = ["COLLECT_SIGNATURE", "CollectModule", "collect", "estimate"]
 
 import hashlib
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from scio_recorder._batches import batch_getter
+
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks, rank_and_world
 from ._estimate import Estimate, estimate_slots, human
-from ._loop import Run, batch_getter, total_samples
+from ._loop import Run, total_samples
 from ._progress import bar_description, make_bar
 from ._results import CollectResult
 from ._specs import (
@@ -461,3 +465,24 @@ def _local_results(
             results[slot.label] = slot.reducer.result()
             reducers[slot.label] = slot.reducer
     return Merged(results, reducers, run.samples, run.batches, (run.samples,), files)
+
+
+class CollectModule(types.ModuleType):
+    """The class of :mod:`scio_recorder.collect`: calling it calls :func:`collect`.
+
+    ``scio_recorder.collect`` is the subpackage (``import scio_recorder.collect
+    as m`` gives ``m.collect``, ``m.InputOf``, ...), and it is also callable,
+    so that ``scio_recorder.collect(rnet, batches, keep)`` and ``from
+    scio_recorder import collect; collect(rnet, batches, keep)`` run
+    :func:`collect`. ``inspect.signature`` of the module is the function's
+    (the module's ``__signature__``); its ``__doc__`` stays the module's,
+    which says so.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> CollectResult:
+        """Call :func:`collect` with the same arguments."""
+        return collect(*args, **kwargs)
+
+
+COLLECT_SIGNATURE = inspect.signature(collect)
+"""The signature of :func:`collect`, also the signature of the callable module."""

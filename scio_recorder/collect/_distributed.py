@@ -36,10 +36,11 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from scio_recorder._files import dtype_name, parse_dtype
 from scio_recorder.reduce import Concat, Reducer
 
 from ._checkpoint import flat_states
-from ._spill import dtype_name, map_file, parse_dtype
+from ._spill import map_file
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -2,9 +2,10 @@
 
 Holds :class:`Run` (skip the batches a resumed run already reduced, run the
 net, feed each label's record to its slot, spill beyond the memory budget,
-checkpoint every few batches and after an error) and the batch plumbing it
-uses: getters for ``input=`` and ``target=``, moving values between devices,
-and counting samples.
+checkpoint every few batches and after an error) and the counting of
+samples; the batch plumbing it uses (getters for ``input=`` and
+``target=``, moving values between devices) is :mod:`scio_recorder._batches`,
+shared with :mod:`scio_recorder.ood`.
 
 Why: this is the loop that is easy to get subtly wrong (a sample counted
 twice on an interrupt, a checkpoint written mid-batch, a resumed run fed
@@ -16,120 +17,29 @@ from __future__ import annotations
 
 __all__ = [
     "Run",
-    "as_arguments",
-    "batch_getter",
-    "first_batch_size",
-    "index_getter",
-    "key_getter",
     "length_of",
-    "move_to",
     "total_samples",
 ]
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from scio_recorder._tree import map_tensors
+from scio_recorder._batches import as_arguments, first_batch_size, move_to
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from scio_recorder.recorder import Recorder
 
     from ._checkpoint import Checkpoints, Saved
     from ._progress import Bar
-    from ._specs import BatchSpec, Slot
+    from ._specs import Slot
 
 # The logger of the public module: one logger for everything a run reports.
 logger = logging.getLogger("scio_recorder.collect")
-
-
-def batch_getter(spec: BatchSpec, what: str) -> Callable[[Any], Any]:
-    """Return a function taking the input (or target) out of a batch."""
-    if spec is None:
-        return lambda batch: batch
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return index_getter(spec, what)
-    if isinstance(spec, str):
-        return key_getter(spec, what)
-    if callable(spec) and not isinstance(spec, bool):
-        return spec
-    msg = f"`{what}` must be an int, a str, a callable or None, got {spec!r}"
-    raise TypeError(msg)
-
-
-def index_getter(index: int, what: str) -> Callable[[Any], Any]:
-    def by_index(batch: Any) -> Any:
-        if isinstance(batch, Tensor):
-            msg = (
-                f"`{what}={index}` takes item {index} of a tuple or list batch, "
-                f"but the batch is a tensor. Pass `{what}=None` to use the whole "
-                "batch" + (" as the input." if what == "input" else ".")
-            )
-            raise TypeError(msg)
-        try:
-            return batch[index]
-        except (IndexError, KeyError, TypeError) as error:
-            msg = (
-                f"`{what}={index}`: cannot take item {index} of the batch, a "
-                f"{type(batch).__name__} ({error}). Pass `{what}=` an index, a "
-                "key or a callable batch -> value."
-            )
-            raise ValueError(msg) from error
-
-    return by_index
-
-
-def key_getter(key: str, what: str) -> Callable[[Any], Any]:
-    def by_key(batch: Any) -> Any:
-        if not isinstance(batch, Mapping):
-            msg = (
-                f"`{what}={key!r}` takes a key of a dict batch, but the batch "
-                f"is a {type(batch).__name__}. Pass an index or a callable."
-            )
-            raise TypeError(msg)
-        if key not in batch:
-            msg = (
-                f"`{what}={key!r}`: the batch has no such key; its keys are "
-                f"{list(batch)}."
-            )
-            raise KeyError(msg)
-        return batch[key]
-
-    return by_key
-
-
-def as_arguments(
-    value: Any, *, from_callable: bool
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Turn an input into positional and keyword arguments of the net."""
-    if from_callable and isinstance(value, tuple):
-        return value, {}
-    if from_callable and isinstance(value, Mapping):
-        return (), dict(value)
-    return (value,), {}
-
-
-def move_to(value: Any, device: torch.device) -> Any:
-    """Move the tensors in ``value`` to ``device`` (async toward accelerators).
-
-    Any nesting that :func:`~scio_recorder._tree.map_tensors` walks is kept:
-    named tuples, dict subclasses, dataclasses (model outputs).
-    """
-    # A copy toward the CPU must be synchronous: an asynchronous one returns
-    # before the data has arrived.
-    non_blocking = device.type != "cpu"
-    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), value)
-
-
-def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Return dim 0 of the first tensor among the arguments (no host sync)."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.dim() >= 1:
-            return int(value.shape[0])
-    return None
 
 
 def total_samples(batches: object) -> int | None:
@@ -183,7 +93,7 @@ class Run:
         self.stores = [s.store for s in slots if s.store is not None]
 
     def arguments(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return as_arguments(self.get_input(batch), from_callable=self.input_is_callable)
+        return as_arguments(self.get_input(batch), spread=self.input_is_callable)
 
     def run(self, batches: Iterable[Any], saved: Saved) -> None:
         self.samples, self.batches = saved.samples, saved.batches

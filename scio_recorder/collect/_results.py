@@ -32,8 +32,7 @@ from torch import Tensor
 from scio_recorder import reduce as _reduce
 from scio_recorder._public import public_module
 from scio_recorder.io import load_records, save_records
-from scio_recorder.layers import DepthIdx, label_str, parse_label
-from scio_recorder.recorder import Recorder
+from scio_recorder.layers import DepthIdx, as_table, label_str, parse_label
 
 from ._checkpoint import FORMAT
 
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from scio_recorder.layers import LayerTable
+    from scio_recorder.recorder import Recorder
     from scio_recorder.reduce import Reducer
     from scio_recorder.select import Selector
 
@@ -216,7 +216,8 @@ class CollectResult(Mapping[DepthIdx, Any]):
             a label names another module; see
             :func:`~scio_recorder.io.load_records`.
         """
-        records = load_records(path, table)
+        layers = as_table(table, "`table=` of CollectResult.load")
+        records = load_records(path, layers)
         if records.metadata.get(META_PREFIX + "format") is None:
             msg = (
                 f"'{records.path}' holds records but no collect results; load it "
@@ -236,7 +237,7 @@ class CollectResult(Mapping[DepthIdx, Any]):
             results,
             samples=int(records.metadata[META_PREFIX + "samples"]),
             batches=int(records.metadata[META_PREFIX + "batches"]),
-            table=table.table if isinstance(table, Recorder) else table,
+            table=layers,
         )
 
 

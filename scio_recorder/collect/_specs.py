@@ -49,9 +49,9 @@ from scio_recorder.reduce import (
     Quantiles,
     Reducer,
     SharedCovariance,
+    check_class_labels,
     make_reducer,
 )
-from scio_recorder.reduce._base import check_class_labels
 from scio_recorder.select import resolve
 
 if TYPE_CHECKING:

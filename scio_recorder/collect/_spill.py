@@ -23,9 +23,7 @@ __all__ = [
     "SpillLock",
     "bytes_of",
     "describe_owner",
-    "dtype_name",
     "map_file",
-    "parse_dtype",
     "pid_alive",
 ]
 
@@ -48,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from scio_recorder._files import dtype_name, parse_dtype
 from scio_recorder.layers import label_str
 
 if TYPE_CHECKING:
@@ -226,18 +225,6 @@ class ConcatStore:
             return whole
         self.spill()
         return map_file(self.file, self.dtype, (self.rows, *self.shape))
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        msg = f"unknown dtype {name!r}"
-        raise ValueError(msg)  # noqa: TRY004 (a bad value in a file)
-    return dtype
 
 
 class SpillLock:

@@ -15,18 +15,13 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._extras import install_hint
+from scio_recorder._extras import INSTALL_DOT, install_hint
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from ._nodes import Cluster, Edge, Node
 
-INSTALL_DOT = (
-    "Rendering needs Graphviz's `dot` program, which was not found: install it "
-    "with `apt-get install graphviz`, `conda install graphviz` or `brew install "
-    "graphviz`. `graph.to_dot()` works without it."
-)
 INSTALL_PACKAGE = (
     "Rendering needs the `graphviz` Python package: "
     f"{install_hint('graph', 'graphviz')}, and Graphviz's `dot` program. "

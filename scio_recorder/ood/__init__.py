@@ -13,6 +13,9 @@ several detectors sharing passes and rates them
 several OoD sets; :func:`score_sets` scores named sets with shared passes
 for your own metrics. A detector of your own subclasses :class:`Detector`
 (see the docs page "Write your own detector").
+:func:`mahalanobis_scores` is the Mahalanobis score written out from the
+statistics of :class:`~scio_recorder.reduce.SharedCovariance` (differentiable;
+it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 | family | detectors |
 |---|---|
@@ -89,6 +92,7 @@ __all__ = [
     "evaluate",
     "fDBD",
     "fit_detectors",
+    "mahalanobis_scores",
     "score_sets",
 ]
 
@@ -98,7 +102,7 @@ from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
-from ._features import KNN, Mahalanobis, ViM
+from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from scio_recorder._batches import as_arguments, batch_getter, first_batch_size
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
-from scio_recorder.collect._loop import as_arguments, batch_getter, first_batch_size
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import label_str
 from scio_recorder.recorder import Recorder
@@ -273,7 +273,7 @@ class CheckedTargets:
             raise TypeError(msg)
         size = None
         if self._input is not None:
-            args, kwargs = as_arguments(self._input(batch), from_callable=False)
+            args, kwargs = as_arguments(self._input(batch), spread=False)
             size = first_batch_size(args, kwargs)
         if labels.dim() != 1 or (size is not None and labels.shape[0] != size):
             msg = (

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._outputs import logits_of
-from scio_recorder.collect._loop import as_arguments, batch_getter, move_to
 
 from ._base import StateEntry, all_or_nothing, check_finite_samples
 from ._multilayer import _MultiLayer, pooled_size
@@ -253,7 +253,7 @@ class NAC(_MultiLayer):
             counts: list[Tensor] | None = None
             seen = 0
             for batch in batches:
-                args, kwargs = as_arguments(take(batch), from_callable=callable(input))
+                args, kwargs = as_arguments(take(batch), spread=callable(input))
                 if where is not None:
                     args, kwargs = move_to(args, where), move_to(kwargs, where)
                 states = self.states(*args, **kwargs)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 from torch import Tensor
 
-from scio_recorder.collect._loop import as_arguments, batch_getter
+from scio_recorder._batches import as_arguments, batch_getter
 
 from ._base import Detector, run_passes
 from .metrics import ALL_METRICS, METRICS, TABLE_METRICS, ood_metrics
@@ -462,7 +462,7 @@ def _score(
     correct = dict.fromkeys(detectors, 0)
     total = 0
     for index, batch in enumerate(batches):
-        args, kwargs = as_arguments(get(batch), from_callable=from_callable)
+        args, kwargs = as_arguments(get(batch), spread=from_callable)
         labels = None if labels_of is None else _labels(labels_of(batch), index)
         for keys in groups.values():
             rnet = detectors[keys[0]].rnet

@@ -9,7 +9,7 @@ keeps its bank of features, which is what it is).
 
 from __future__ import annotations
 
-__all__ = ["KNN", "Mahalanobis", "ViM", "min_mahalanobis"]
+__all__ = ["KNN", "Mahalanobis", "ViM", "mahalanobis_scores", "min_mahalanobis"]
 
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -68,6 +68,78 @@ def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tenso
         centred = flat - mean
         best = torch.minimum(best, ((centred @ precision) * centred).sum(dim=1))
     return best
+
+
+def mahalanobis_scores(
+    features: Tensor, class_means: Tensor, shared_cov: Tensor
+) -> Tensor:
+    """Return the Mahalanobis confidence score of each sample (Lee et al. 2018).
+
+    ``score(f) = -min_c (f - mu_c)^T S^+ (f - mu_c)``, with ``mu_c`` the class
+    means, ``S`` the covariance shared by the classes and ``S^+`` its
+    pseudo-inverse (the inverse when ``S`` is invertible; the pseudo-inverse,
+    as the reference implementation's ``pinvh``, keeps dead features of a
+    ReLU layer, whose variance is zero, from breaking the score). Higher
+    means more in-distribution. This is the single-layer detector without
+    input preprocessing; feed it the ``means`` and ``cov`` of a
+    :class:`~scio_recorder.reduce.SharedCovarianceResult`. The detector
+    :class:`scio_recorder.ood.Mahalanobis` scores ``-mahalanobis_scores``
+    (higher = more OoD, the convention of :mod:`scio_recorder.ood` and of
+    :func:`scio_recorder.ood.metrics.auroc`).
+
+    Computed in float64 on the device of ``features``, one class at a time
+    (memory ``O(N F)``, no ``[N, C, F]`` tensor).
+
+    Parameters
+    ----------
+    features : Tensor
+        ``[N, F]``, or ``[N, ...]`` (flattened to ``[N, F]``).
+    class_means : Tensor
+        ``[C, F]``. Classes never seen in calibration (a zero count) should
+        be dropped first, or they act as a class centred at their row.
+    shared_cov : Tensor
+        ``[F, F]``, symmetric positive semi-definite.
+
+    Returns
+    -------
+    Tensor
+        ``[N]``, float64; ``0`` for a sample at a class mean.
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match, or there is no class.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder.ood import mahalanobis_scores
+    >>> means = torch.tensor([[0.0, 0.0], [10.0, 0.0]])
+    >>> cov = torch.tensor([[4.0, 0.0], [0.0, 1.0]])
+    >>> f = torch.tensor([[2.0, 0.0], [0.0, 2.0], [9.0, 1.0]])
+    >>> mahalanobis_scores(f, means, cov)
+    tensor([-1.0000, -4.0000, -1.2500], dtype=torch.float64)
+
+    """
+    flat = features.reshape(features.shape[0], -1).to(torch.float64)
+    means = class_means.to(device=flat.device, dtype=torch.float64)
+    cov = shared_cov.to(device=flat.device, dtype=torch.float64)
+    num_features = flat.shape[1]
+    is_matrix = means.dim() == 2  # noqa: PLR2004 (a matrix has two dims)
+    if not is_matrix or means.shape[0] == 0 or means.shape[1] != num_features:
+        msg = (
+            f"mahalanobis_scores: class_means must be [C, {num_features}] with "
+            f"C >= 1, got {list(means.shape)}"
+        )
+        raise ValueError(msg)
+    if cov.shape != (num_features, num_features):
+        msg = (
+            f"mahalanobis_scores: shared_cov must be [{num_features}, "
+            f"{num_features}], got {list(cov.shape)}"
+        )
+        raise ValueError(msg)
+    precision = torch.linalg.pinv(cov, hermitian=True)
+    return -min_mahalanobis(flat, means, precision)
 
 
 class _Features(Detector):

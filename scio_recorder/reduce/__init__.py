@@ -62,7 +62,8 @@ re-exports the protocol, :func:`make_reducer` and the reducers, implemented
 in private modules by concept:
 
 * ``_base``: the :class:`Reducer` protocol and the plumbing the built-in
-  reducers share (record checks, counts and shapes in states);
+  reducers share (record checks, counts and shapes in states), and
+  :func:`check_class_labels` (also what ``collect`` checks targets with);
 * ``_folds``: :class:`Keep`, :class:`Fold`, :class:`Sum`,
   :class:`RecordMean`, :class:`Max`, :class:`Min`, and :class:`Count`;
 * ``_moments``: :class:`Moments`, :class:`Covariance`, :class:`Gram`;
@@ -124,11 +125,12 @@ __all__ = [
     "SharedCovarianceResult",
     "Sum",
     "Tee",
+    "check_class_labels",
     "make_reducer",
     "quantile_rank_bound",
 ]
 
-from ._base import Reducer
+from ._base import Reducer, check_class_labels
 from ._concat import Concat
 from ._extremes import FeatureMapGram, FeatureMapGramResult, MinMax, MinMaxResult
 from ._folds import Count, CountResult, Fold, Keep, Max, Min, RecordMean, Sum
