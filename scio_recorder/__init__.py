@@ -19,7 +19,7 @@ torch.Size([2, 4])
 
 """
 
-from typing import TYPE_CHECKING
+import typing
 
 from ._engine.plan import CallPlanError, Postprocessor
 from ._engine.state import CallInputs
@@ -36,7 +36,7 @@ from .select import children, modules
 # `scio_recorder.collect` is the subpackage, callable: calling it calls the
 # function `collect` (see `scio_recorder.collect._collect.CollectModule`).
 # Type checkers are told it is the function, which is how it is called.
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from .collect import collect
 else:
     from . import collect

@@ -43,9 +43,9 @@ _COUNT_NAMES = ("num_heads", "num_attention_heads", "n_head", "n_heads")
 
 
 def heads_view(x: Tensor, num_heads: int) -> Tensor:
-    """Return ``x`` (``[..., H * D]``) viewed as ``[..., H, D]`` (no copy).
+    """Return ``x`` (``[..., H * D]``) as ``[..., H, D]`` (a view when it can be).
 
-    An in-place change of the view changes ``x``.
+    An in-place change of a view changes ``x``.
 
     Raises
     ------
@@ -67,7 +67,7 @@ def heads_view(x: Tensor, num_heads: int) -> Tensor:
             "(`num_attention_heads`), not of key/value heads."
         )
         raise ValueError(msg)
-    return x.view(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
+    return x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
 
 
 def scale_heads(

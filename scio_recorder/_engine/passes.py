@@ -338,7 +338,8 @@ class Passes:
         if missing:
             option = {"activations": "", "inputs": "inputs=", "gradients": "grads="}
             msg = (
-                f"Labels {missing} were not recorded ({kind}) in the latest pass. "
+                f"Labels {missing} were not recorded"
+                f"{'' if kind == 'activations' else f' ({kind})'} in the latest pass. "
                 f"Record them first: `rnet.record({option[kind]}{selector!r})`."
             )
             raise KeyError(msg)
