@@ -462,9 +462,10 @@ def test_the_dot_legend_explains_the_highlights_it_uses():
     assert legend_rows(caught.value.graph.to_dot()) == [
         ("#f4a0a0", "failed (the pass raised here)")
     ]
-    if shutil.which("dot") is not None:  # Graphviz reads it (an HTML label)
+    program = shutil.which("dot")
+    if program is not None:  # Graphviz reads it (an HTML label)
         svg = subprocess.run(
-            ["dot", "-Tsvg"], input=dot, capture_output=True, text=True, check=True
+            [program, "-Tsvg"], input=dot, capture_output=True, text=True, check=True
         ).stdout
         assert "recorded (by the selection)" in svg
 

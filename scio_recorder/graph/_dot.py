@@ -47,14 +47,14 @@ _FAILED = f'fillcolor="{_FAILED_FILL}", color="{_FAILED_LINE}", penwidth=2'
 
 
 def _legend(nodes: Sequence[Node], clusters: Sequence[Cluster]) -> list[str]:
-    """A key to the highlights the picture uses: none when it uses none.
+    """Return the key to the highlights the picture uses (none for none).
 
     One plain node holding a table, a row per highlight present: "recorded"
     in the recorded fill (what the recorder's selection records), "failed"
     in red (the call the pass raised at). ``clusters``: those drawn.
     """
     rows = []
-    marked = [*nodes, *clusters]
+    marked: list[Node | Cluster] = [*nodes, *clusters]
     if any(item.recorded and not item.failed for item in marked):
         rows.append(
             f'<tr><td bgcolor="{_RECORDED_FILL}">recorded (by the selection)</td></tr>'
