@@ -464,7 +464,7 @@ def test_the_dot_legend_explains_the_highlights_it_uses():
     ]
     program = shutil.which("dot")
     if program is not None:  # Graphviz reads it (an HTML label)
-        svg = subprocess.run(
+        svg = subprocess.run(  # noqa: S603 (our DOT text, Graphviz from PATH)
             [program, "-Tsvg"], input=dot, capture_output=True, text=True, check=True
         ).stdout
         assert "recorded (by the selection)" in svg
