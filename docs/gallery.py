@@ -32,10 +32,12 @@ def main() -> int:
     for index, block in enumerate(BLOCK.findall(PAGE.read_text(encoding="utf-8"))):
         code = compile(block, f"{PAGE.name} (python block {index})", "exec")
         exec(code, namespace)  # noqa: S102 (our own page)
-    pictures = namespace["pictures"]
-    assert isinstance(pictures, dict)
+    pictures = namespace.get("pictures")
+    if not isinstance(pictures, dict):
+        print(f"{PAGE} must fill a dict `pictures` (name -> DOT text)")
+        return 1
     OUT.mkdir(parents=True, exist_ok=True)
-    linked = set(re.findall(r"images/gallery/([\w-]+)\.svg", PAGE.read_text()))
+    linked = set(re.findall(r"images/gallery/([\w-]+)\.svg", PAGE.read_text("utf-8")))
     if linked != set(pictures):
         print(f"page links {sorted(linked)}, blocks make {sorted(pictures)}")
         return 1
