@@ -431,6 +431,45 @@ def test_dot_of_small_nets_matches_the_golden_file(name, expected):
     expected(f"graph/{name}-nested.dot", graph.to_dot(expand_nested=True))
 
 
+# ------------------------------------------------------------- DOT legend
+def legend_rows(dot: str) -> list[str]:
+    (line,) = [row for row in dot.splitlines() if row.strip().startswith("legend ")]
+    return re.findall(r'<td bgcolor="([^"]+)"[^>]*>([^<]+)</td>', line)
+
+
+def test_the_dot_legend_explains_the_highlights_it_uses():
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 4))
+    plain = rnet.graph().to_dot()
+    assert "legend" not in plain  # nothing highlighted: nothing to explain
+    rnet.record("0")
+    recorded = rnet.graph().to_dot()
+    assert legend_rows(recorded) == [("#ffd966", "recorded (by the selection)")]
+    assert 'fillcolor="#ffd966"' in recorded  # the colour the legend names
+    assert legend_rows(rnet.graph().to_dot(expand_nested=True)) == legend_rows(recorded)
+    net[2] = nn.Linear(5, 2)
+    with pytest.raises(GraphError) as caught:
+        rnet.graph()
+    dot = caught.value.graph.to_dot()
+    assert legend_rows(dot) == [
+        ("#ffd966", "recorded (by the selection)"),
+        ("#f4a0a0", "failed (the pass raised here)"),
+    ]
+    assert 'fillcolor="#f4a0a0"' in dot
+    rnet.record()  # nothing recorded
+    with pytest.raises(GraphError) as caught:
+        rnet.graph()
+    assert legend_rows(caught.value.graph.to_dot()) == [
+        ("#f4a0a0", "failed (the pass raised here)")
+    ]
+    program = shutil.which("dot")
+    if program is not None:  # Graphviz reads it (an HTML label)
+        svg = subprocess.run(  # noqa: S603 (our DOT text, Graphviz from PATH)
+            [program, "-Tsvg"], input=dot, capture_output=True, text=True, check=True
+        ).stdout
+        assert "recorded (by the selection)" in svg
+
+
 # ------------------------------------------------------------- DOT escaping
 DOT_STRING = re.compile(r'label=("(?:[^"\\]|\\.)*")', re.DOTALL)
 ENTITY = re.compile(r"&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);")

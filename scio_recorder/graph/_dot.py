@@ -35,8 +35,37 @@ _STYLE = {
     "module": 'shape=box, fillcolor="#ffffff"',
     "function": 'shape=box, fillcolor="#f1f1f1", fontsize=10',
 }
-_RECORDED = 'fillcolor="#ffd966", penwidth=2'
-_FAILED = 'fillcolor="#f4a0a0", color="#c00000", penwidth=2'
+_RECORDED_FILL = "#ffd966"
+_FAILED_FILL, _FAILED_LINE = "#f4a0a0", "#c00000"
+_RECORDED = f'fillcolor="{_RECORDED_FILL}", penwidth=2'
+_FAILED = f'fillcolor="{_FAILED_FILL}", color="{_FAILED_LINE}", penwidth=2'
+
+
+def _legend(nodes: Sequence[Node], clusters: Sequence[Cluster]) -> list[str]:
+    """Return the key to the highlights the picture uses (none for none).
+
+    One plain node holding a table, a row per highlight present: "recorded"
+    in the recorded fill (what the recorder's selection records), "failed"
+    in red (the call the pass raised at). ``clusters``: those drawn.
+    """
+    rows = []
+    marked: list[Node | Cluster] = [*nodes, *clusters]
+    if any(item.recorded and not item.failed for item in marked):
+        rows.append(
+            f'<tr><td bgcolor="{_RECORDED_FILL}">recorded (by the selection)</td></tr>'
+        )
+    if any(item.failed for item in marked):
+        rows.append(
+            f'<tr><td bgcolor="{_FAILED_FILL}" color="{_FAILED_LINE}">'
+            "failed (the pass raised here)</td></tr>"
+        )
+    if not rows:
+        return []
+    table = (
+        '<table border="0" cellborder="1" cellspacing="2" cellpadding="4">'
+        '<tr><td border="0"><b>legend</b></td></tr>' + "".join(rows) + "</table>"
+    )
+    return [f'  legend [shape=plaintext, style="", fontsize=10, label=<{table}>];']
 
 
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
@@ -112,6 +141,7 @@ def to_dot(
         out += _clusters(nodes, clusters, lines)
     else:
         out += list(lines.values())
+    out += _legend(nodes, list(clusters.values()) if expand_nested else [])
     for edge in edges:
         out.append(
             f"  n{edge.source} -> n{edge.target} [label={_quote(_shape(edge.shape))}];"
