@@ -60,43 +60,63 @@ def middle_truncate(text: str, width: int) -> str:
     return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
 
 
-def fit_widths(natural: Sequence[int], budget: int) -> list[int] | None:
+def fit_widths(
+    natural: Sequence[int], budget: int, stages: Sequence[Sequence[int]] | None = None
+) -> list[int] | None:
     """Return column widths summing to at most ``budget``, or None if impossible.
 
-    The widest columns are narrowed first, to a common cap (water filling),
-    so a column that already fits is never cut; no column is narrowed below
-    :data:`MIN_FLEXIBLE` characters (or its natural width, if smaller).
+    The columns of the first stage are narrowed first, the widest first to a
+    common cap (water filling), so a column that already fits is never cut;
+    the next stage is narrowed only once the earlier ones are at their
+    floor: :data:`MIN_FLEXIBLE` characters (or the natural width, if
+    smaller).
+
+    Parameters
+    ----------
+    natural : sequence of int
+        The widths the columns would like.
+    budget : int
+        The most their sum may be.
+    stages : sequence of sequence of int, optional
+        Indices into ``natural``, in the order to narrow them (default: all
+        columns in one stage).
 
     Examples
     --------
     >>> fit_widths([30, 10, 8], 40)
     [22, 10, 8]
+    >>> fit_widths([30, 10, 16], 40, stages=[[0, 1], [2]])
+    [14, 10, 16]
     >>> fit_widths([30, 30, 30], 12) is None
     True
 
     """
     widths = list(natural)
-    if sum(widths) <= budget:
-        return widths
     floors = [min(width, MIN_FLEXIBLE) for width in widths]
     if sum(floors) > budget:
         return None
-    cap = max(widths)
-    while (
-        cap > MIN_FLEXIBLE
-        and sum(max(min(w, cap), f) for w, f in zip(widths, floors, strict=True))
-        > budget
-    ):
-        cap -= 1
-    fitted = [max(min(w, cap), f) for w, f in zip(widths, floors, strict=True)]
-    spare = budget - sum(fitted)
-    for index, width in enumerate(widths):  # hand the rest out from the left
-        if spare <= 0:
+    for stage in stages or [range(len(widths))]:
+        if sum(widths) <= budget:
             break
-        if width > fitted[index]:
-            fitted[index] += 1
-            spare -= 1
-    return fitted
+        rest = sum(widths) - sum(widths[i] for i in stage)
+        room = budget - rest
+        cap = max(widths[i] for i in stage)
+        while (
+            cap > MIN_FLEXIBLE
+            and sum(max(min(widths[i], cap), floors[i]) for i in stage) > room
+        ):
+            cap -= 1
+        capped = [i for i in stage if widths[i] > cap]
+        for i in stage:
+            widths[i] = max(min(widths[i], cap), floors[i])
+        spare = room - sum(widths[i] for i in stage)
+        for i in capped:  # hand the rest out from the left
+            if spare <= 0:
+                break
+            if widths[i] < natural[i]:
+                widths[i] += 1
+                spare -= 1
+    return widths if sum(widths) <= budget else None
 
 
 def text_table(
@@ -104,7 +124,7 @@ def text_table(
     rows: Sequence[Sequence[str]],
     *,
     width: int,
-    flexible: Sequence[int],
+    flexible: Sequence[int | Sequence[int]],
     right: Sequence[int] = (),
 ) -> list[str] | None:
     r"""Return the lines of an aligned table at most ``width`` characters wide.
@@ -117,8 +137,10 @@ def text_table(
         The cells, one sequence per row.
     width : int
         The most characters a line may have.
-    flexible : sequence of int
-        The columns that may be narrowed (their cells cut in the middle).
+    flexible : sequence of int or of sequences of int
+        The columns that may be narrowed (their cells cut in the middle); a
+        sequence of groups narrows each group only once the groups before it
+        are as narrow as they get (see :func:`fit_widths`).
     right : sequence of int
         The columns aligned right (numbers).
 
@@ -141,13 +163,20 @@ def text_table(
     """
     table = [list(header), *(list(row) for row in rows)]
     natural = _natural(table)
-    fixed = sum(w for i, w in enumerate(natural) if i not in flexible)
+    stages = _stages(flexible)
+    columns = [column for stage in stages for column in stage]
+    fixed = sum(w for i, w in enumerate(natural) if i not in columns)
     budget = width - fixed - len(SEPARATOR) * (len(header) - 1)
-    fitted = fit_widths([natural[i] for i in flexible], budget)
+    position = {column: index for index, column in enumerate(columns)}
+    fitted = fit_widths(
+        [natural[i] for i in columns],
+        budget,
+        [[position[column] for column in stage] for stage in stages],
+    )
     if fitted is None:
         return None
     widths = list(natural)
-    for index, column in enumerate(flexible):
+    for index, column in enumerate(columns):
         widths[column] = fitted[index]
 
     def line(cells: Sequence[str]) -> str:
@@ -161,12 +190,20 @@ def text_table(
     return [line(table[0]), rule, *(line(row) for row in table[1:])]
 
 
+def _stages(flexible: Sequence[int | Sequence[int]]) -> list[list[int]]:
+    if all(isinstance(item, int) for item in flexible):
+        return [[item for item in flexible if isinstance(item, int)]]
+    return [[item] if isinstance(item, int) else list(item) for item in flexible]
+
+
 def _natural(table: Sequence[Sequence[str]]) -> list[int]:
     return [max(len(row[i]) for row in table) for i in range(len(table[0]))]
 
 
 def min_width(
-    header: Sequence[str], rows: Sequence[Sequence[str]], flexible: Sequence[int]
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    flexible: Sequence[int | Sequence[int]],
 ) -> int:
     """Return the narrowest width :func:`text_table` can fit these cells into.
 
@@ -177,8 +214,9 @@ def min_width(
 
     """
     natural = _natural([header, *rows])
+    columns = {column for stage in _stages(flexible) for column in stage}
     return sum(
-        min(size, MIN_FLEXIBLE) if i in flexible else size
+        min(size, MIN_FLEXIBLE) if i in columns else size
         for i, size in enumerate(natural)
     ) + len(SEPARATOR) * (len(header) - 1)
 

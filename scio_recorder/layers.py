@@ -103,9 +103,6 @@ def parse_label(text: str) -> DepthIdx:
 
 Mode: TypeAlias = Literal["train", "eval"]
 
-_FLEXIBLE = ("name", "type", "output shape")
-"""The columns of :meth:`LayerTable.compact` that may be narrowed."""
-
 _NOT_CALLED = (
     "it is a container that is never called in the reference pass; only its "
     "submodules run"
@@ -383,7 +380,11 @@ class LayerTable(Mapping[DepthIdx, Layer]):
 
         """
         header, cells, _, footer = self._cells(depth, marks)
-        flexible = [i for i, title in enumerate(header) if title in _FLEXIBLE]
+        # names and types are cut before shapes, which read badly cut
+        flexible = [
+            [header.index("name"), header.index("type")],
+            [header.index("output shape")],
+        ]
         right = [len(header) - 1]
         lines = _render.text_table(
             header, cells, width=width, flexible=flexible, right=right
@@ -474,9 +475,9 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         footer = [f"Total params: {total:,} (trainable {trainable:,})"]
         if len(shown) < len(self.rows):
             footer.append(
-                f"{len(shown)} of {len(self.rows)} rows shown (depth <= {limit}): "
-                "a row counts the parameters of the rows hidden under it; "
-                f"reference pass in {self.mode} mode"
+                f"{len(shown)} of {len(self.rows)} rows (depth <= {limit}; a row "
+                "counts the parameters of the rows hidden under it); reference "
+                f"pass in {self.mode} mode"
             )
         else:
             footer.append(f"{len(self.rows)} rows; reference pass in {self.mode} mode")
