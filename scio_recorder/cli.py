@@ -6,8 +6,10 @@ demo
     Train the demo CNN on generated data, detect OoD inputs with several
     detectors, print the metrics and write pictures (:mod:`scio_recorder.demo`).
 summary
-    Print the labelled layer table of any importable model; with
-    ``--record``, run one pass and describe the recorded layers.
+    Print the labelled layer table of any importable model, compact (at most
+    ``--width`` columns, 100 by default; ``--full``: the reference table);
+    with ``--record``, mark the recorded rows, run one pass and describe the
+    recorded layers.
 graph
     Draw the execution graph of a model (SVG, PNG, PDF or DOT).
 
@@ -45,6 +47,7 @@ from torch import nn
 
 from scio_recorder import Recorder
 from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
+from scio_recorder._render import text_table
 from scio_recorder.graph import ExecutionGraph, GraphError, trace_graph
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
@@ -72,6 +75,9 @@ class CLIError(Exception):
 
 MAX_DIM = 2**31 - 1
 """The largest size of one dimension that ``--input-size`` accepts."""
+
+MIN_WIDTH = 40
+"""The narrowest ``--width`` of ``summary``."""
 
 DEBUG_HELP = "show the traceback of an error (before or after COMMAND)"
 
@@ -112,6 +118,21 @@ def _depth(text: str) -> int:
         )
         raise argparse.ArgumentTypeError(msg)
     return depth
+
+
+def _width(text: str) -> int:
+    """Parse ``--width``: an integer >= 40."""
+    try:
+        width = int(text)
+    except ValueError:
+        width = 0
+    if width < MIN_WIDTH:
+        msg = (  # argparse prefixes "argument --width: "
+            f"give the most characters per line, an integer >= {MIN_WIDTH}, not "
+            f"{text!r}; --full prints the reference table at its own width"
+        )
+        raise argparse.ArgumentTypeError(msg)
+    return width
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -213,7 +234,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "summary",
         help="print the labelled layer table of a model",
         description="Print the layer table of a model, every module call labelled "
-        "depth-idx; with --record, run one pass and describe the recorded layers.",
+        "depth-idx, in at most --width columns (--full: the reference table); "
+        "with --record, mark the recorded rows, run one pass and describe the "
+        "recorded layers.",
         epilog=EXAMPLES["summary"],
         formatter_class=formatter,
         parents=[common],
@@ -224,6 +247,19 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_depth,
         metavar="N",
         help="show the table down to depth N >= 0 (default: every depth)",
+    )
+    summary.add_argument(
+        "--full",
+        action="store_true",
+        help="print the reference table (torchinfo's, as print(rnet) shows it) "
+        "instead of the compact one",
+    )
+    summary.add_argument(
+        "--width",
+        type=_width,
+        default=100,
+        metavar="N",
+        help="the compact table's most characters per line (default: %(default)s)",
     )
     summary.add_argument(
         "--record",
@@ -609,30 +645,68 @@ def _summary(args: argparse.Namespace) -> int:
     net, inputs = _model(args)
     options = {} if args.depth is None else {"depth": args.depth}
     rnet = _recorder(net, inputs, **options)
-    print(rnet)
+    if args.record:  # before the table, so that it marks the recorded rows
+        try:
+            rnet.record(*(_selector(s) for s in args.record))
+        except (KeyError, ValueError, TypeError) as error:
+            raise CLIError(str(error).strip("'\"")) from error
+    if args.full:
+        print(rnet.summary)
+    else:
+        try:
+            print(rnet.compact(args.width))
+        except ValueError as error:
+            msg = f"--width {args.width}: {error}"
+            raise CLIError(msg) from error
     if not args.record:
         return 0
-    try:
-        rnet.record(*(_selector(s) for s in args.record))
-    except (KeyError, ValueError, TypeError) as error:
-        raise CLIError(str(error).strip("'\"")) from error
     call_args, call_kwargs = rnet.example_inputs()
     with torch.no_grad():
         rnet(*call_args, **call_kwargs)
     print("\nrecorded in one pass on the input above:")
+    print(_recorded_table(rnet, args.width))
+    return 0
+
+
+def _recorded_table(rnet: Recorder, width: int) -> str:
+    """Return the recorded outputs of the latest pass: shapes and statistics.
+
+    At most ``width`` characters a line: the statistics are left out from
+    the right (max, min, std) before names and shapes are cut in the middle.
+    """
+    header = ["label", "name", "shape", "mean", "std", "min", "max"]
+    rows = []
     for label, value in rnet.activations.items():
         row = rnet.table[label]
+        cells = [row.label_str, row.name or "-"]
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             v = value.detach().double()
-            stats = (
-                f"mean {v.mean():+.4g}  std {v.std() if v.numel() > 1 else 0.0:.4g}  "
-                f"min {v.min():+.4g}  max {v.max():+.4g}"
-            )
-            shape = list(value.shape)
+            std = v.std() if v.numel() > 1 else 0.0
+            cells += [
+                str(list(value.shape)),
+                f"{v.mean():+.4g}",
+                f"{std:.4g}",
+                f"{v.min():+.4g}",
+                f"{v.max():+.4g}",
+            ]
         else:
-            stats, shape = type(value).__name__, []
-        print(f"  {row.describe():<40} {shape!s:<18} {stats}")
-    return 0
+            cells += [type(value).__name__, "-", "-", "-", "-"]
+        rows.append(cells)
+    # first uncut, leaving statistics out; then names and shapes cut too
+    for flexible in ([], [[1], [2]]):
+        for shown in range(len(header), 3, -1):
+            lines = text_table(
+                header[:shown],
+                [cells[:shown] for cells in rows],
+                width=width,
+                flexible=flexible,
+                right=range(3, shown),
+            )
+            if lines is not None:
+                return "\n".join(lines)
+    return "\n".join(  # pragma: no cover - --width >= 40 fits 4 cut columns
+        "  ".join(cells[:4]) for cells in [header, *rows]
+    )
 
 
 def _graph(args: argparse.Namespace) -> int:

@@ -53,23 +53,55 @@ class DemoResult:
     rnet: Recorder = dataclasses.field(repr=False)
     """The wrapped, trained CNN."""
 
-    def table(self) -> str:
-        """Return AUROC and FPR@95 of every detector against every OoD set."""
+    def _cells(self) -> tuple[list[str], list[list[str]]]:
         sets = list(self.evaluations)
-        head = "| detector | " + " | ".join(
-            f"AUROC {name} | FPR95 {name}" for name in sets
-        )
-        rule = "|---|" + "---:|---:|" * len(sets)
-        first = self.evaluations[sets[0]]
+        header = ["detector"]
+        for name in sets:
+            header += [f"AUROC {name}", f"FPR95 {name}"]
         rows = []
-        for detector in first:
-            cells = [
-                f"{self.evaluations[s][detector]['AUROC']:.3f} | "
-                f"{self.evaluations[s][detector]['FPR95TPR']:.3f}"
-                for s in sets
-            ]
-            rows.append(f"| {detector} | " + " | ".join(cells) + " |")
-        return "\n".join([head + " |", rule, *rows])
+        for detector in self.evaluations[sets[0]]:
+            cells = [detector]
+            for name in sets:
+                metrics = self.evaluations[name][detector]
+                cells += [f"{metrics['AUROC']:.3f}", f"{metrics['FPR95TPR']:.3f}"]
+            rows.append(cells)
+        return header, rows
+
+    def table(self) -> str:
+        """Return AUROC and FPR@95 of every detector and OoD set, in Markdown."""
+        header, rows = self._cells()
+        lines = [
+            "| " + " | ".join(header) + " |",
+            "|---|" + "---:|" * (len(header) - 1),
+        ]
+        lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        """Return :meth:`table` as aligned plain text, for a terminal.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from scio_recorder.ood import Evaluation
+        >>> scores = {"MSP": torch.tensor([0.0, 1.0])}, {"MSP": torch.tensor([2.0])}
+        >>> result = DemoResult(
+        ...     0.9, {"noise": Evaluation(*scores, "noise")}, [], {}, None
+        ... )
+        >>> print(result.to_text())
+        detector  AUROC noise  FPR95 noise
+        MSP             1.000        0.000
+
+        """
+        header, rows = self._cells()
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        return "\n".join(
+            "  ".join(
+                [cells[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+            )
+            for cells in [header, *rows]
+        )
 
 
 def run_demo(
@@ -133,7 +165,7 @@ def run_demo(
     seconds["train"] = time.perf_counter() - step
 
     rnet = Recorder(net, input_size=(1, 3, 32, 32))
-    echo(str(rnet))
+    echo(rnet.compact())
 
     step = time.perf_counter()
     detectors = {
@@ -157,7 +189,7 @@ def run_demo(
     )
     seconds["evaluate"] = time.perf_counter() - step
     result = DemoResult(accuracy, evaluations, [], seconds, rnet)
-    echo("\nOoD detection (higher AUROC, lower FPR@95TPR: better)\n" + result.table())
+    echo("\nOoD detection (higher AUROC, lower FPR@95TPR: better)\n" + result.to_text())
 
     if out is not None:
         step = time.perf_counter()

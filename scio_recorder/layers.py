@@ -51,6 +51,7 @@ __all__ = [
 import contextlib
 import dataclasses
 import inspect
+import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -65,6 +66,7 @@ from torchinfo.formatting import FormattingOptions
 from torchinfo.layer_info import LayerInfo, prod
 from torchinfo.model_statistics import ModelStatistics
 
+from . import _render
 from ._preserve import preserved
 
 if TYPE_CHECKING:
@@ -317,6 +319,191 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         grad = "enabled" if self.grad_enabled else "disabled"
         return f"{self.mode} mode with gradients {grad}"
 
+    def compact(
+        self,
+        width: int = 100,
+        *,
+        depth: int | None = None,
+        marks: Mapping[DepthIdx, str] | None = None,
+    ) -> str:
+        """Return the table in at most ``width`` columns, one line per row.
+
+        The columns are the label, the qualified name, the type, the output
+        shape and the parameters (with thousands separators), then a footer
+        with the totals. Where the lines would be too wide, the name, type and
+        shape columns are narrowed (the widest first) and their cells cut in
+        the middle with an ellipsis (``encoder.l…ut.dense``). The reference
+        table, ``print(rnet)``, is unchanged; this one is for terminals,
+        notebooks and docs.
+
+        Parameters
+        ----------
+        width : int
+            The most characters a line may have (default 100).
+        depth : int, optional
+            Show rows down to this depth; a row at the cut counts the
+            parameters of the rows hidden under it. Default: the ``depth``
+            the table was built with (every depth, unless the recorder was
+            given one).
+        marks : mapping of label to str, optional
+            A short mark per label, shown in a first column ``rec`` (the
+            recorder's :meth:`~scio_recorder.Recorder.compact` marks what it
+            records).
+
+        Returns
+        -------
+        str
+            The lines, without a trailing newline.
+
+        Raises
+        ------
+        ValueError
+            If ``width`` is too small for the label and parameter columns
+            plus a few characters of each other column (the message gives the
+            smallest width that works), or ``depth`` is negative.
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> relu = nn.ReLU()
+        >>> net = nn.Sequential(nn.Linear(5, 4), relu, nn.Sequential(relu))
+        >>> print(Recorder(net, input_size=(1, 5)).table.compact())
+        label  name  type        output shape  params
+        -----  ----  ----------  ------------  ------
+        0-1    -     Sequential  [1, 4]             -
+        1-1    0     Linear      [1, 4]            24
+        1-2    1     ReLU        [1, 4]             -
+        1-3    2     Sequential  [1, 4]             -
+        2-1    2.0   ReLU        [1, 4]             -
+        Total params: 24 (trainable 24)
+        5 rows; reference pass in eval mode
+
+        """
+        header, cells, _, footer = self._cells(depth, marks)
+        # names and types are cut before shapes, which read badly cut
+        flexible = [
+            [header.index("name"), header.index("type")],
+            [header.index("output shape")],
+        ]
+        right = [len(header) - 1]
+        lines = _render.text_table(
+            header, cells, width=width, flexible=flexible, right=right
+        )
+        if lines is None:
+            smallest = _render.min_width(header, cells, flexible)
+            msg = (
+                f"width={width} is too narrow for this table: the label and "
+                "params columns and a few characters of the name, type and "
+                f"output shape columns need {smallest}; give width >= {smallest}"
+            )
+            raise ValueError(msg)
+        lines += [line for text in footer for line in _render.wrap(text, width)]
+        return "\n".join(lines)
+
+    def to_html(
+        self,
+        *,
+        depth: int | None = None,
+        marks: Mapping[DepthIdx, str] | None = None,
+        caption: str = "",
+    ) -> str:
+        """Return the compact table as an HTML table (what Jupyter shows).
+
+        The columns of :meth:`compact`, never cut; rows with a mark are
+        shaded; the totals are the table's footer.
+
+        Parameters
+        ----------
+        depth, marks
+            As for :meth:`compact`.
+        caption : str
+            The table's caption.
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> rnet = Recorder(nn.Sequential(nn.Linear(5, 4)), input_size=(1, 5))
+        >>> html = rnet.table.to_html(marks={(1, 1): "o"})
+        >>> html.count("<tr"), html.count("background-color")
+        (5, 1)
+
+        """
+        header, cells, marked, footer = self._cells(depth, marks)
+        return _render.html_table(
+            header,
+            cells,
+            right=[len(header) - 1],
+            highlight=marked,
+            caption=caption,
+            footer=footer,
+        )
+
+    def _repr_html_(self) -> str:
+        """Return :meth:`to_html`, for Jupyter."""
+        return self.to_html()
+
+    def _cells(
+        self, depth: int | None, marks: Mapping[DepthIdx, str] | None
+    ) -> tuple[list[str], list[list[str]], list[bool], list[str]]:
+        """Return the header, the cells, which rows are marked, the footer."""
+        limit = self._depth_limit(depth)
+        own = self._own_params()
+        shown: list[tuple[Layer, int]] = []
+        for row, params in zip(self.rows, own, strict=True):
+            if row.label[0] <= limit:
+                shown.append((row, params))
+            elif shown:  # hidden under the last row shown: it counts them
+                last, count = shown[-1]
+                shown[-1] = (last, count + params)
+        marks = marks or {}
+        header = ["rec"] if marks else []
+        header += ["label", "name", "type", "output shape", "params"]
+        cells = []
+        for row, params in shown:
+            line = [marks.get(row.label, "")] if marks else []
+            line += [
+                row.label_str,
+                row.name or "-",
+                type(row.module).__name__,
+                _shape_cell(row),
+                f"{params:,}" if params else "-",
+            ]
+            cells.append(line)
+        total = sum(own)
+        trainable = getattr(self.statistics, "trainable_params", total)
+        footer = [f"Total params: {total:,} (trainable {trainable:,})"]
+        if len(shown) < len(self.rows):
+            footer.append(
+                f"{len(shown)} of {len(self.rows)} rows (depth <= {limit}; a row "
+                "counts the parameters of the rows hidden under it); reference "
+                f"pass in {self.mode} mode"
+            )
+        else:
+            footer.append(f"{len(self.rows)} rows; reference pass in {self.mode} mode")
+        marked = [bool(marks.get(row.label)) for row, _ in shown]
+        return header, cells, marked, footer
+
+    def _depth_limit(self, depth: int | None) -> float:
+        if depth is None:
+            built = getattr(self.statistics.formatting, "max_depth", None)
+            return math.inf if built is None else built
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            msg = (
+                f"depth={depth!r} is not a depth: give an integer >= 0 (0: the "
+                "whole net as one row), or None for every depth the table has"
+            )
+            raise ValueError(msg)
+        return depth
+
+    def _own_params(self) -> list[int]:
+        """Each row's parameters, each parameter counted once (see :class:`_Row`)."""
+        infos = getattr(self.statistics, "summary_list", [])
+        if len(infos) == len(self.rows) and all(isinstance(i, _Row) for i in infos):
+            return [info.assigned for info in infos]
+        return [row.num_params if row.label[0] == 0 else 0 for row in self.rows]
+
 
 class _HoldsTable(Protocol):
     """An object holding a layer table (a Recorder, a Scope)."""
@@ -439,6 +626,20 @@ _NOT_A_CALL = (
     "this row is not a call: it only groups calls of submodules made outside "
     "the module's own call"
 )
+
+
+_SHORT_REASONS = {
+    _NOT_CALLED: "(not called)",
+    _NOT_A_CALL: "(not a call)",
+    _NO_OUTPUT: "(no output)",
+}
+
+
+def _shape_cell(row: Layer) -> str:
+    """Return the output shape of ``row`` for the compact table, or why none."""
+    if not row.recordable:
+        return _SHORT_REASONS.get(row.reason or "", "-")
+    return str(row.output_size) if row.output_size else "-"
 
 
 def _assign_params(net: nn.Module, rows: list[_Row]) -> None:

@@ -1203,6 +1203,62 @@ class Recorder(nn.Module):
             + table[0] * table.find("\n")
         )
 
+    def compact(self, width: int = 100, *, depth: int | None = None) -> str:
+        """Return the layer table in at most ``width`` columns, recorded rows marked.
+
+        :meth:`LayerTable.compact <scio_recorder.LayerTable.compact>` with a
+        first column ``rec`` once something is recorded (``o`` output, ``i``
+        input, ``g`` output gradient) and a footer saying what is recorded.
+        ``print(rnet)`` (the reference table) is unchanged.
+
+        Parameters
+        ----------
+        width : int
+            The most characters a line may have (default 100).
+        depth : int, optional
+            Show rows down to this depth (default: the recorder's ``depth``).
+
+        Examples
+        --------
+        >>> from torch import nn
+        >>> rnet = Recorder(
+        ...     nn.Sequential(nn.Linear(5, 4), nn.ReLU()), input_size=(1, 5)
+        ... )
+        >>> _ = rnet.record((1, 2))
+        >>> print(rnet.compact())
+        rec  label  name  type        output shape  params
+        ---  -----  ----  ----------  ------------  ------
+             0-1    -     Sequential  [1, 4]             -
+             1-1    0     Linear      [1, 4]            24
+        o    1-2    1     ReLU        [1, 4]             -
+        Total params: 24 (trainable 24)
+        3 rows; reference pass in eval mode
+        Currently recording: outputs 1-2 (rec: o output)
+
+        """
+        from . import _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
+
+        selection = self._selection
+        marks, notes = _render.selection_marks(
+            selection.outputs, selection.inputs, selection.grads, selection.params
+        )
+        text = self._table.compact(width, depth=depth, marks=marks)
+        lines = [line for note in notes for line in _render.wrap(note, width)]
+        return "\n".join([text, *lines])
+
+    def _repr_html_(self) -> str:
+        """Return the compact table as HTML, recorded rows shaded (for Jupyter)."""
+        from . import _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
+
+        selection = self._selection
+        marks, notes = _render.selection_marks(
+            selection.outputs, selection.inputs, selection.grads, selection.params
+        )
+        caption = f"Recorder of {type(self._net).__name__}. " + (
+            " ".join(notes) if notes else "Currently recording: None"
+        )
+        return self._table.to_html(marks=marks, caption=caption)
+
 
 _MODULE_CALL = nn.Module.__call__
 _GLOBAL_HOOKS = (

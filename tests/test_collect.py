@@ -271,6 +271,18 @@ def test_selectors_names_and_labels_of():
     assert "CollectResult(samples=8, batches=2" in repr(result)
 
 
+def test_collect_result_shows_as_an_html_table_in_jupyter():
+    rnet = Recorder(deep_net(), input_size=(1, 3))
+    result = collect(rnet, make_batches([4, 4]), {nn.Tanh: "moments", "0": "concat"})
+    html = result._repr_html_()
+    assert "<caption>CollectResult: 8 samples in 2 batches</caption>" in html
+    assert html.count("<tr>") == 1 + len(result)
+    assert (
+        '<td style="text-align:left">1-2</td><td style="text-align:left">1</td>' in html
+    )
+    assert ">Tanh</td>" in html
+
+
 def test_per_class_statistics_with_dict_batches():
     net = nn.Sequential(nn.Linear(3, 2))
     rnet = Recorder(net, input_size=(1, 3))

@@ -14,9 +14,12 @@ import pytest
 import torch
 import torchinfo
 import torchinfo.torchinfo as torchinfo_impl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import CallPlanError, Recorder, models
+from scio_recorder._render import middle_truncate
 from scio_recorder.layers import RaggedDim
 from tests.nets import (
     DirectChildNet,
@@ -837,3 +840,217 @@ def test_every_function_taking_a_recorder_or_its_table_reads_it_one_way(tmp_path
         load_records(path, 3)
     with pytest.raises(TypeError, match=r"^`table=` of CollectResult.load must be"):
         CollectResult.load(path, 3)
+
+
+# ------------------------------------------------------------- compact table
+COMPACT_TOYNET = """\
+label  name  type        output shape  params
+-----  ----  ----------  ------------  ------
+0-1    -     Sequential  [1, 3]             -
+1-1    0     Linear      [1, 4]            24
+1-2    1     ReLU        [1, 4]             -
+1-3    2     Linear      [1, 3]            15
+1-4    3     ReLU        [1, 3]             -
+Total params: 39 (trainable 39)
+5 rows; reference pass in eval mode"""
+
+
+def compact_rows(text: str) -> list[str]:
+    """Return the row lines of a compact table: between the rule and the totals."""
+    lines = text.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("Total params:"))
+    return lines[2:end]
+
+
+def toynet() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU())
+
+
+def test_compact_table_of_toynet():
+    """Label, name, type, output shape, parameters, then the totals."""
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    assert rnet.table.compact() == COMPACT_TOYNET
+    assert rnet.compact() == COMPACT_TOYNET  # nothing recorded: no rec column
+
+
+def test_compact_table_of_resnet_fits_100_columns_and_the_reference_does_not():
+    rnet = Recorder(models.resnet18_cifar(), input_size=(1, 3, 32, 32))
+    assert max(map(len, repr(rnet).splitlines())) > 100
+    lines = rnet.compact().splitlines()
+    assert max(map(len, lines)) <= 100
+    assert lines[0].split() == ["label", "name", "type", "output", "shape", "params"]
+    conv = next(line for line in lines if line.startswith("3-43 "))
+    assert conv.split() == [
+        "3-43", "layer4.0.conv2", "Conv2d", "[1,", "512,", "4,", "4]", "2,359,296"
+    ]  # fmt: skip
+    assert "Total params: 11,173,962 (trainable 11,173,962)" in lines
+
+
+def test_compact_table_marks_recorded_rows_and_says_what_is_recorded():
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    rnet.record((1, 3), inputs=(1, 1), grads=(1, 3))
+    lines = rnet.compact().splitlines()
+    assert lines[0].split()[:2] == ["rec", "label"]
+    marks = {line.split()[1]: line.split()[0] for line in lines[2:7] if line[0] != " "}
+    assert marks == {"1-1": "i", "1-3": "og"}
+    assert max(map(len, lines)) <= 100
+    assert " ".join(lines[-2:]) == (  # wrapped at the width
+        "Currently recording: outputs 1-3; inputs 1-1; output gradients 1-3 "
+        "(rec: o output, i input, g output gradient)"
+    )
+
+
+def test_compact_table_cuts_long_names_in_the_middle():
+    inner = nn.Sequential()
+    inner.add_module("a_very_long_block_name_that_goes_on", nn.Linear(4, 4))
+    net = nn.Sequential()
+    net.add_module("encoder_with_a_long_name", inner)
+    lines = Recorder(net, input_size=X).table.compact(50).splitlines()
+    assert max(map(len, lines)) <= 50
+    row = next(line for line in lines if line.startswith("2-1"))
+    name = row.split()[1]
+    assert "\N{HORIZONTAL ELLIPSIS}" in name
+    start, end = name.split("\N{HORIZONTAL ELLIPSIS}")
+    assert "encoder_with_a_long_name.a_very_long_block_name_that_goes_on".startswith(
+        start
+    )
+    assert start
+    assert end
+    assert "the_goes_on".endswith(end) or "goes_on".endswith(end)
+
+
+def test_compact_table_depth_counts_hidden_parameters_in_their_ancestor():
+    rnet = Recorder(models.resnet18_cifar(), input_size=(1, 3, 32, 32))
+    text = rnet.table.compact(depth=1)
+    rows = compact_rows(text)
+    assert {line.split()[0].split("-")[0] for line in rows} == {"0", "1"}
+    params = [line.split()[-1] for line in rows]
+    total = sum(int(p.replace(",", "")) for p in params if p != "-")
+    assert total == sum(p.numel() for p in rnet.net.parameters())
+    assert f"\n{len(rows)} of {len(rnet.table)} rows (depth <= 1; a row counts" in text
+
+
+def test_compact_table_follows_the_depth_the_recorder_was_built_with():
+    rnet = Recorder(nn.Sequential(Inner(), Inner()), input_size=X, depth=1)
+    labels = [line.split()[0] for line in compact_rows(rnet.compact())]
+    assert labels == ["0-1", "1-1", "1-2"]
+    assert len(compact_rows(rnet.table.compact(depth=2))) == len(rnet.table)
+
+
+def test_compact_table_shows_rows_that_are_not_calls():
+    rnet = Recorder(ListNet(), input_size=X)
+    layers_row = next(
+        line for line in rnet.compact().splitlines() if line.split()[1] == "layers"
+    )
+    assert "(not called)" in layers_row
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"width": 20}, r"width=20 is too narrow for this table: .* give width >= 35$"),
+        ({"depth": -1}, r"depth=-1 is not a depth: give an integer >= 0"),
+    ],
+)
+def test_compact_table_refuses_bad_arguments_saying_what_works(kwargs, message):
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    with pytest.raises(ValueError, match=message):
+        rnet.table.compact(**kwargs)
+
+
+def test_compact_table_at_the_smallest_width_it_names():
+    rnet = Recorder(models.resnet18_cifar(), input_size=(1, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"give width >= (\d+)") as error:
+        rnet.table.compact(30)
+    smallest = int(re.search(r">= (\d+)", str(error.value)).group(1))
+    assert max(map(len, rnet.table.compact(smallest).splitlines())) <= smallest
+
+
+NAME = st.text(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz_ABCXYZ0123456789"),
+    min_size=1,
+    max_size=40,
+).filter(lambda name: not hasattr(nn.Sequential, name))  # `float`: an attribute
+
+
+@st.composite
+def named_nets(draw: st.DrawFn) -> nn.Module:
+    """A Sequential tree of Linear(4, 4) and ReLU, up to 3 deep, random names."""
+
+    def block(level: int) -> nn.Module:
+        seq = nn.Sequential()
+        for name in draw(st.lists(NAME, min_size=1, max_size=3, unique=True)):
+            kind = draw(
+                st.sampled_from(["linear", "relu", "seq"] if level else ["linear"])
+            )
+            if kind == "seq":
+                seq.add_module(name, block(level - 1))
+            else:
+                seq.add_module(name, nn.Linear(4, 4) if kind == "linear" else nn.ReLU())
+        return seq
+
+    return block(draw(st.integers(0, 3)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(net=named_nets(), width=st.integers(45, 160), data=st.data())
+def test_compact_table_lines_never_exceed_the_width(net, width, data):
+    """Every line fits; every label is shown; the parameters add up."""
+    rnet = Recorder(net, input_size=X)
+    recorded = data.draw(st.lists(st.sampled_from(list(rnet.table)), max_size=3))
+    rnet.record(*[label for label in recorded if rnet.table[label].recordable])
+    try:
+        text = rnet.compact(width)
+    except ValueError as error:  # only when the label and params columns crowd it
+        smallest = int(re.search(r"give width >= (\d+)", str(error)).group(1))
+        assert smallest > width
+        text = rnet.compact(smallest)
+        width = smallest
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines), text
+    rows = compact_rows(text)
+    labels = [re.search(r"\d+-\d+", line).group() for line in rows]
+    assert labels == [row.label_str for row in rnet.table.rows]
+    params = [line.split()[-1] for line in rows]
+    total = sum(int(p.replace(",", "")) for p in params if p != "-")
+    assert total == sum(p.numel() for p in net.parameters())
+
+
+def test_middle_truncate_keeps_both_ends():
+    text = "encoder.layer.0.attention.output.dense"
+    for width in range(2, len(text) + 3):
+        cut = middle_truncate(text, width)
+        assert len(cut) == min(width, len(text))
+        if width < len(text):
+            head, tail = cut.split("\N{HORIZONTAL ELLIPSIS}")
+            assert text.startswith(head)
+            assert text.endswith(tail)
+            assert len(head) >= len(tail)
+
+
+# --------------------------------------------------------------- HTML tables
+def test_table_html_has_the_columns_every_row_and_escapes_names():
+    net = nn.Sequential()
+    net.add_module("<b>", nn.Linear(4, 4))
+    table = Recorder(net, input_size=X).table
+    html = table._repr_html_()
+    assert html.startswith("<table>")
+    assert html.count("<tr>") == 1 + len(table) + 2  # header, rows, footer
+    for title in ("label", "name", "type", "output shape", "params"):
+        assert f">{title}</th>" in html
+    assert "&lt;b&gt;" in html
+    assert "<b>" not in html
+    assert "Total params: 20 (trainable 20)" in html
+
+
+def test_recorder_html_shades_recorded_rows_and_says_what_is_recorded():
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    assert "Currently recording: None" in rnet._repr_html_()
+    rnet.record((1, 1), (1, 3))
+    html = rnet._repr_html_()
+    assert (
+        "<caption>Recorder of Sequential. Currently recording: outputs 1-1, 1-3" in html
+    )
+    shaded = [row for row in html.split("<tr") if "background-color" in row]
+    assert len(shaded) == 2
+    assert all("Linear" in row for row in shaded)

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from scio_recorder import reduce as _reduce
 from scio_recorder._public import public_module
+from scio_recorder._render import html_table
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import DepthIdx, as_table, label_str, parse_label
 
@@ -148,6 +149,18 @@ class CollectResult(Mapping[DepthIdx, Any]):
             f"CollectResult(samples={self.samples}, batches={self.batches}, "
             f"{{{items}}})"
         )
+
+    def _repr_html_(self) -> str:
+        """Return an HTML table, one row per label (what Jupyter shows)."""
+        rows = []
+        for label, value in self._results.items():
+            row = self._table.get(label) if self._table is not None else None
+            name = (row.name or "-") if row is not None else "-"
+            kind = type(row.module).__name__ if row is not None else "-"
+            shown = show_value(value, label in self.files)
+            rows.append([label_str(label), name, kind, shown])
+        caption = f"CollectResult: {self.samples} samples in {self.batches} batches"
+        return html_table(["label", "name", "type", "result"], rows, caption=caption)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Save the results to one safetensors file with a label map.
