@@ -136,7 +136,9 @@ class BenchmarkData:
         return demo_model(self.num_classes)
 
 
-def load_benchmark(name: str = "digits", *, seed: int = 0, quick: bool = False) -> BenchmarkData:
+def load_benchmark(
+    name: str = "digits", *, seed: int = 0, quick: bool = False
+) -> BenchmarkData:
     """Return the data of benchmark ``name`` for one seed.
 
     Parameters
@@ -355,7 +357,9 @@ class BenchmarkResults:
         :class:`~scio_recorder.ood.OoDResults` (with the scores, for plots).
     """
 
-    def __init__(self, benchmark: str, runs: Sequence[BenchmarkRun], description: str = "") -> None:
+    def __init__(
+        self, benchmark: str, runs: Sequence[BenchmarkRun], description: str = ""
+    ) -> None:
         """Check that every run has the same detectors and sets."""
         if not runs:
             msg = "BenchmarkResults needs at least one run (one seed)"
@@ -365,7 +369,10 @@ class BenchmarkResults:
         self.description = description
         first = self.runs[0].results
         for run in self.runs[1:]:
-            if run.results.detectors != first.detectors or run.results.columns != first.columns:
+            if (
+                run.results.detectors != first.detectors
+                or run.results.columns != first.columns
+            ):
                 msg = (
                     f"BenchmarkResults: seed {run.seed} has detectors "
                     f"{run.results.detectors} and columns {run.results.columns}, "
@@ -420,10 +427,7 @@ class BenchmarkResults:
         return [
             [
                 name,
-                *(
-                    f"{self.mean(name, c, metric):.3f} ± {self.std(name, c, metric):.3f}"
-                    for c in columns
-                ),
+                *(_cell(self.values(name, c, metric)) for c in columns),
             ]
             for name in self.detectors
         ]
@@ -448,14 +452,16 @@ class BenchmarkResults:
         groups = "; ".join(f"{g} = {', '.join(s)}" for g, s in self.groups.items())
         acc = self.accuracy
         lines = [
-            f"OoD benchmark {self.benchmark!r}: {len(self.detectors)} detectors, "
-            f"{len(self.runs)} seeds ({seeds}); mean ± std over the seeds "
-            "(sample std, n - 1)",
+            (
+                f"OoD benchmark {self.benchmark!r}: {len(self.detectors)} detectors, "
+                f"{len(self.runs)} seeds ({seeds}); mean ± std over the seeds "
+                "(sample std, n - 1)"
+            ),
         ]
         if self.description:
             lines.append(self.description)
         lines.append(
-            f"closed-set accuracy on the ID test data {_mean(acc):.3f} ± {_std(acc):.3f}"
+            f"closed-set accuracy on the ID test data {_cell(acc)}"
             + (f"; groups: {groups}" if groups else "")
         )
         lines += [line for m in metrics for line in _LEGEND[m].split("\n")]
@@ -517,6 +523,10 @@ class BenchmarkResults:
         )
 
 
+def _cell(values: Sequence[float]) -> str:
+    return f"{_mean(values):.3f} ± {_std(values):.3f}"
+
+
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
@@ -528,11 +538,10 @@ def _std(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-
-
-
 def run_benchmark(  # noqa: PLR0913 (the protocol's knobs, keyword-only)
-    detectors: Sequence[str] | Mapping[str, Callable[[Recorder], Detector]] | None = None,
+    detectors: Sequence[str]
+    | Mapping[str, Callable[[Recorder], Detector]]
+    | None = None,
     *,
     benchmark: str = "digits",
     seeds: Sequence[int] = (0, 1, 2),
@@ -589,7 +598,9 @@ def run_benchmark(  # noqa: PLR0913 (the protocol's knobs, keyword-only)
     --------
     >>> from scio_recorder.ood import KNN
     >>> from scio_recorder.ood.benchmark import run_benchmark
-    >>> results = run_benchmark({"KNN k=5": lambda rnet: KNN(rnet, k=5)}, seeds=(0,), quick=True)
+    >>> results = run_benchmark(
+    ...     {"KNN k=5": lambda rnet: KNN(rnet, k=5)}, seeds=(0,), quick=True
+    ... )
     >>> results.detectors, results.seeds, results.std("KNN k=5", "noise", "AUROC")
     (['KNN k=5'], [0], 0.0)
 
@@ -646,7 +657,9 @@ def _run(  # noqa: PLR0913
     if quick and epochs is None:
         n_epochs = max(1, n_epochs // 3)
     train_x, train_y = data.train
-    train_classifier(net, train_x, train_y, epochs=n_epochs, batch_size=32, lr=3e-3, seed=seed)
+    train_classifier(
+        net, train_x, train_y, epochs=n_epochs, batch_size=32, lr=3e-3, seed=seed
+    )
     test_x, test_y = data.test
     with torch.no_grad():
         accuracy = float((net(test_x).argmax(1) == test_y).float().mean())
@@ -675,7 +688,10 @@ def _run(  # noqa: PLR0913
     results = evaluate(
         built,
         batches(test_x, test_y, 256),
-        {name: [(x,) for x in batches(x, None, 256)] for name, x in {**data.near, **data.far}.items()},
+        {
+            name: [(x,) for x in batches(x, None, 256)]
+            for name, x in {**data.near, **data.far}.items()
+        },
         target=1,
         near=list(data.near),
         far=list(data.far),
@@ -694,8 +710,32 @@ _LAYERS: dict[str, dict[str, Any]] = {
     "blobs": {"penultimate": "classifier.2", "blocks": ("features.1", "features.4")},
 }
 _CATALOGUE_NAMES = (
-    "MSP", "MaxLogit", "Energy", "Entropy", "GEN", "KLMatching", "TempScale", "ODIN",
-    "ReAct", "ASH", "Scale", "Mahalanobis", "KNN", "ViM", "DICE", "SHE", "NNGuide",
-    "RMDS", "fDBD", "GradNorm", "NAC", "MahalanobisEnsemble", "Gram", "NCI", "NECO",
-    "Residual", "RankFeat", "VRA",
+    "MSP",
+    "MaxLogit",
+    "Energy",
+    "Entropy",
+    "GEN",
+    "KLMatching",
+    "TempScale",
+    "ODIN",
+    "ReAct",
+    "ASH",
+    "Scale",
+    "Mahalanobis",
+    "KNN",
+    "ViM",
+    "DICE",
+    "SHE",
+    "NNGuide",
+    "RMDS",
+    "fDBD",
+    "GradNorm",
+    "NAC",
+    "MahalanobisEnsemble",
+    "Gram",
+    "NCI",
+    "NECO",
+    "Residual",
+    "RankFeat",
+    "VRA",
 )
