@@ -645,20 +645,24 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     code, out, _ = run(capsys, "demo", "--quick", "--out", str(tmp_path / "demo"))
     assert code == 0
-    assert max(map(len, out.splitlines())) <= 120  # the data line; tables <= 100
-    assert "Recorder instance" not in out
+    assert "Recorder instance" not in out  # the compact table, no wrapper
     assert "|" not in out  # aligned text, no Markdown pipes
-    assert re.search(
-        r"^detector +AUROC noise +FPR95 noise +AUROC shapes +FPR95 shapes$",
+    # the digits benchmark, its conventions named, near/far sets and means
+    assert "ID digits 0-5" in out
+    assert "FPR95-ID: false-positive rate at 95 % ID recall (ID positive" in out
+    assert "mean ± std over the seeds" in out
+    header = re.search(
+        r"^detector +digits-6-9 +noise +inverted +rotated +near mean +far mean$",
         out,
         re.MULTILINE,
     )
-    for name in ("MSP", "Energy", "ReAct", "ASH", "Mahalanobis", "KNN"):
-        assert re.search(
-            rf"^{name} +(\d\.\d{{3}} +){{3}}\d\.\d{{3}}$", out, re.MULTILINE
+    assert header is not None, out
+    for name in ("MSP", "Energy", "ReAct", "Mahalanobis", "KNN", "ViM", "NAC", "Gram"):
+        assert re.search(rf"^{name} +\d\.\d{{3}} ± \d\.\d{{3}}", out, re.MULTILINE), (
+            name
         )
     files = {p.name for p in (tmp_path / "demo").iterdir()}
-    assert {"scores-noise.png", "roc-noise.png", "gradcam.png"} <= files
+    assert {"scores-digits-6-9.png", "roc-digits-6-9.png", "gradcam.png"} <= files
     assert {"graph.svg", "graph.dot"} & files
 
 
@@ -670,3 +674,11 @@ def test_demo_is_deterministic_for_a_seed():
         for detector, metrics in evaluation.items():
             assert second.evaluations[name][detector] == metrics
     assert first.accuracy == second.accuracy
+    assert first.table() == second.table()
+
+
+def test_demo_refuses_an_unknown_ood_set():
+    with pytest.raises(
+        ValueError, match=r"unknown OoD set \['shapes'\]; the digits benchmark has"
+    ):
+        run_demo(None, quick=True, echo=lambda _line: None, ood=("shapes",))

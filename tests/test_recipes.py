@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+from importlib import resources
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -19,7 +20,12 @@ from hypothesis import given, settings
 from sklearn.metrics import roc_auc_score
 
 from scio_recorder import recipes
-from scio_recorder.data import class_colours, make_blobs_images, train_classifier
+from scio_recorder.data import (
+    class_colours,
+    load_digits,
+    make_blobs_images,
+    train_classifier,
+)
 from scio_recorder.ood import mahalanobis_scores
 from scio_recorder.ood.metrics import auroc
 
@@ -343,3 +349,25 @@ def test_negated_confidence_scores_give_the_removed_auroc(pos, neg):
     # sums of at most 400 pair counts in float64: a few ulps
     assert got == pytest.approx(old, abs=1e-12)
     assert auroc(pos, neg) == pytest.approx(1 - old, abs=1e-12)
+
+
+# ------------------------------------------------------------------ load_digits
+def test_the_shipped_digits_are_scikit_learns():
+    datasets = pytest.importorskip("sklearn.datasets")
+    reference = datasets.load_digits()
+    counts, labels = load_digits(normalize=False)
+    assert counts.shape == (1797, 1, 8, 8)
+    assert counts.dtype == torch.float32
+    assert np.array_equal(counts[:, 0].numpy(), reference.images)  # exact: 0..16
+    assert np.array_equal(labels.numpy(), reference.target)
+    images, again = load_digits()
+    assert torch.equal(images, counts / 16)
+    assert torch.equal(labels, again)
+
+
+def test_the_digits_ship_with_their_licence():
+    folder = resources.files("scio_recorder") / "_data"
+    licence = (folder / "LICENSE-digits").read_text(encoding="utf-8")
+    assert "BSD 3-Clause" in licence
+    assert "UCI" in licence
+    assert "scikit-learn" in licence
