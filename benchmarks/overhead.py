@@ -64,7 +64,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's maximum on 64-bit systems
 TRIM_THRESHOLD = 512 * 1024 * 1024
 
-ALL_MODELS = ("mlp", "cnn", "transformer")
+ALL_MODELS = ("mlp", "cnn", "transformer", "relus")
+RELUS = 100  # modules of the `relus` sweep
 DEFAULT_ROUNDS = 41
 QUICK_ROUNDS = 3
 # Short batches, many rounds: shared machines change speed by up to 2x for
@@ -148,6 +149,17 @@ def build_case(name: str) -> Case:
             # rounding.
             rtol=1e-4,
             atol=1e-5,
+        )
+    if name == "relus":
+        # The cost of one recorded module call: every scenario runs the same
+        # RELUS tiny calls, so (scenario - plain) / RELUS is what a hook costs.
+        return Case(
+            name="relus",
+            net=nn.Sequential(*[nn.ReLU() for _ in range(RELUS)]),
+            x=torch.randn(1, 4),
+            summary_size=(1, 4),
+            force_static_flow=True,
+            one=str(RELUS // 2),
         )
     msg = f"unknown model {name!r}"
     raise ValueError(msg)
@@ -285,7 +297,8 @@ def build_scenarios(case: Case, rnet: Recorder) -> list[Scenario]:
                 expect=set(modules),
             ),
         ]
-    scenarios += capture_scenarios(case, rnet, recordable, named)
+    if case.name != "relus":  # no parameter: no gradient to capture
+        scenarios += capture_scenarios(case, rnet, recordable, named)
     return scenarios
 
 
@@ -588,6 +601,25 @@ def format_report(
         notes.extend(f"  - `{s.name}`: {s.describe}" for s in scenarios)
         notes.extend(f"  - CHECK FAILED: {p}" for p in result["problems"])
     lines += ["", *notes]
+    relus = results.get("relus")
+    if relus:
+        by_name = {s.name: s for s in relus["scenarios"]}
+        plain = quartiles(by_name["plain"].samples_ns)[1]
+        # hooks on every module and on the root Sequential: RELUS + 1 calls
+        per_call = {
+            name: (quartiles(by_name[name].samples_ns)[1] - plain) / (RELUS + 1)
+            for name in ("recorder_all", "hand_all")
+        }
+        lines += [
+            "",
+            (
+                f"Per recorded module call (relus: {RELUS} ReLUs and the root, "
+                "median over rounds, minus `plain`): recorder "
+                f"{per_call['recorder_all'] / 1e3:.2f} µs, hand-written dict-store "
+                f"hook {per_call['hand_all'] / 1e3:.2f} µs, ratio "
+                f"{per_call['recorder_all'] / per_call['hand_all']:.2f}"
+            ),
+        ]
     counts = results.get("transformer", {}).get("fast_path")
     if counts:
         lines += [

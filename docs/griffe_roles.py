@@ -40,10 +40,20 @@ def _walk(obj: griffe.Object) -> Iterator[griffe.Object]:
 
 
 def _lookup(scope: griffe.Object, path: str) -> griffe.Object | None:
+    errors = (
+        KeyError,
+        ValueError,
+        griffe.AliasResolutionError,
+        griffe.CyclicAliasError,
+    )
     try:
         found = scope[path]
-    except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
-        return None
+    except errors:
+        # A class's inherited members (``Recorder.activations`` is defined
+        # on its base ``RecorderViews``), linked where the class documents
+        # them (inherited members are rendered on its page): the alias's path.
+        member = scope.all_members.get(path) if scope.is_class else None
+        return member
     try:
         return found.final_target if found.is_alias else found
     except (griffe.AliasResolutionError, griffe.CyclicAliasError):
