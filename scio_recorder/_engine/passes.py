@@ -28,6 +28,7 @@ __all__ = ["Passes", "RootPasses", "is_recorder"]
 
 import contextlib
 import warnings
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ from .state import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from torch import nn
     from torch.utils.hooks import RemovableHandle
@@ -198,7 +199,11 @@ class Passes:
         whose extra hooks stay in place for the ``with`` block only.
         """
         plan = self.plan
-        key = (frozenset(edits.outputs), frozenset(edits.inputs))
+        # `edits.outputs` is a dict by label, or the callable (list, None)
+        # of `activation_postproc` given with `input_postproc` alone: that
+        # edits recorded calls only, which the plan hooks already.
+        outputs = edits.outputs if isinstance(edits.outputs, Mapping) else {}
+        key = (frozenset(outputs), frozenset(edits.inputs))
         extended = self.edit_plans.get(key)
         if extended is None:
             extended = with_edits(plan, self.table, *key)
@@ -287,15 +292,19 @@ class Passes:
             )
             raise RuntimeError(msg)  # noqa: TRY004 (a state, not a type, is wrong)
         steps = _Steps(outer)
+        named: list[CallPlanError] = []  # the errors that name their step
 
         def failed(error: BaseException) -> BaseException:
-            if not isinstance(error, CallPlanError):
+            if not isinstance(error, CallPlanError) or error in named:
                 return error
-            return CallPlanError(
-                f"In forward step {len(steps.states)} of `rnet.{name}(...)` (step "
-                "0 is the first call of the net, e.g. the prefill of `generate`, "
-                f"then one per decoded token): {error}"
+            named.append(
+                CallPlanError(
+                    f"In forward step {len(steps.states)} of `rnet.{name}(...)` "
+                    "(step 0 is the first call of the net, e.g. the prefill of "
+                    f"`generate`, then one per decoded token): {error}"
+                )
             )
+            return named[-1]
 
         edits = postproc if isinstance(postproc, Edits) else None
         with contextlib.ExitStack() as stack:
@@ -313,7 +322,12 @@ class Passes:
                     failed=failed,
                 )
             )
-            out = method(*args, **kwargs)
+            try:
+                out = method(*args, **kwargs)
+            except CallPlanError as error:  # also one raised during a step
+                if error in named:
+                    raise
+                raise failed(error) from error
         self.latest.steps = [state.records for state in steps.states]
         if not steps.states:
             msg = (
