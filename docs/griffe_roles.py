@@ -52,8 +52,9 @@ def _lookup(scope: griffe.Object, path: str) -> griffe.Object | None:
         # A class's inherited members (``Recorder.activations`` is defined
         # on its base ``RecorderViews``), linked where the class documents
         # them (inherited members are rendered on its page): the alias's path.
-        member = scope.all_members.get(path) if scope.is_class else None
-        return member
+        return scope.all_members.get(path) if scope.is_class else None
+    if found.is_alias and getattr(found, "inherited", False):
+        return found  # an inherited member: linked on the class's own page
     try:
         return found.final_target if found.is_alias else found
     except (griffe.AliasResolutionError, griffe.CyclicAliasError):
