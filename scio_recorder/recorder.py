@@ -133,8 +133,8 @@ class Recorder(nn.Module):
         If ``force_static_flow`` is true and the net's control flow depends on
         the data (see above).
 
-    Warnings
-    --------
+    Warns
+    -----
     InPlaceWarning
         At the end of a pass whose records were modified in place afterwards.
 
