@@ -130,8 +130,8 @@ class Recorder(RecorderViews):
         If ``force_static_flow`` is true and the net's control flow depends on
         the data (see above).
 
-    Warnings
-    --------
+    Warns
+    -----
     InPlaceWarning
         At the end of a pass whose records were modified in place afterwards.
 
