@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 
     Evaluations = Evaluation | OoDResults | Mapping[str, Evaluation]
 
+_TITLE_CHARS = 28
+"""Panel titles longer than this get a smaller font (they would overlap)."""
+
 INSTALL = f"Plots need matplotlib: {install_hint('plot', 'matplotlib')}."
 
 
@@ -306,7 +309,9 @@ def score_histograms(  # noqa: PLR0913 (the data, which panels, how to draw them
                 label=label,
             )
             handles.setdefault(label, bars)
-        ax.set_title(f"{name}{where} (AUROC {ev[name]['AUROC']:.2f})")
+        title = f"{name}{where} (AUROC {ev[name]['AUROC']:.2f})"
+        # A long name would run into the next panel's title: a smaller font.
+        ax.set_title(title, fontsize=None if len(title) <= _TITLE_CHARS else "small")
         ax.set_xlabel(xlabel)
         ax.set_yticks([])
     if handles:
