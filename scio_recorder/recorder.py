@@ -708,7 +708,7 @@ class Recorder(RecorderViews):
         ((1, 2),)
 
         """
-        previous, options = self._selection, self._passes.plan.options
+        previous = self._selection, self._params, self._passes.plan
         self.record(
             *selectors,
             inputs=inputs,
@@ -720,17 +720,9 @@ class Recorder(RecorderViews):
         )
         try:
             yield self
-        finally:
-            self.record(
-                *previous.outputs,
-                inputs=list(previous.inputs),
-                grads=list(previous.grads),
-                params=list(previous.params),
-                clone=options.clone,
-                detach=options.detach,
-                device=options.device,
-                dtype=options.dtype,
-            )
+        finally:  # the saved plan comes back as it was: nothing is resolved again
+            self._selection, self._params, plan = previous
+            self._passes.select(plan)
 
     def export(
         self,

@@ -468,6 +468,8 @@ def resolve_params(
     ['0.weight', '0.bias']
 
     """
+    if not selectors:  # the usual case: no walk over the net's parameters
+        return {}
     named = dict(net.named_parameters())
     by_id = {id(p): name for name, p in named.items()}
     found: dict[str, nn.Parameter] = {}
