@@ -262,13 +262,19 @@ class Recorder(RecorderViews):
         ):
             # Looked up now: `torch.fx` tracing patches `nn.Module.__call__`.
             return nn.Module.__call__(self, *args, **kwargs)
+        if not kwargs and not self._own_forward:  # no option to read: one frame less
+            return self._passes.run(self._net_direct, args, kwargs, None, False)  # noqa: FBT003 (dont_record)
         return self._fast_forward(*args, **kwargs)
+
+    _own_forward = False
+    """Whether a subclass defines its own ``forward`` (``__call__`` calls it)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Let the fast path of ``__call__`` call a subclass's own ``forward``."""
         super().__init_subclass__(**kwargs)
         if "forward" in cls.__dict__:
             cls._fast_forward = cls.forward
+            cls._own_forward = True
 
     # -- selection -------------------------------------------------------
 
@@ -490,7 +496,9 @@ class Recorder(RecorderViews):
         ``__call__`` has already asked whether Dynamo is tracing; asking again
         would cost every eager pass a second check.
         """
-        edits = self._edits(activation_postproc, input_postproc)
+        edits = None
+        if input_postproc is not None or isinstance(activation_postproc, Mapping):
+            edits = self._edits(activation_postproc, input_postproc)
         return self._passes.run(
             self._net_direct, args, kwargs, activation_postproc, dont_record, edits
         )
