@@ -123,8 +123,12 @@ class GEN(Detector):
         return {"gamma": self.gamma, "M": self.M}
 
 
-class _PredictedMeans:
-    """A reducer: the sum of ``softmax(logits)`` and the count, by predicted class."""
+class ClassSums:
+    """A reducer's shared part: per-class sums (``[C, F]``) and counts.
+
+    Subclasses say, in ``update``, which rows go to which class; merging,
+    the result ``(sums, counts)`` and the spilled state are the same.
+    """
 
     def __init__(self) -> None:
         self.sums = torch.zeros(0, 0, dtype=_F64)
@@ -132,21 +136,19 @@ class _PredictedMeans:
 
     @property
     def count(self) -> int:
+        """Return the number of rows summed."""
         return int(self.counts.sum())
 
-    def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (the protocol; KL-matching uses no labels)
-        p = torch.softmax(as_logits(value, "KLMatching").detach().to(_F64), dim=1)
-        classes = p.shape[1]
+    def add(self, classes: int, rows: Tensor, by: Tensor) -> None:
+        """Add ``rows`` (``[N, F]``) to the sums of classes ``by`` (``[N]``)."""
         if self.sums.numel() == 0:
-            self.sums = p.new_zeros(classes, classes)
-            self.counts = torch.zeros(classes, dtype=torch.int64, device=p.device)
-        predicted = p.argmax(dim=1)
-        self.sums = self.sums.to(p.device).index_add(0, predicted, p)
-        self.counts = self.counts.to(p.device).index_add(
-            0, predicted, torch.ones_like(predicted)
-        )
+            self.sums = rows.new_zeros(classes, rows.shape[1], dtype=_F64)
+            self.counts = torch.zeros(classes, dtype=torch.int64, device=rows.device)
+        self.sums = self.sums.to(rows.device).index_add(0, by, rows.to(_F64))
+        self.counts = self.counts.to(rows.device).index_add(0, by, torch.ones_like(by))
 
-    def merge(self, other: _PredictedMeans) -> None:
+    def merge(self, other: ClassSums) -> None:
+        """Add another reducer's sums and counts."""
         if other.sums.numel() == 0:
             return
         if self.sums.numel() == 0:
@@ -156,13 +158,24 @@ class _PredictedMeans:
         self.counts = self.counts + other.counts.to(self.counts.device)
 
     def result(self) -> tuple[Tensor, Tensor]:
+        """Return ``(sums, counts)``."""
         return self.sums, self.counts
 
     def state(self) -> dict[str, Tensor]:
+        """Return the sums and counts (to spill or checkpoint)."""
         return {"sums": self.sums, "counts": self.counts}
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the sums and counts."""
         self.sums, self.counts = state["sums"], state["counts"]
+
+
+class _PredictedMeans(ClassSums):
+    """A reducer: the sum of ``softmax(logits)`` and the count, by predicted class."""
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (the protocol; KL-matching uses no labels)
+        p = torch.softmax(as_logits(value, "KLMatching").detach().to(_F64), dim=1)
+        self.add(p.shape[1], p, p.argmax(dim=1))
 
     def fresh(self) -> _PredictedMeans:
         return _PredictedMeans()

@@ -33,6 +33,7 @@ from ._base import (
 )
 from ._features import Mahalanobis, min_mahalanobis
 from ._logits import energy_score
+from ._probabilities import ClassSums
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -224,17 +225,12 @@ class DICE(_LastLayer):
 
 
 # ----------------------------------------------------------------- SHE
-class _CorrectMeans:
+class _CorrectMeans(ClassSums):
     """A reducer: per-class sums and counts of the correctly classified features."""
 
     def __init__(self, owner: _LastLayer) -> None:
+        super().__init__()
         self.owner = owner
-        self.sums = torch.zeros(0, 0, dtype=_F64)
-        self.counts = torch.zeros(0, dtype=torch.int64)
-
-    @property
-    def count(self) -> int:
-        return int(self.counts.sum())
 
     def update(self, value: Any, target: Tensor | None = None) -> None:
         if target is None:
@@ -244,34 +240,7 @@ class _CorrectMeans:
         predicted = self.owner.logits(f).argmax(dim=1)
         target = torch.as_tensor(target, device=f.device).reshape(-1)
         right = predicted == target
-        classes = self.owner.linear.out_features
-        if self.sums.numel() == 0:
-            self.sums = torch.zeros(classes, f.shape[1], dtype=_F64, device=f.device)
-            self.counts = torch.zeros(classes, dtype=torch.int64, device=f.device)
-        self.sums = self.sums.to(f.device).index_add(
-            0, predicted[right], f[right].to(_F64)
-        )
-        self.counts = self.counts.to(f.device).index_add(
-            0, predicted[right], torch.ones_like(predicted[right])
-        )
-
-    def merge(self, other: _CorrectMeans) -> None:
-        if other.sums.numel() == 0:
-            return
-        if self.sums.numel() == 0:
-            self.sums, self.counts = other.sums.clone(), other.counts.clone()
-            return
-        self.sums = self.sums + other.sums.to(self.sums.device)
-        self.counts = self.counts + other.counts.to(self.counts.device)
-
-    def result(self) -> tuple[Tensor, Tensor]:
-        return self.sums, self.counts
-
-    def state(self) -> dict[str, Tensor]:
-        return {"sums": self.sums, "counts": self.counts}
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        self.sums, self.counts = state["sums"], state["counts"]
+        self.add(self.owner.linear.out_features, f[right], predicted[right])
 
     def fresh(self) -> _CorrectMeans:
         return _CorrectMeans(self.owner)
