@@ -1,0 +1,90 @@
+"""The whole catalogue on a ViT and on a Hugging Face sequence classifier.
+
+Every detector of ``scio_recorder.ood`` (built by
+``scio_recorder.ood.benchmark.catalogue`` with layers named for each net)
+fits and scores on the unmodified models, from their configs: the token
+maps of the encoder blocks feed the multi-layer detectors, the classifier
+head is found by the detectors that read the last ``nn.Linear``. The demo
+CNN and the ResNet-18-style CNN are covered in ``test_ood_catalogue.py`` and
+``test_ood_multilayer.py``; the formulas are checked there against
+hand-written oracles. Here: each one runs, gives one finite score per
+sample, and refuses what it cannot do with a message.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scio_recorder import Recorder
+from scio_recorder.models import vit_tiny
+from scio_recorder.ood.benchmark import catalogue
+
+transformers = pytest.importorskip("transformers")
+
+# SHE needs a fit sample of every class that the net classifies correctly:
+# these nets are untrained (it is exercised on the trained digits CNN).
+UNTRAINED = {"SHE"}
+
+
+def vit():
+    torch.manual_seed(0)
+    rnet = Recorder(vit_tiny().eval(), input_size=(1, 3, 32, 32))
+    train = [(torch.randn(32, 3, 32, 32), torch.arange(32) % 10) for _ in range(2)]
+    layers = {
+        "penultimate": "norm",
+        "blocks": ("encoder.layers.0", "encoder.layers.1"),
+    }
+    return rnet, train, torch.randn(4, 3, 32, 32), layers
+
+
+def bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+    rnet = Recorder(model, input_data={"input_ids": torch.randint(0, 100, (2, 8))})
+    train = [(torch.randint(0, 100, (32, 8)), torch.arange(32) % 3) for _ in range(2)]
+    layers = {
+        "penultimate": "bert.pooler.activation",
+        "blocks": ("bert.encoder.layer.0.output", "bert.encoder.layer.1.output"),
+    }
+    return rnet, train, torch.randint(0, 100, (4, 8)), layers
+
+
+MODELS = {"vit": vit, "bert": bert}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request):
+    return request.param, MODELS[request.param]()
+
+
+def test_every_detector_fits_and_scores_the_unmodified_model(model):
+    name, (rnet, train, x, layers) = model
+    detectors = catalogue(rnet, **layers)
+    assert len(detectors) == 28
+    for key, detector in detectors.items():
+        if key in UNTRAINED or (name == "bert" and key == "ODIN"):
+            continue
+        detector.fit(train, input=0, target=1)
+        scores = detector(x)
+        assert scores.shape == (4,), key
+        assert torch.isfinite(scores.double()).all(), key
+
+
+def test_odin_refuses_token_ids_naming_the_input():
+    # ODIN perturbs the input along its gradient: token ids have none (it
+    # would have to perturb the embeddings, which it does not).
+    rnet, _, x, layers = bert()
+    odin = catalogue(rnet, **layers)["ODIN"]
+    with pytest.raises(
+        TypeError, match=r"must be a floating tensor; got a torch\.int64"
+    ):
+        odin(x)
