@@ -290,8 +290,7 @@ class RecorderViews(nn.Module):
         2
 
         """
-        labels = [row.label for row in resolve(self._table, self._net, [selector])]
-        return self._passes.records_of("activations", labels, selector)  # type: ignore[no-any-return]
+        return self._records_of("activations", selector)
 
     def inputs_of(self, selector: Selector) -> tuple[CallInputs, ...]:
         """Return the latest pass's inputs of the rows ``selector`` picks.
@@ -311,8 +310,7 @@ class RecorderViews(nn.Module):
         torch.Size([4, 3])
 
         """
-        labels = [row.label for row in resolve(self._table, self._net, [selector])]
-        return self._passes.records_of("inputs", labels, selector)  # type: ignore[no-any-return]
+        return self._records_of("inputs", selector)
 
     def gradients_of(self, selector: Selector) -> tuple[Any, ...]:
         """Return the latest pass's output gradients of the rows ``selector`` picks.
@@ -335,8 +333,7 @@ class RecorderViews(nn.Module):
                 [1., 1.]])
 
         """
-        labels = [row.label for row in resolve(self._table, self._net, [selector])]
-        return self._passes.records_of("gradients", labels, selector)  # type: ignore[no-any-return]
+        return self._records_of("gradients", selector)
 
     @property
     def recording(self) -> tuple[DepthIdx, ...]:
@@ -445,3 +442,8 @@ class RecorderViews(nn.Module):
             " ".join(notes) if notes else "Currently recording: None"
         )
         return self._table.to_html(marks=marks, caption=caption)
+
+    def _records_of(self, kind: str, selector: Selector) -> tuple[Any, ...]:
+        """Return the latest records of ``kind`` of the rows ``selector`` picks."""
+        labels = [row.label for row in resolve(self._table, self._net, [selector])]
+        return self._passes.records_of(kind, labels, selector)  # type: ignore[no-any-return]

@@ -257,15 +257,7 @@ class PassState:
         when ``input_postproc`` edits this call, else ``None``.
         """
         plan = self.plan
-        slot = plan.start_slots.get(module)
-        if slot is None:  # hooked after this pass started
-            return None
-        labels = plan.starts[module]
-        k = self.starts[slot]
-        self.starts[slot] = k + 1
-        if k >= len(labels):
-            raise self.extra_call(module, k + 1, len(labels))
-        label = labels[k]
+        label = self.next_entry(module, plan.start_slots, self.starts, plan.starts)
         if label is None:
             return None
         if not self.dont_record and label not in plan.unrecorded:
@@ -313,18 +305,32 @@ class PassState:
         placed by another plan than this pass's.
         """
         plan = self.plan
-        slot = plan.end_slots.get(module)
-        if slot is None:  # hooked after this pass started
-            return None
-        specs = plan.ends[module]
-        k = self.counts[slot]
-        self.counts[slot] = k + 1
-        if k >= len(specs):
-            raise self.extra_call(module, k + 1, len(specs))
-        spec = specs[k]
+        spec = self.next_entry(module, plan.end_slots, self.counts, plan.ends)
         if spec is None:
             return None
         return self.end_call(module, spec, output)
+
+    def next_entry(
+        self,
+        module: nn.Module,
+        slots: dict[nn.Module, int],
+        counts: list[int],
+        plans: dict[nn.Module, tuple[Any, ...]],
+    ) -> Any:
+        """Count a call of ``module``; return its entry of the plan (or ``None``).
+
+        ``None`` too for a module hooked after this pass started (not in this
+        pass's plan); one call too many raises :class:`CallPlanError`.
+        """
+        slot = slots.get(module)
+        if slot is None:
+            return None
+        entries = plans[module]
+        k = counts[slot]
+        counts[slot] = k + 1
+        if k >= len(entries):
+            raise self.extra_call(module, k + 1, len(entries))
+        return entries[k]
 
     def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:
         """Capture what ``spec`` asks of a call's ``output``; return its edit."""
