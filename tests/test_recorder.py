@@ -1054,3 +1054,39 @@ def test_subclass_forward_runs_on_the_fast_path(toynet):
     assert torch.equal(rnet(x), toynet(x))
     assert calls == [1]
     assert torch.equal(rnet.activations[(1, 1)], toynet[0](x))
+
+
+def test_edits_by_selector_from_several_threads_count_each_call_once():
+    """Threads editing a call the selection does not hook share its extra hooks.
+
+    Two sets of hooks on one module would count each call twice and fail the
+    call-plan check; the extra hooks are gone once the last pass ends.
+    """
+    import threading  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)]).eval()
+    rnet = Recorder(net, input_size=(1, 8))
+    rnet.record("0")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = net[3:](net[:3](x) * 0)
+    errors: list[str] = []
+
+    def work() -> None:
+        try:
+            for _ in range(100):
+                with torch.no_grad():
+                    out = rnet(x, activation_postproc={"2": lambda t: t * 0})
+                assert torch.equal(out, expected)
+                assert list(rnet.activations) == [(1, 1)]
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert not net[2]._forward_hooks

@@ -27,6 +27,7 @@ from __future__ import annotations
 __all__ = ["Passes", "RootPasses", "is_recorder"]
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -79,6 +80,9 @@ class Passes:
         self.listeners: list[Any] = []
         """The scopes open on this recorder (a selection cannot change then)."""
         self.warned: set[tuple[str, DepthIdx]] = set()
+        self.extra_lock = threading.Lock()
+        self.extra_hooks: dict[int, list[Any]] = {}
+        """id of an extended plan -> [passes using it, its extra hooks]."""
         self.plan = plan
         self.traced_key = 0
         self.select(plan)
@@ -211,12 +215,26 @@ class Passes:
         if extended is plan:
             yield plan
             return
-        handles = self.hooks.add_for(extended, skip=plan)
+        # Passes of two threads with the same edits share one set of extra
+        # hooks (two sets would count each call twice): the first to come
+        # places them, the last to leave removes them.
+        with self.extra_lock:
+            users = self.extra_hooks.get(id(extended))
+            if users is None:
+                users = self.extra_hooks[id(extended)] = [
+                    0,
+                    self.hooks.add_for(extended, skip=plan),
+                ]
+            users[0] += 1
         try:
             yield extended
         finally:
-            for handle in handles:
-                handle.remove()
+            with self.extra_lock:
+                users[0] -= 1
+                if not users[0]:
+                    for handle in users[1]:
+                        handle.remove()
+                    del self.extra_hooks[id(extended)]
 
     # -- compiled passes ---------------------------------------------------
     def run_traced(
