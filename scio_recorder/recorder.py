@@ -15,7 +15,17 @@ so code written for it runs unchanged. On top of it:
   work;
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
   into one graph, and :meth:`Recorder.export` exports it with the records as
-  outputs (see :mod:`._engine.compiled` and ``docs/compile.md``).
+  outputs (see :mod:`._engine.compiled` and ``docs/compile.md``);
+* language models: :meth:`Recorder.generate` runs the net's own method with
+  a checked, edited pass per forward step, and edits can be keyed by layer
+  (``activation_postproc={selector: fn}``, ``input_postproc=``).
+
+This module is the face: construction, selection (resolved by
+:mod:`.select` into a plan, :mod:`._engine.plan`), the passes (run by the
+recorder's :class:`~._engine.passes.Passes`, which holds its hooks and
+latest records) and copies. What a recorder shows (its records, tables and
+printed forms, the execution graph of a pass) is its base class,
+:class:`~._views.RecorderViews`.
 """
 
 from __future__ import annotations
