@@ -27,7 +27,13 @@ from torch import Tensor
 from scio_recorder._batches import as_arguments, batch_getter
 
 from ._base import Detector, run_passes
-from .metrics import ALL_METRICS, METRICS, TABLE_METRICS, ood_metrics
+from .metrics import (
+    ALL_METRICS,
+    METRICS,
+    TABLE_METRICS,
+    check_metric_names,
+    ood_metrics,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -278,15 +284,7 @@ class OoDResults(Mapping[str, Evaluation]):
         return [*self._sets, *self.groups]
 
     def _metrics(self, metrics: Sequence[str] | None) -> list[str]:
-        chosen = list(TABLE_METRICS if metrics is None else metrics)
-        unknown = [m for m in chosen if m not in ALL_METRICS]
-        if unknown:
-            msg = (
-                f"unknown metric {', '.join(map(repr, unknown))}; choose among "
-                f"{', '.join(ALL_METRICS)}"
-            )
-            raise ValueError(msg)
-        return chosen
+        return check_metric_names(TABLE_METRICS if metrics is None else metrics)
 
     def _blocks(
         self, metrics: Sequence[str] | None

@@ -47,6 +47,7 @@ __all__ = [
     "aupr_out",
     "auroc",
     "average_precision",
+    "check_metric_names",
     "fpr_at_id_recall",
     "fpr_at_ood_recall",
     "fpr_at_tpr",
@@ -305,11 +306,28 @@ def ood_metrics(
     {'FPR95-ID': 0.5, 'FPR95-OOD': 0.5}
 
     """
-    unknown = [name for name in names if name not in _FUNCTIONS]
+    check_metric_names(names, "ood_metrics: ")
+    return {name: _FUNCTIONS[name](id_scores, ood_scores) for name in names}
+
+
+def check_metric_names(names: Sequence[str], who: str = "") -> list[str]:
+    """Return ``names`` as a list, or raise naming those not in :data:`ALL_METRICS`.
+
+    ``who`` prefixes the message (the function that was given them).
+
+    Examples
+    --------
+    >>> check_metric_names(["AUROC", "FPR95"], "demo: ")
+    Traceback (most recent call last):
+    ...
+    ValueError: demo: unknown metric 'FPR95'; choose among AUROC, AUPR-IN, AUPR-OUT, FPR95-ID, FPR95-OOD, FPR95TPR.
+
+    """  # noqa: E501 (doctest output)
+    unknown = [name for name in names if name not in ALL_METRICS]
     if unknown:
         msg = (
-            f"ood_metrics: unknown metric {', '.join(map(repr, unknown))}; "
+            f"{who}unknown metric {', '.join(map(repr, unknown))}; "
             f"choose among {', '.join(ALL_METRICS)}."
         )
         raise ValueError(msg)
-    return {name: _FUNCTIONS[name](id_scores, ood_scores) for name in names}
+    return list(names)
