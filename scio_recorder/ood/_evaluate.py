@@ -26,7 +26,8 @@ from torch import Tensor
 
 from scio_recorder._batches import as_arguments, batch_getter
 
-from ._base import Detector, run_passes
+from ._passes import run_passes
+from ._protocol import Detector
 from .metrics import (
     ALL_METRICS,
     METRICS,

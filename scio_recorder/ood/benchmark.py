@@ -77,7 +77,6 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
-from ._base import fit_detectors
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
@@ -87,6 +86,7 @@ from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
@@ -97,7 +97,7 @@ if TYPE_CHECKING:
 
     from torch import Tensor, nn
 
-    from ._base import Detector
+    from ._protocol import Detector
 
 BENCHMARKS = ("digits", "blobs")
 """The benchmarks :func:`run_benchmark` knows: real digits, generated blobs."""
