@@ -60,7 +60,9 @@ __all__ = [
     "ASH",
     "DICE",
     "GEN",
+    "JTLA",
     "KNN",
+    "LID",
     "MSP",
     "NAC",
     "NCI",
@@ -69,7 +71,9 @@ __all__ = [
     "RMDS",
     "SHE",
     "VRA",
+    "ClassConditional",
     "Detector",
+    "DkNN",
     "Energy",
     "Entropy",
     "Evaluation",
@@ -89,6 +93,7 @@ __all__ = [
     "Scale",
     "StateEntry",
     "TempScale",
+    "Trust",
     "ViM",
     "evaluate",
     "fDBD",
@@ -98,14 +103,17 @@ __all__ = [
 ]
 
 from ._calibration import ODIN, TempScale
+from ._classes import ClassConditional
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
 from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
 from ._gradient import GradNorm
+from ._jtla import JTLA
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
 from ._protocol import Detector, NotFittedError, Pass, StateEntry
