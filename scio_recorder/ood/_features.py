@@ -102,7 +102,7 @@ def class_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Ten
 
 
 def spread_classes(scores: Tensor, classes: Tensor, width: int) -> Tensor:
-    """Return ``scores`` as the columns ``classes`` of ``[N, width]``, ``inf`` elsewhere.
+    """Return ``scores`` as columns ``classes`` of ``[N, width]``, ``inf`` elsewhere.
 
     Examples
     --------

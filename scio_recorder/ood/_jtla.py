@@ -28,12 +28,11 @@ from ._pvalues import check_aggregation, combine, p_values
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from ._bank import Bank
-
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
 
+    from ._bank import Bank
     from ._protocol import Pass
 
 _F64, _I64 = torch.float64, torch.int64
