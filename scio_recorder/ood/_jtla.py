@@ -119,7 +119,8 @@ def dcm_surprise(counts: Tensor, alpha: Tensor) -> Tensor:
 
     ``-log P(counts | n, alpha)`` for ``DirMult(n, alpha)``, ``n`` the
     counts' sum: ``counts`` ``[Q, C]``, ``alpha`` ``[..., C]`` broadcast
-    against them.
+    against them. Written out in full (the oracle of
+    :func:`multinomial_tests`, which sums only the classes counted).
 
     Examples
     --------
@@ -139,16 +140,28 @@ def dcm_surprise(counts: Tensor, alpha: Tensor) -> Tensor:
     return surprise
 
 
-def multinomial_tests(counts: Tensor, expected: Tensor, mode: str) -> Tensor:
-    """Return the test of each count vector against each class, ``[C, Q]``.
+_BLOCK = 2**22
+"""Terms of :func:`multinomial_tests` computed at once (``C x rows x k``)."""
 
-    ``counts`` ``[Q, C]`` (classes of the ``k`` neighbours), ``expected``
+
+def multinomial_tests(counts: Tensor, expected: Tensor, mode: str) -> Tensor:
+    """Return the test of each count vector against each class, ``[C, Q]``, float64.
+
+    ``counts`` ``[Q, C]`` (the classes of ``k`` neighbours), ``expected``
     ``[C, C]`` (row ``c``: class ``c``'s expected counts, or for ``"dcm"``
-    its Dirichlet parameters). ``"mle"`` and ``"map"``: the KL divergence
-    ``KL(counts / k || expected_c / sum(expected_c))`` (``inf`` where the
-    expectation is 0 and the count is not; a class whose expectation is
-    not a distribution tests ``inf``); ``"dcm"``: :func:`dcm_surprise`.
-    Higher = farther from the class.
+    its Dirichlet parameters ``alpha``). Higher = farther from the class.
+
+    * ``"mle"``, ``"map"``: ``KL(counts / k || expected_c / sum(expected_c))``,
+      ``inf`` where the expectation is 0 and the count is not, and for a
+      class whose expectation is not a distribution (a zero sum: a class
+      without fit samples; a negative entry);
+    * ``"dcm"``: ``-log P(counts | k, alpha_c)`` (:func:`dcm_surprise`).
+
+    Only the classes counted (at most ``k`` per row) enter the sums, their
+    terms summed in increasing order: two count vectors that differ by a
+    permutation of classes of equal expectation test exactly equal (scio
+    sums every class in class order, in the features' dtype, so such ties
+    may differ there by a rounding).
 
     Examples
     --------
@@ -158,17 +171,40 @@ def multinomial_tests(counts: Tensor, expected: Tensor, mode: str) -> Tensor:
     tensor([[0.2877,    inf]], dtype=torch.float64)
 
     """
-    counts = counts.to(_F64)
     expected = expected.to(device=counts.device, dtype=_F64)
+    classes = expected.shape[0]
+    k = int(counts[0].sum()) if counts.shape[0] else 1
+    per_row = max(1, _BLOCK // max(1, classes * k))
+    blocks = [
+        _tests(counts[start : start + per_row], expected, mode, k)
+        for start in range(0, counts.shape[0], per_row)
+    ]
+    if not blocks:
+        return torch.zeros(classes, 0, dtype=_F64, device=counts.device)
+    return torch.cat(blocks, dim=1)
+
+
+def _tests(counts: Tensor, expected: Tensor, mode: str, k: int) -> Tensor:
+    """:func:`multinomial_tests` of one block of rows."""
+    gln = torch.special.gammaln
+    # The (at most k) classes counted in each row, and their counts.
+    n, counted = counts.topk(min(k, counts.shape[1]), dim=1)
+    n = n.to(_F64)
+    present = n > 0
     if mode == "dcm":
-        tests = dcm_surprise(counts[None, :, :], expected[:, None, :])
+        alpha = expected[:, counted]  # [C, Q, k]
+        terms = gln(n + 1) - gln(n + alpha) + gln(alpha)
+        terms = torch.where(present, terms, 0.0).sort(dim=2).values.sum(dim=2)
+        a = expected.sum(dim=1, keepdim=True)
+        tests = gln(k + a) - math.lgamma(k + 1) - gln(a) + terms
     else:
-        q = expected / expected.sum(dim=1, keepdim=True)
-        p = counts / counts.sum(dim=1, keepdim=True)
-        terms = p[None, :, :] * (p.log()[None, :, :] - q.log()[:, None, :])
-        tests = torch.where(p[None, :, :] > 0, terms, 0.0).sum(dim=2)
-        invalid = q.isnan().any(dim=1) | (q < 0).any(dim=1)
-        tests[invalid] = math.nan
+        total = expected.sum(dim=1, keepdim=True)
+        q = expected / total
+        p = n / k
+        terms = p * (p.log() - q[:, counted].log())  # [C, Q, k]
+        terms = torch.where(present, terms, 0.0).sort(dim=2).values.sum(dim=2)
+        invalid = (total <= 0) | (expected < 0).any(dim=1, keepdim=True)
+        tests = torch.where(invalid, math.inf, terms)
     return tests.nan_to_num(nan=math.inf, posinf=math.inf)
 
 
@@ -480,7 +516,10 @@ class JTLA(_Neighbourhoods):
         best_other = top.values[:, :1].expand_as(true).clone()
         rows = torch.arange(true.shape[0], device=true.device)
         best_other[rows, top.indices[:, 0]] = top.values[:, 1]
-        return (natural / best_other).nan_to_num(nan=0.0)
+        # 0 / 0 is 0 (scio's); scio also turns +-inf into its dtype's extremes.
+        return (natural / best_other).nan_to_num(
+            nan=0.0, posinf=math.inf, neginf=-math.inf
+        )
 
     def class_scores(self, result: Pass) -> Tensor:
         """Return minus the conformity to each class."""
