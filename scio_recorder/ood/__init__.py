@@ -12,7 +12,10 @@ several detectors sharing passes and rates them
 (:mod:`scio_recorder.ood.metrics`): one :class:`OoDResults` table for
 several OoD sets; :func:`score_sets` scores named sets with shared passes
 for your own metrics. A detector of your own subclasses :class:`Detector`
-(see the docs page "Write your own detector").
+(see the docs page "Write your own detector"). A class-conditional detector
+(:class:`ClassConditional`: Mahalanobis, RMDS, MahalanobisEnsemble,
+KLMatching, SHE, Trust, DkNN, JTLA) also gives ``score_classes(x)``, one
+score per class, and reads the closest or the predicted class (``at=``).
 :func:`mahalanobis_scores` is the Mahalanobis score written out from the
 statistics of :class:`~scio_recorder.reduce.SharedCovariance` (differentiable;
 it was ``scio_recorder.recipes.mahalanobis_scores``).
@@ -28,15 +31,20 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`RMDS`, :class:`fDBD` |
 | from gradients | :class:`GradNorm`, :class:`NAC` (a backward pass per batch) |
 | several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
+| the nearest fit samples | :class:`LID`, :class:`Trust`, :class:`DkNN`, |
+| | :class:`JTLA` (layers in one pass) |
 | the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``), the protocol in
-``_protocol``, the shared passes in ``_passes``, the checks every
-detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
+``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``, ``_jtla``), the
+protocol in ``_protocol`` (class-conditional reading in ``_classes``,
+layer aggregation in ``_pvalues``), the nearest-neighbour search in
+``_search`` (its fit bank in ``_bank``), the shared passes in
+``_passes``, the checks every detector applies in ``_checks``,
+:func:`evaluate` in ``_evaluate``.
 
 Examples
 --------

@@ -196,7 +196,7 @@ def _tests(counts: Tensor, expected: Tensor, mode: str, k: int) -> Tensor:
         terms = gln(n + 1) - gln(n + alpha) + gln(alpha)
         terms = torch.where(present, terms, 0.0).sort(dim=2).values.sum(dim=2)
         a = expected.sum(dim=1, keepdim=True)
-        tests = gln(k + a) - math.lgamma(k + 1) - gln(a) + terms
+        tests: Tensor = gln(k + a) - math.lgamma(k + 1) - gln(a) + terms
     else:
         total = expected.sum(dim=1, keepdim=True)
         q = expected / total
