@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._protocol import Detector, run_pass
+from ._checks import net_classes
+from ._protocol import (
+    Detector,
+    empty_batch,
+    input_rows_non_finite,
+    run_pass,
+    score_finite_rows,
+)
 
 if TYPE_CHECKING:
     from ._protocol import Pass
@@ -159,7 +166,10 @@ class ClassConditional(Detector):
     def score_classes(self, *args: Any, mode: str = "raw", **kwargs: Any) -> Tensor:
         """Return the score of every class, ``[batch, classes]`` (higher: more OoD).
 
-        One pass of the net, as :meth:`score`. ``mode`` is scio's
+        One pass of the net, as :meth:`score`, with the protocol's rules: an
+        empty batch gives ``[0, classes]`` without running the net, a row with
+        a NaN or an infinity (in the inputs, the logits or what the detector
+        reads) scores NaN in every class. ``mode`` is scio's
         inter-class mode (:func:`class_mode`), applied to the conformity
         (the negated scores): the result is ``-class_mode(-scores, mode)``,
         scio's conformity in that mode, negated.
@@ -192,10 +202,22 @@ class ClassConditional(Detector):
             )
             raise ValueError(msg)
         self.check_fitted()
+        empty = empty_batch(args, kwargs)
+        if empty is not None:
+            return empty.new_empty(0, net_classes(self.rnet) or 0)
+        bad = input_rows_non_finite(args, kwargs)
         result = run_pass(
             self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
         )
-        return -class_mode(-self.class_scores(result), mode)
+        logits = result.logits
+        width = int(logits.shape[1]) if logits.dim() == 2 else 0  # noqa: PLR2004 (a batch of logit vectors)
+        return score_finite_rows(
+            self,
+            [result],
+            lambda results: -class_mode(-self.class_scores(results[0]), mode),
+            bad,
+            trailing=(width,),
+        )
 
 
 def predicted_classes(result: Pass, who: str) -> Tensor:

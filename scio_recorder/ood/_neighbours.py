@@ -30,9 +30,8 @@ from torch import Tensor
 from scio_recorder.reduce import Concat
 
 from ._bank import Bank
-from ._checks import check_finite_samples
 from ._classes import ClassConditional, check_at, class_count
-from ._features import _Features, _net_classes
+from ._features import _Features
 from ._multilayer import _MultiLayer, pooled_size
 from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
@@ -215,8 +214,6 @@ class LID(_Features):
         """Keep the features (float32)."""
         rows = result[self.label]
         flat = rows.reshape(rows.shape[0], -1)
-        bad = int((~torch.isfinite(flat)).any(dim=1).sum())
-        check_finite_samples(self, self.label, self.kind, bad=bad, n=len(flat))
         enough_samples("LID", self.k, flat.shape[0])
         self.bank = flat.to(_F32)
 
@@ -354,7 +351,6 @@ class Trust(ClassConditional, _Features):
         super().__init__(rnet, layer)
         self.alpha, self.k = float(alpha), k
         self.backend, self.search_budget = backend, search_budget
-        self.num_classes: int | None = _net_classes(rnet)
         self.bank = torch.zeros(0, 0)
         self.class_sizes = torch.zeros(0, dtype=_I64)
 
@@ -365,8 +361,6 @@ class Trust(ClassConditional, _Features):
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep each class's alpha-high-density set, the classes one after another."""
         rows, labels = result[self.label]
-        bad = int((~torch.isfinite(rows)).any(dim=1).sum())
-        check_finite_samples(self, self.label, self.kind, bad=bad, n=len(rows))
         assert labels is not None  # noqa: S101 (needs_target: fit passes labels)
         classes = max(self.num_classes or 0, int(labels.max()) + 1)
         kept, sizes = [], []
@@ -497,7 +491,6 @@ class _Neighbourhoods(ClassConditional, _MultiLayer):
         super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
         self.index_metric = index_metric
         self.backend, self.search_budget = backend, search_budget
-        self.num_classes: int | None = _net_classes(rnet)
         self.banks: list[Tensor] = []
         self.bank_labels = torch.zeros(0, dtype=_I64)
 
@@ -506,13 +499,11 @@ class _Neighbourhoods(ClassConditional, _MultiLayer):
         return {label: Bank(self.features) for label in self.labels}
 
     def keep_banks(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Set ``banks`` and ``bank_labels`` from the collected banks; refuse NaN."""
+        """Set ``banks`` and ``bank_labels`` from the collected banks."""
         banks = []
         classes = None
         for label in self.labels:
             rows, classes = result[label]
-            bad = int((~torch.isfinite(rows)).any(dim=1).sum())
-            check_finite_samples(self, label, "output", bad=bad, n=len(rows))
             banks.append(normalized(rows, self.act_norm))
         assert classes is not None  # noqa: S101 (needs_target: fit passes labels)
         self.banks, self.bank_labels = banks, classes
