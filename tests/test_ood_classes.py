@@ -285,3 +285,34 @@ def test_combine_is_scios_rule(name, rule):
     p = torch.rand(6, 4, dtype=F64) + 0.01
     want = torch.tensor([rule(row) for row in p.tolist()], dtype=F64)
     torch.testing.assert_close(combine(p, name, dim=1), want, rtol=1e-14, atol=0)
+
+
+def test_score_classes_follows_the_protocols_data_rules(setup):
+    _, rnet, train, x = setup
+    maha = Mahalanobis(rnet).fit(train, target=1)
+    # An empty batch runs nothing and has no row.
+    assert maha.score_classes(x[:0]).shape == (0, 3)
+    # A non-finite row scores NaN in every class; the others as without it.
+    bad = x.clone()
+    bad[2, 1] = float("nan")
+    scores = maha.score_classes(bad)
+    assert bool(scores[2].isnan().all())
+    keep = [0, 1, 3, 4, 5, 6]
+    # Batches of 7 and 6 rows: the net's float32 GEMMs may round otherwise,
+    # a few eps32 of the features, amplified by the covariance: rtol 1e-5.
+    torch.testing.assert_close(
+        scores[keep], maha.score_classes(x[keep]), rtol=1e-5, atol=0
+    )
+
+
+def test_a_neighbour_fit_refuses_non_finite_features(setup):
+    _, rnet, train, _ = setup
+    x, y = train[0]
+    bad = x.clone()
+    bad[4, 0] = float("nan")
+    from scio_recorder.ood import DkNN  # noqa: PLC0415 (this test's own)
+
+    with pytest.raises(
+        ValueError, match=r"^DkNN: 1 of the 90 fit samples have non-finite"
+    ):
+        DkNN(rnet, [(1, 2)], k=3).fit([(bad, y)], target=1)
