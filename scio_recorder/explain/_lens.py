@@ -1,0 +1,151 @@
+"""The logit lens: the final norm and unembedding applied to residual streams."""
+
+from __future__ import annotations
+
+__all__ = ["logit_lens"]
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from scio_recorder.select import resolve_one
+
+from ._base import select_calls_in_order, stream_of
+from ._patching import cache_run
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from torch import Tensor
+
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+
+_NORMS = (
+    "transformer.ln_f",  # GPT-2, GPT-J
+    "model.norm",  # Llama, Mistral, Qwen, Gemma
+    "gpt_neox.final_layer_norm",  # Pythia
+    "model.decoder.final_layer_norm",  # OPT
+    "transformer.norm_f",
+    "ln_final",  # TransformerLens
+)
+
+
+_UNEMBEDS = ("lm_head", "embed_out", "unembed")
+
+
+def _module(
+    rnet: Recorder,
+    chosen: nn.Module | Selector | None,
+    names: tuple[str, ...],
+    role: str,
+) -> nn.Module:
+    """Return the module named by the user, or found by its usual names."""
+    if isinstance(chosen, nn.Module):
+        return chosen
+    if chosen is not None:
+        row = resolve_one(rnet.table, rnet.net, chosen, f"logit_lens: `{role}=`")
+        return row.module
+    net = rnet.net
+    modules: dict[str, nn.Module] = dict(net.named_modules())
+    for name in names:
+        if name in modules:
+            return modules[name]
+    getter = getattr(net, "get_output_embeddings", None)
+    if role == "unembed" and callable(getter):
+        found = getter()  # Hugging Face's unembedding
+        if isinstance(found, nn.Module):
+            return found
+    if role == "norm":  # the last norm called: the final one of a transformer
+        rows = [
+            row
+            for row in rnet.table.values()
+            if type(row.module).__name__.endswith("Norm") and row.end_order is not None
+        ]
+        if rows:
+            return max(rows, key=lambda row: row.end_order or 0).module
+    example = {"norm": '"transformer.ln_f"', "unembed": '"lm_head"'}[role]
+    msg = (
+        f"logit_lens: found no {role} module in {type(net).__name__} (looked for "
+        f"{', '.join(names)}"
+        + (", then the last *Norm called" if role == "norm" else "")
+        + f"): name it, e.g. `{role}={example}` (a name, label or any selector "
+        f"of one call, or a module)"
+        + (", or `norm=torch.nn.Identity()` for none." if role == "norm" else ".")
+    )
+    raise ValueError(msg)
+
+
+def logit_lens(
+    rnet: Recorder,
+    inputs: Any,
+    layers: Selector | Sequence[Selector],
+    *,
+    norm: nn.Module | Selector | None = None,
+    unembed: nn.Module | Selector | None = None,
+) -> Tensor:
+    """Return ``unembed(norm(h))`` for the residual stream ``h`` after each layer.
+
+    The logit lens (nostalgebraist 2020): read what each layer's residual
+    stream would predict if the net stopped there. One pass records the
+    streams; the final norm and the unembedding are then called on each.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    inputs : Tensor, tuple, Mapping or CallInputs
+        The net's inputs (see :mod:`scio_recorder.explain`).
+    layers : selector or list of selectors
+        The calls whose outputs are residual streams (blocks), in the order
+        given; a tuple output's first item is the stream.
+    norm : module or selector, optional
+        The final norm; default found by name (``transformer.ln_f`` of GPT-2,
+        ``model.norm`` of Llama, Mistral, Qwen, ...), else the last norm
+        called (a module whose type name ends with ``Norm``).
+    unembed : module or selector, optional
+        The unembedding; default ``lm_head`` (or the net's
+        ``get_output_embeddings()``).
+
+    Returns
+    -------
+    Tensor
+        ``[len(layers), *stream.shape[:-1], vocabulary]``, detached.
+
+    Raises
+    ------
+    ValueError
+        If no norm or unembedding is named nor found: the message says how to
+        name them.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.LayerNorm(4))
+    >>> net.add_module("lm_head", nn.Linear(4, 10))
+    >>> rnet = Recorder(net, input_data=[torch.zeros(1, 5, dtype=torch.long)])
+    >>> ids = torch.tensor([[1, 2, 3, 4, 5]])
+    >>> lens = logit_lens(rnet, ids, ["0", "1"])
+    >>> lens.shape
+    torch.Size([2, 1, 5, 10])
+    >>> torch.equal(lens[1], net(ids).detach())  # the last stream: the output
+    True
+
+    """
+    labels = select_calls_in_order(rnet, layers, "logit_lens")
+    final = _module(rnet, norm, _NORMS, "norm")
+    head = _module(rnet, unembed, _UNEMBEDS, "unembed")
+    kept = cache_run(rnet, inputs, labels)
+    with torch.no_grad():
+        return torch.stack(
+            [
+                head(
+                    final(stream_of(rnet, label, kept.activations[label], "logit_lens"))
+                )
+                for label in labels
+            ]
+        )

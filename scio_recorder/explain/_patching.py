@@ -1,0 +1,171 @@
+"""Activation patching: a source run's activations put into a target run."""
+
+from __future__ import annotations
+
+__all__ = ["ActivationCache", "cache_run", "patch"]
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ._base import put, run_edited, run_net, select_calls
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+
+def _replace(values: Tensor, where: Any) -> Callable[[Tensor], Tensor]:
+    def edit(output: Tensor) -> Tensor:
+        if not isinstance(output, Tensor) or output.shape != values.shape:
+            got = (
+                list(output.shape)
+                if isinstance(output, Tensor)
+                else type(output).__name__
+            )
+            msg = (
+                f"the patched layer outputs {got} here and {list(values.shape)} "
+                "in the source run: patch inputs of the same shape, or select "
+                "positions with `where=`."
+            )
+            raise ValueError(msg)
+        return put(output, values, where)
+
+    return edit
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationCache:
+    """The outputs of chosen calls in one run, kept to patch them elsewhere.
+
+    Returned by :func:`cache_run`; :func:`patch` takes one in place of its
+    ``source``, so that many patches of one source cost one source pass.
+
+    Attributes
+    ----------
+    output : Any
+        The net's output on the source.
+    activations : Mapping
+        Label ``(depth, idx)`` -> that call's output (copies, detached).
+    """
+
+    output: Any
+    activations: Mapping[DepthIdx, Any]
+
+
+def cache_run(
+    rnet: Recorder, inputs: Any, layers: Selector | list[Selector]
+) -> ActivationCache:
+    """Run ``inputs`` once and keep the outputs of the calls ``layers`` select.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    inputs : Tensor, tuple, Mapping or CallInputs
+        The net's inputs (see :mod:`scio_recorder.explain`).
+    layers : selector or list of selectors
+        The calls to keep (every call a selector selects).
+
+    Returns
+    -------
+    ActivationCache
+        The output and the kept activations, by label, without gradient.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> a = torch.randn(1, 3)
+    >>> cache = cache_run(rnet, a, ["0", "1"])
+    >>> sorted(cache.activations)
+    [(1, 1), (1, 2)]
+    >>> b = torch.randn(1, 3)
+    >>> torch.equal(patch(rnet, cache, b, "1"), cache.output)  # no source pass
+    True
+
+    """
+    labels = select_calls(rnet, layers, "cache_run")
+    with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
+        output = run_net(rnet, inputs)
+        kept = {label: rnet.activations[label] for label in labels}
+    return ActivationCache(output, kept)
+
+
+def patch(
+    rnet: Recorder,
+    source: Any,
+    target: Any,
+    layers: Selector | list[Selector],
+    *,
+    where: Any = None,
+) -> Any:
+    """Run ``target`` with ``layers``' activations taken from a run of ``source``.
+
+    The basic experiment of mechanistic interpretability: does the
+    information at these layers (and positions) carry the difference between
+    the two inputs? One pass of ``source`` serves every patched call; pass an
+    :class:`ActivationCache` (:func:`cache_run`) as ``source`` to patch the
+    same source into many targets, layers or positions with no source pass
+    at all.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    source : Tensor, tuple, Mapping, CallInputs or ActivationCache
+        The net's inputs (see :mod:`scio_recorder.explain`), or a cached run of them.
+    target : Tensor, tuple, Mapping or CallInputs
+        The net's inputs.
+    layers : selector or list of selectors
+        The layers to patch (every call they select; name one call of a
+        reused module by its label to patch that call only).
+    where : index, optional
+        Patch only ``output[where]`` (e.g. ``(slice(None), 3)``: channel 3;
+        ``(slice(None), 5)``: token 5 of a ``[B, T, D]`` output); default the
+        whole tensor.
+
+    Returns
+    -------
+    Any
+        The net's output on ``target``, patched.
+
+    Raises
+    ------
+    KeyError
+        If ``source`` is a cache that lacks a patched layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> a, b = torch.randn(1, 3), torch.randn(1, 3)
+    >>> torch.equal(patch(rnet, a, b, layers="0"), net(a))  # all of it: a's output
+    True
+
+    """
+    labels = select_calls(rnet, layers, "patch")
+    if isinstance(source, ActivationCache):
+        missing = [label for label in labels if label not in source.activations]
+        if missing:
+            shown = ", ".join(rnet.table[label].describe() for label in missing)
+            msg = (
+                f"patch: the cached source run lacks layer {shown}: cache it "
+                f"too, `cache_run(rnet, source, layers)` with these layers."
+            )
+            raise KeyError(msg)
+        kept = {label: source.activations[label] for label in labels}
+    else:
+        kept = dict(cache_run(rnet, source, labels).activations)
+    return run_edited(rnet, target, {k: _replace(v, where) for k, v in kept.items()})
