@@ -28,8 +28,10 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 
 This package is the public face; one family a private module
 (``_gradcam``, ``_patching``, ``_sweeps``, ``_attribution``, ``_lens``,
-``_ablation``), and what they share in ``_base``: the inputs' one form,
-layers by call, edits in call order, the residual stream of a block.
+``_ablation``), what they share in ``_base`` (the inputs' one form, layers
+by call, edits in call order, the residual stream of a block), and in
+``_prefix`` how :func:`patch_sweep` runs a block stack's prefix once (the
+blocks before a patch answered from the corrupted run).
 
 Examples
 --------

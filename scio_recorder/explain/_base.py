@@ -10,7 +10,9 @@
   (one pass with edits, through ``activation_postproc``);
 * the residual stream of a block: :func:`stream_of`, :func:`with_stream`,
   :func:`check_like`, :func:`position_list`;
-* :func:`one_number`: the check of what a user's metric returns.
+* :func:`one_number`: the check of what a user's metric returns;
+* :func:`find_module`: the final norm or the unembedding, named or found by
+  their usual names (the logit lens, ``patch_sweep``'s ``read_at``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 __all__ = [
     "arguments",
     "check_like",
+    "find_module",
     "in_call_order",
     "one_number",
     "position_list",
@@ -33,10 +36,10 @@ __all__ = [
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from scio_recorder._batches import as_arguments
-from scio_recorder.select import resolve
+from scio_recorder.select import resolve, resolve_one
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -188,3 +191,60 @@ def check_like(
 
 def position_list(positions: Iterable[int] | None, length: int) -> list[int]:
     return list(range(length)) if positions is None else [int(p) for p in positions]
+
+
+_NORMS = (
+    "transformer.ln_f",  # GPT-2, GPT-J
+    "model.norm",  # Llama, Mistral, Qwen, Gemma
+    "gpt_neox.final_layer_norm",  # Pythia
+    "model.decoder.final_layer_norm",  # OPT
+    "transformer.norm_f",
+    "ln_final",  # TransformerLens
+)
+
+
+_UNEMBEDS = ("lm_head", "embed_out", "unembed")
+
+
+def find_module(
+    rnet: Recorder, chosen: nn.Module | Selector | None, role: str, who: str
+) -> nn.Module:
+    """Return the final norm or the unembedding (``role``): the user's, or found.
+
+    Found by its usual names, then (the unembedding) Hugging Face's
+    ``get_output_embeddings()``, or (the norm) the last ``*Norm`` called.
+    """
+    names = _NORMS if role == "norm" else _UNEMBEDS
+    if isinstance(chosen, nn.Module):
+        return chosen
+    if chosen is not None:
+        row = resolve_one(rnet.table, rnet.net, chosen, f"{who}: `{role}=`")
+        return row.module
+    net = rnet.net
+    modules: dict[str, nn.Module] = dict(net.named_modules())
+    for name in names:
+        if name in modules:
+            return modules[name]
+    getter = getattr(net, "get_output_embeddings", None)
+    if role == "unembed" and callable(getter):
+        found = getter()  # Hugging Face's unembedding
+        if isinstance(found, nn.Module):
+            return found
+    if role == "norm":  # the last norm called: the final one of a transformer
+        rows = [
+            row
+            for row in rnet.table.values()
+            if type(row.module).__name__.endswith("Norm") and row.end_order is not None
+        ]
+        if rows:
+            return max(rows, key=lambda row: row.end_order or 0).module
+    example = {"norm": '"transformer.ln_f"', "unembed": '"lm_head"'}[role]
+    msg = (
+        f"{who}: found no {role} module in {type(net).__name__} (looked for "
+        f"{', '.join(names)}"
+        + (", then the last *Norm called" if role == "norm" else "")
+        + f"): name it, e.g. `{role}={example}` (a name, label or any selector "
+        f"of one call, or a module)"
+        + (", or `norm=torch.nn.Identity()` for none." if role == "norm" else ".")
+    )
+    raise ValueError(msg)

@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from scio_recorder.select import resolve_one
-
-from ._base import select_calls_in_order, stream_of
+from ._base import find_module, select_calls_in_order, stream_of
 from ._patching import cache_run
 
 if TYPE_CHECKING:
@@ -21,61 +19,6 @@ if TYPE_CHECKING:
 
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
-
-
-_NORMS = (
-    "transformer.ln_f",  # GPT-2, GPT-J
-    "model.norm",  # Llama, Mistral, Qwen, Gemma
-    "gpt_neox.final_layer_norm",  # Pythia
-    "model.decoder.final_layer_norm",  # OPT
-    "transformer.norm_f",
-    "ln_final",  # TransformerLens
-)
-
-
-_UNEMBEDS = ("lm_head", "embed_out", "unembed")
-
-
-def _module(
-    rnet: Recorder,
-    chosen: nn.Module | Selector | None,
-    names: tuple[str, ...],
-    role: str,
-) -> nn.Module:
-    """Return the module named by the user, or found by its usual names."""
-    if isinstance(chosen, nn.Module):
-        return chosen
-    if chosen is not None:
-        row = resolve_one(rnet.table, rnet.net, chosen, f"logit_lens: `{role}=`")
-        return row.module
-    net = rnet.net
-    modules: dict[str, nn.Module] = dict(net.named_modules())
-    for name in names:
-        if name in modules:
-            return modules[name]
-    getter = getattr(net, "get_output_embeddings", None)
-    if role == "unembed" and callable(getter):
-        found = getter()  # Hugging Face's unembedding
-        if isinstance(found, nn.Module):
-            return found
-    if role == "norm":  # the last norm called: the final one of a transformer
-        rows = [
-            row
-            for row in rnet.table.values()
-            if type(row.module).__name__.endswith("Norm") and row.end_order is not None
-        ]
-        if rows:
-            return max(rows, key=lambda row: row.end_order or 0).module
-    example = {"norm": '"transformer.ln_f"', "unembed": '"lm_head"'}[role]
-    msg = (
-        f"logit_lens: found no {role} module in {type(net).__name__} (looked for "
-        f"{', '.join(names)}"
-        + (", then the last *Norm called" if role == "norm" else "")
-        + f"): name it, e.g. `{role}={example}` (a name, label or any selector "
-        f"of one call, or a module)"
-        + (", or `norm=torch.nn.Identity()` for none." if role == "norm" else ".")
-    )
-    raise ValueError(msg)
 
 
 def logit_lens(
@@ -137,8 +80,8 @@ def logit_lens(
 
     """
     labels = select_calls_in_order(rnet, layers, "logit_lens")
-    final = _module(rnet, norm, _NORMS, "norm")
-    head = _module(rnet, unembed, _UNEMBEDS, "unembed")
+    final = find_module(rnet, norm, "norm", "logit_lens")
+    head = find_module(rnet, unembed, "unembed", "logit_lens")
     kept = cache_run(rnet, inputs, labels)
     with torch.no_grad():
         return torch.stack(

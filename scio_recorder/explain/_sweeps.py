@@ -4,10 +4,11 @@ from __future__ import annotations
 
 __all__ = ["patch_sweep"]
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from scio_recorder._batches import first_batch_size
 from scio_recorder._engine.state import CallInputs
@@ -16,6 +17,7 @@ from scio_recorder._tree import map_tensors
 from ._base import (
     arguments,
     check_like,
+    find_module,
     in_call_order,
     one_number,
     position_list,
@@ -24,12 +26,12 @@ from ._base import (
     stream_of,
     with_stream,
 )
-from ._patching import cache_run
+from ._prefix import answered_blocks, answering, find_stack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-    from scio_recorder.layers import DepthIdx
+    from scio_recorder.layers import DepthIdx, Layer
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
 
@@ -110,18 +112,34 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     metric: Callable[[Any], Tensor],
     *,
     positions: Iterable[int] | None = None,
+    read_at: Iterable[int] | None = None,
+    unembed: nn.Module | Selector | None = None,
     max_batch: int | None = None,
+    reuse_prefix: bool = True,
 ) -> Tensor:
     """Return the activation-patching grid: ``metric`` per layer and position.
 
     Cell ``[i, j]`` is ``metric`` of the net's output on ``corrupted`` with
     the output of layer ``i`` at position ``j`` (``output[:, j]``, every
-    sample of the batch) taken from the run on ``clean``. The grid runs
-    batched: one pass on ``clean``, then the corrupted inputs repeated along
-    the batch dimension once per cell, each copy patched at its own cell:
-    one pass for the whole grid, or ``ceil(cells * batch / max_batch)``
-    passes of at most ``max_batch`` rows. The results equal a loop of single
-    patched runs up to the rounding of batched matrix products (a few ulps).
+    sample of the batch) taken from the run on ``clean``.
+
+    A cell re-runs only what its patch changes where the net allows it: a
+    stack of blocks (an ``nn.ModuleList`` whose modules each run once per
+    pass: GPT-2's ``transformer.h``, Llama's ``model.layers``), in eval
+    mode. One pass on ``clean`` keeps the patched layers' outputs, one pass
+    on ``corrupted`` keeps every block's output, and each cell's pass answers
+    the blocks that end before the patched call from that cache: only the
+    blocks after it run. One pass per row of the grid, its cells repeated
+    along the batch dimension (or passes of at most ``max_batch`` rows).
+    Elsewhere (no stack, a net in training mode, ``reuse_prefix=False``),
+    one pass on ``clean``, then the corrupted inputs repeated once per cell,
+    each copy patched at its own cell: one pass for the whole grid, or
+    passes of at most ``max_batch`` rows.
+
+    A pass of one cell (``max_batch`` = the batch size) on a block stack runs
+    the same operations on the same tensors as a patched run of its own: the
+    cells equal a loop of hooked runs bit for bit. Several cells in a pass
+    equal it up to the rounding of batched matrix products (a few ulps).
 
     Parameters
     ----------
@@ -146,9 +164,25 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     positions : iterable of int, optional
         The grid's columns: indices along dimension 1 of the outputs; default
         every position of the first layer's output.
+    read_at : iterable of int, optional
+        The positions the metric reads: the unembedding runs at these only
+        (its input cut to ``[:, read_at]``), in every pass, so the metric
+        sees the logits at these positions, in this order (``out.logits[:,
+        k]`` is position ``read_at[k]``), as with Hugging Face's
+        ``logits_to_keep``. Default: every position.
+    unembed : module or selector, optional
+        The unembedding ``read_at`` cuts the input of (one call of a module
+        of the net); default found as :func:`logit_lens` finds it
+        (``lm_head``, or ``get_output_embeddings()``).
     max_batch : int, optional
-        The most rows in one patched pass (at least one cell's batch); default
-        the whole grid in one pass.
+        The most rows in one patched pass (at least one cell's batch);
+        default one row of the grid per pass on a block stack, else the whole
+        grid in one pass.
+    reuse_prefix : bool, default True
+        Answer the blocks before a patch from the corrupted run on a block
+        stack; ``False`` runs every block of every cell (for a net whose
+        blocks leave something other than their output to later layers, e.g.
+        a key/value cache shared across layers).
 
     Returns
     -------
@@ -180,42 +214,158 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     """
     labels = select_calls_in_order(rnet, layers, "patch_sweep")
     batch = _batch_size(corrupted, "patch_sweep")
-    clean_run = cache_run(rnet, clean, labels)
+    reading = _reading(rnet, read_at, unembed)
+    kept = _keep(rnet, clean, labels, reading)
     streams = {
-        label: stream_of(rnet, label, clean_run.activations[label], "patch_sweep")
-        for label in labels
+        label: stream_of(rnet, label, kept[label], "patch_sweep") for label in labels
     }
     columns = position_list(positions, streams[labels[0]].shape[1])
-    cells = [(i, j) for i in range(len(labels)) for j in range(len(columns))]
-    per_pass = len(cells) if max_batch is None else max_batch // batch
-    if per_pass < 1:
+    if max_batch is not None and max_batch < batch:
         msg = (
             f"patch_sweep: `max_batch={max_batch}` is below the batch size "
             f"{batch} of the inputs: allow at least one copy of the batch."
         )
         raise ValueError(msg)
-    grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
-    with rnet.selecting(*labels), torch.no_grad():
-        for start in range(0, len(cells), per_pass):
-            chunk = cells[start : start + per_pass]
-            edits = {
-                label: _sweep_edit(
-                    rnet,
-                    label,
-                    streams[label],
-                    [(k, columns[j]) for k, (i, j) in enumerate(chunk) if i == row],
-                    batch,
-                )
-                for row, label in enumerate(labels)
-            }
-            rows = len(chunk) * batch
-            output = run_net(
+    stack = find_stack(rnet) if reuse_prefix else None
+    answered = {
+        label: answered_blocks(stack, rnet.table[label]) if stack else ()
+        for label in labels
+    }
+    sweep = _Sweep(rnet, corrupted, batch, streams, metric, reading)
+    if any(answered.values()):
+        return sweep.from_prefix(labels, columns, answered, max_batch)
+    return sweep.batched(labels, columns, max_batch)
+
+
+def _reading(
+    rnet: Recorder, read_at: Iterable[int] | None, unembed: nn.Module | Selector | None
+) -> dict[Any, Callable[[Tensor], Tensor]] | None:
+    """Return the ``input_postproc`` cutting the unembedding's input to ``read_at``."""
+    if read_at is None:
+        return None
+    kept = [int(p) for p in read_at]
+    module = find_module(rnet, unembed, "unembed", "patch_sweep")
+    calls = rnet.table.call_plan(module)
+    if len(calls) != 1:
+        msg = (
+            f"patch_sweep: `read_at=` cuts the input of the unembedding, but "
+            f"{type(module).__name__} runs {len(calls)} times in a pass: name "
+            "the call to cut with `unembed=` (its label)."
+        )
+        raise ValueError(msg)
+    index = torch.tensor(kept)
+
+    def cut(hidden: Tensor) -> Tensor:
+        return hidden[:, index.to(hidden.device)]
+
+    return {calls[0].label: cut}
+
+
+def _keep(
+    rnet: Recorder,
+    inputs: Any,
+    labels: Sequence[DepthIdx],
+    reading: dict[Any, Callable[[Tensor], Tensor]] | None,
+) -> dict[DepthIdx, Any]:
+    """Run ``inputs`` once; return the outputs of ``labels`` (copies, detached)."""
+    with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
+        run_net(rnet, inputs, input_postproc=reading)
+        return {label: rnet.activations[label] for label in labels}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """The passes of one grid: what every pass of the sweep shares."""
+
+    rnet: Recorder
+    corrupted: Any
+    batch: int
+    streams: dict[DepthIdx, Tensor]
+    metric: Callable[[Any], Tensor]
+    reading: dict[Any, Callable[[Tensor], Tensor]] | None
+
+    def run(
+        self,
+        labels: Sequence[DepthIdx],
+        cells: list[tuple[int, int]],
+        columns: list[int],
+        grid: Tensor,
+    ) -> None:
+        """Run ``cells`` (``(row, column)``) in one pass; write their metric."""
+        rnet, batch = self.rnet, self.batch
+        edits = {
+            label: _sweep_edit(
                 rnet,
-                _repeat(corrupted, len(chunk), batch),
-                activation_postproc=in_call_order(rnet, edits),
-                dont_record=True,
+                label,
+                self.streams[label],
+                [(k, columns[j]) for k, (i, j) in enumerate(cells) if i == row],
+                batch,
             )
-            for k, (i, j) in enumerate(chunk):
-                value = metric(_cell_output(output, k, batch, rows))
-                grid[i, j] = one_number(value, "patch_sweep", "metric").double()
-    return grid.to(torch.get_default_dtype())
+            for row, label in enumerate(labels)
+        }
+        rows = len(cells) * batch
+        output = run_net(
+            rnet,
+            _repeat(self.corrupted, len(cells), batch),
+            activation_postproc=in_call_order(rnet, edits),
+            dont_record=True,
+            input_postproc=self.reading,
+        )
+        for k, (i, j) in enumerate(cells):
+            value = self.metric(_cell_output(output, k, batch, rows))
+            grid[i, j] = one_number(value, "patch_sweep", "metric").double()
+
+    def batched(
+        self, labels: list[DepthIdx], columns: list[int], max_batch: int | None
+    ) -> Tensor:
+        """Every cell a copy of the corrupted inputs, every block run."""
+        cells = [(i, j) for i in range(len(labels)) for j in range(len(columns))]
+        per_pass = len(cells) if max_batch is None else max_batch // self.batch
+        grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
+        with self.rnet.selecting(*labels), torch.no_grad():
+            for start in range(0, len(cells), per_pass):
+                self.run(labels, cells[start : start + per_pass], columns, grid)
+        return grid.to(torch.get_default_dtype())
+
+    def from_prefix(
+        self,
+        labels: list[DepthIdx],
+        columns: list[int],
+        answered: dict[DepthIdx, tuple[Layer, ...]],
+        max_batch: int | None,
+    ) -> Tensor:
+        """One pass per row (or chunk of it), the blocks before it answered."""
+        rnet, batch = self.rnet, self.batch
+        blocks = {block.label: block for row in answered.values() for block in row}
+        prefix = _keep(rnet, self.corrupted, list(blocks), self.reading)
+        per_pass = len(columns) if max_batch is None else max_batch // batch
+        grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
+        for i, label in enumerate(labels):
+            with rnet.selecting(label), torch.no_grad():
+                for start in range(0, len(columns), per_pass):
+                    cells = [
+                        (0, j)
+                        for j in range(start, min(start + per_pass, len(columns)))
+                    ]
+                    answers = {
+                        block.module: _answer(prefix[block.label], len(cells), batch)
+                        for block in answered[label]
+                    }
+                    with answering(answers):
+                        self.run([label], cells, columns, grid[i : i + 1])
+        return grid.to(torch.get_default_dtype())
+
+
+def _answer(output: Any, times: int, batch: int) -> Callable[[], Any]:
+    """Return a function giving ``output`` repeated ``times`` along the batch.
+
+    Each call gives new tensors (``repeat`` copies), so that an in-place
+    change downstream leaves the cache as it was.
+    """
+
+    def rep(value: Tensor) -> Tensor:
+        if value.dim() >= 1 and value.shape[0] == batch:
+            return value.repeat(times, *[1] * (value.dim() - 1))
+        return value
+
+    return lambda: map_tensors(rep, output)
