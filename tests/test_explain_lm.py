@@ -397,6 +397,33 @@ def stack():
     return net, Recorder(net, input_data=[torch.zeros(1, 5, dtype=torch.long)])
 
 
+def test_patch_and_ablate_edit_the_stream_of_a_tuple_output(stack):
+    """A block returning ``(stream, extra)`` has its stream patched or ablated."""
+    net, rnet = stack
+    clean, corrupted = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 2, 9, 4, 5]])
+    block = net.blocks[1]
+    kept = []
+    with hooked(block, lambda _m, _i, o: kept.append(o)), torch.no_grad():
+        net(clean)
+
+    def put(_module, _args, output):
+        new = output[0].clone()
+        new[:, 2] = kept[0][0][:, 2]
+        return (new, *output[1:])
+
+    with hooked(block, put), torch.no_grad():
+        want = net(corrupted)
+    got = patch(rnet, clean, corrupted, "blocks.1", where=(slice(None), 2))
+    assert torch.equal(got, want)  # the same ops on the same tensors
+
+    def zero(_module, _args, output):
+        return (torch.zeros_like(output[0]), *output[1:])
+
+    with hooked(block, zero), torch.no_grad():
+        want = net(corrupted)
+    assert torch.equal(ablate(rnet, corrupted, "blocks.1"), want)
+
+
 def test_a_net_without_a_block_stack_or_in_training_runs_every_block(stack):
     """No ModuleList, a net in training mode, ``reuse_prefix=False``: batched."""
     net, rnet = stack
@@ -682,3 +709,173 @@ def test_patch_sweep_any_positions_and_chunks_equal_single_patches(
             torch.testing.assert_close(
                 grid[i, j], single[:, -1].sum(), rtol=0, atol=1e-5
             )
+
+
+# -- arguments, checked before the grid runs -----------------------------------
+
+
+def test_patch_sweep_names_the_argument_it_refuses(lm):
+    """The issue's cases: positions out of range or empty, batches that differ."""
+    model, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    block = rnet.table[(3, 1)].describe()
+    passes, handle = count_passes(model)
+    try:
+        for bad in ([6], [-7], [0, 17, -9]):
+            shown = bad[0] if len(bad) == 1 else bad[1:]
+            msg = (
+                f"patch_sweep: `positions` holds {shown}, out of range for the 6 "
+                f"positions of layer {block}'s output [2, 6, 32]: give indices "
+                "from -6 to 5."
+            )
+            with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+                patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, positions=bad)
+        assert passes[0] == 3  # the clean pass gives the length: nothing more
+        passes[0] = 0
+        one = {k: v[:1] for k, v in corrupted.items()}
+        refusals = [
+            (
+                {"corrupted": one},
+                ValueError,
+                (
+                    "`clean` has a batch of 2 and `corrupted` of 1: pass inputs of one "
+                    "batch size, the i-th `clean` sample paired with the i-th "
+                    "`corrupted` one."
+                ),
+            ),
+            (
+                {"positions": []},
+                ValueError,
+                (
+                    "`positions` is empty: give at least one position, or leave "
+                    "`positions=None` for every position."
+                ),
+            ),
+            (
+                {"positions": 17},
+                TypeError,
+                (
+                    "`positions` must be an iterable of ints, got 17: e.g. "
+                    "`positions=[3]` for one position, or `positions=range(2, 6)`."
+                ),
+            ),
+            (
+                {"positions": [1, 2.0]},
+                TypeError,
+                (
+                    "`positions` holds 2.0, not an int: give positions as ints, e.g. "
+                    "`positions=[3]` for one position, or `positions=range(2, 6)`."
+                ),
+            ),
+            ({"positions": [True]}, TypeError, "`positions` holds True, not an int"),
+            (
+                {"max_batch": 2.5},
+                TypeError,
+                (
+                    "`max_batch` must be an int (the most rows in one pass) or None, "
+                    "got 2.5."
+                ),
+            ),
+            (
+                {"max_batch": 1},
+                ValueError,
+                (
+                    "`max_batch=1` is below the batch size 2 of the inputs: allow at "
+                    "least one copy of the batch."
+                ),
+            ),
+            ({"metric": "logits"}, TypeError, "`metric` must be a function of"),
+            (
+                {"reuse_prefix": "yes"},
+                TypeError,
+                "`reuse_prefix` must be True or False, got 'yes'.",
+            ),
+            ({"read_at": []}, ValueError, "`read_at` is empty"),
+            (
+                {"layers": []},
+                ValueError,
+                (
+                    "`layers=[]` selects no layer: name at least one, by label, name "
+                    "or type; see `print(rnet)` for the labels."
+                ),
+            ),
+            ({"read_at": -1}, TypeError, "`read_at` must be an iterable of ints"),
+        ]
+        for options, error, message in refusals:
+            arguments = {
+                "corrupted": corrupted,
+                "layers": (3, 1),
+                "metric": logit_diff,
+                **options,
+            }
+            with pytest.raises(error, match=f"^patch_sweep: {re.escape(message)}"):
+                patch_sweep(rnet, clean, **arguments)
+        assert passes[0] == 0  # each refused before any pass
+    finally:
+        handle.remove()
+    msg = (
+        "patch_sweep: `read_at` holds 6, out of range for the 6 positions of the "
+        "unembedding's input, "
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, read_at=[6])
+    assert rnet.recording == ()
+    assert not [n for n, m in model.named_modules() if "forward" in vars(m)]
+
+
+def test_attribution_patch_and_logit_lens_name_what_they_refuse(lm):
+    model, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    block = rnet.table[(3, 1)].describe()
+    msg = (
+        f"attribution_patch: `positions` holds 6, out of range for the 6 "
+        f"positions of layer {block}'s output [2, 6, 32]"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        attribution_patch(rnet, clean, corrupted, (3, 1), logit_diff, positions=[6])
+    one = {k: v[:1] for k, v in corrupted.items()}
+    with pytest.raises(ValueError, match=r"^attribution_patch: `clean` has a batch"):
+        attribution_patch(rnet, clean, one, (3, 1), logit_diff)
+    with pytest.raises(TypeError, match=r"^attribution_patch: `metric` must be a"):
+        attribution_patch(rnet, clean, corrupted, (3, 1), None)
+    with pytest.raises(TypeError, match=r"^logit_lens: `rnet` must be a Recorder"):
+        logit_lens(model, clean, (3, 1))
+    head = next(n for n, m in model.named_modules() if m is lm[4])
+    inner = next(  # the MLP's first layer: wider than the residual stream
+        name
+        for name, _ in model.named_modules()
+        if name.endswith((".0.mlp.c_fc", ".0.mlp.gate_proj"))
+    )
+    msg = (
+        r"^logit_lens: the norm \(\w+\) and the unembedding \(\w+\) do not apply "
+        r"to the output \[2, 6, (128|64)\] of layer .*: name layers whose outputs are "
+        r"residual streams \(blocks\), or pass the model's own `norm=` and "
+        r"`unembed=`\.$"
+    )
+    with pytest.raises(ValueError, match=msg):
+        logit_lens(rnet, clean, inner, unembed=head)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    length=st.integers(1, 6),
+    positions=st.lists(st.integers(-8, 8), min_size=1, max_size=4),
+)
+def test_positions_are_refused_exactly_when_out_of_range(twice, length, positions):
+    """Any positions against any sequence length: in [-T, T) runs, else refused."""
+    _, rnet = twice
+    ids = torch.arange(length)[None] % 10
+    bad = [p for p in positions if not -length <= p < length]
+    if not bad:
+        grid = patch_sweep(
+            rnet, ids, ids, "block", lambda o: o.sum(), positions=positions
+        )
+        assert grid.shape == (2, len(positions))
+        return
+    shown = bad[0] if len(bad) == 1 else bad
+    msg = (
+        f"patch_sweep: `positions` holds {shown}, out of range for the {length} "
+        f"positions of layer "
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        patch_sweep(rnet, ids, ids, "block", lambda o: o.sum(), positions=positions)

@@ -13,7 +13,15 @@ from torch import Tensor
 from scio_recorder.collect import collect
 from scio_recorder.select import as_label, resolve
 
-from ._base import put, run_edited, select_calls
+from ._base import (
+    check_recorder,
+    check_where,
+    put,
+    run_edited,
+    select_calls,
+    stream_of,
+    with_stream,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -49,6 +57,7 @@ def layer_means(
     torch.Size([2])
 
     """
+    check_recorder(rnet, "layer_means")
     labels = select_calls(rnet, layers, "layer_means")
     result = collect(
         rnet, batches, dict.fromkeys(labels, "moments"), input=input, **options
@@ -82,7 +91,8 @@ def ablate(
         ignored. A mean must broadcast to the layer's output (its shape
         without the batch dimension, as :func:`layer_means` gives, does).
     where : index, optional
-        Ablate only ``output[where]``.
+        Ablate only ``output[where]``. A layer whose output is a tuple (a
+        block returning ``(hidden_states, ...)``) has its first item ablated.
 
     Returns
     -------
@@ -94,8 +104,8 @@ def ablate(
     TypeError
         If ``means`` is not a mapping, or one of its values is not a tensor.
     ValueError
-        If a key of ``means`` is not a layer of the net, or a mean does not
-        broadcast to its layer's output.
+        If a key of ``means`` is not a layer of the net, a mean does not
+        broadcast to its layer's output, or ``where`` does not index it.
     KeyError
         If an ablated layer has no mean in ``means``.
 
@@ -111,12 +121,13 @@ def ablate(
     True
 
     """
+    check_recorder(rnet, "ablate")
     labels = select_calls(rnet, layers, "ablate")
     by_label = None if means is None else _means_by_label(rnet, means)
-    edits: dict[DepthIdx, Callable[[Tensor], Tensor]] = {}
+    edits: dict[DepthIdx, Callable[[Any], Any]] = {}
     for label in labels:
         if by_label is None:
-            edits[label] = _ablation(None, where)
+            edits[label] = _on_stream(rnet, label, _ablation(rnet, label, None), where)
             continue
         if label not in by_label:
             msg = (
@@ -125,9 +136,8 @@ def ablate(
             )
             raise KeyError(msg)
         key, mean = by_label[label]
-        edits[label] = _ablation(
-            mean, where, f"means[{key!r}]", rnet.table[label].describe()
-        )
+        ablated = _ablation(rnet, label, mean, f"means[{key!r}]")
+        edits[label] = _on_stream(rnet, label, ablated, where)
     return run_edited(rnet, x, edits)
 
 
@@ -196,9 +206,13 @@ def _key_labels(rnet: Recorder, key: object) -> list[DepthIdx]:
 
 
 def _ablation(
-    mean: Tensor | None, where: Any, name: str = "", layer: str = ""
-) -> Callable[[Tensor], Tensor]:
-    def edit(output: Tensor) -> Tensor:
+    rnet: Recorder, label: DepthIdx, mean: Tensor | None, name: str = ""
+) -> Callable[[Tensor, Any], Tensor]:
+    """Return the function ablating ``label``'s stream: zeros, or ``mean``."""
+    layer = rnet.table[label].describe()
+
+    def ablated(output: Tensor, where: Any) -> Tensor:
+        check_where(where, output, "ablate", layer)
         if mean is None:
             return put(output, torch.zeros_like(output), where)
         try:
@@ -217,5 +231,20 @@ def _ablation(
             raise ValueError(msg)
         value = mean.to(output).expand_as(output).clone()
         return put(output, value, where)
+
+    return ablated
+
+
+def _on_stream(
+    rnet: Recorder,
+    label: DepthIdx,
+    ablated: Callable[[Tensor, Any], Tensor],
+    where: Any,
+) -> Callable[[Any], Any]:
+    """Return the edit applying ``ablated`` to the stream of ``label``'s output."""
+
+    def edit(output: Any) -> Any:
+        stream = stream_of(rnet, label, output, "ablate")
+        return with_stream(output, ablated(stream, where))
 
     return edit

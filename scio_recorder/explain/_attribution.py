@@ -9,10 +9,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._base import (
+    as_positions,
+    check_callable,
     check_like,
+    check_pair,
+    check_recorder,
+    grid_columns,
     in_call_order,
     one_number,
-    position_list,
     run_net,
     select_calls_in_order,
     stream_of,
@@ -69,6 +73,18 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
     Tensor
         ``[len(layers), len(positions)]``, detached.
 
+    Raises
+    ------
+    TypeError
+        Before any pass: ``rnet`` is not a :class:`~scio_recorder.Recorder`,
+        ``metric`` is not callable, ``positions`` is not an iterable of ints.
+    ValueError
+        Before any pass: ``layers`` selects nothing, ``clean`` and
+        ``corrupted`` differ in batch size, ``positions`` is empty. After
+        the clean pass: a position out of range of a layer's output. Then:
+        clean and corrupted outputs differ in shape, ``metric`` does not
+        return one number.
+
     Examples
     --------
     >>> import torch
@@ -85,8 +101,18 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
     (True, 0.0)
 
     """
-    labels = select_calls_in_order(rnet, layers, "attribution_patch")
+    who = "attribution_patch"
+    check_recorder(rnet, who)
+    labels = select_calls_in_order(rnet, layers, who)
+    check_callable(metric, "metric", who, "lambda out: out.loss")
+    wanted = as_positions(positions, "positions", who)
+    check_pair(clean, corrupted, ("clean", "corrupted"), who)
     clean_run = cache_run(rnet, clean, labels)
+    sources = {
+        label: stream_of(rnet, label, clean_run.activations[label], who)
+        for label in labels
+    }
+    columns = grid_columns(rnet, wanted, sources, who)
     kept: dict[DepthIdx, Tensor] = {}
 
     def keep(label: DepthIdx) -> Callable[[Any], Any]:
@@ -114,13 +140,10 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
         grads = torch.autograd.grad(value, acts, allow_unused=True)
     rows = []
     for label, act, grad in zip(labels, acts, grads, strict=True):
-        source = stream_of(
-            rnet, label, clean_run.activations[label], "attribution_patch"
-        )
+        source = sources[label]
         check_like(rnet, label, act, source, "attribution_patch")
         # None: the metric does not depend on this call
         slope = torch.zeros_like(act) if grad is None else grad
         product = (source - act.detach()) * slope
         rows.append(product.sum(0).flatten(1).sum(1))
-    columns = position_list(positions, rows[0].shape[0])
     return torch.stack([row[columns] for row in rows])

@@ -13,7 +13,7 @@ from scio_recorder._engine.state import CallInputs
 from scio_recorder._outputs import logits_of
 from scio_recorder.select import resolve_one
 
-from ._base import arguments, one_number, run_net
+from ._base import arguments, check_flag, check_recorder, one_number, run_net
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,6 +60,18 @@ def grad_cam(
     Tensor
         ``[B, H, W]`` (or ``[B, h, w]``), float, in ``[0, 1]``, detached.
 
+    Raises
+    ------
+    TypeError
+        Before the pass: ``rnet`` is not a :class:`~scio_recorder.Recorder`,
+        ``target`` is none of the kinds above (or a float tensor),
+        ``upsample`` not a bool.
+    ValueError
+        Before the pass: ``upsample=True`` without a 4-d input, a negative
+        class. After it: the layer's output is not ``[B, K, h, w]``, a class
+        out of range of the logits, or ``target`` (a function) does not
+        return one number.
+
     Examples
     --------
     >>> import torch
@@ -81,8 +93,12 @@ def grad_cam(
     torch.Size([2, 8, 8])
 
     """
+    check_recorder(rnet, "grad_cam")
     label = resolve_one(rnet.table, rnet.net, layer, "grad_cam").label
+    _check_target(target)
+    check_flag(upsample, "upsample", "grad_cam")
     inputs = _requiring_grad(x)
+    size = _image_size(inputs) if upsample else None
     with rnet.selecting(label), torch.enable_grad():
         out = run_net(rnet, inputs)
         maps = rnet.activations[label]
@@ -100,22 +116,88 @@ def grad_cam(
             chosen = one_number(target(out), "grad_cam", "target")
         else:
             logits = logits_of(out)
-            if target is None:
-                classes = logits.argmax(dim=1)
-            elif isinstance(target, int):
-                classes = torch.full((logits.shape[0],), target, device=logits.device)
-            else:
-                classes = target.to(logits.device)
+            classes = _classes(target, logits)
             chosen = logits.gather(1, classes.reshape(-1, 1)).sum()
         (grads,) = torch.autograd.grad(chosen, maps)
     weights = grads.mean(dim=(2, 3), keepdim=True)
     cam = torch.relu((weights * maps.detach()).sum(dim=1))
-    if upsample:
+    if size is not None:
         cam = torch.nn.functional.interpolate(
-            cam[:, None], size=_image_size(inputs), mode="bilinear", align_corners=False
+            cam[:, None], size=size, mode="bilinear", align_corners=False
         )[:, 0]
     top = cam.flatten(1).amax(dim=1).clamp(min=torch.finfo(cam.dtype).tiny)
     return cam / top[:, None, None]
+
+
+_TARGET_ADVICE = (
+    "pass a class index (`target=3`), one per sample (`target=torch.tensor([3, "
+    "1])`), a function of the output (`target=lambda out: out.loss`), or None "
+    "for the predicted class"
+)
+
+
+def _check_target(target: object) -> None:
+    """Refuse a ``target`` of the wrong kind before the pass."""
+    if target is None or (callable(target) and not isinstance(target, Tensor)):
+        return
+    if isinstance(target, int) and not isinstance(target, bool):
+        if target < 0:
+            msg = f"grad_cam: `target={target}` is a negative class: {_TARGET_ADVICE}."
+            raise ValueError(msg)
+        return
+    if isinstance(target, Tensor):
+        if (
+            target.is_floating_point()
+            or target.is_complex()
+            or target.dtype == torch.bool
+        ):
+            msg = (
+                f"grad_cam: `target` is a {target.dtype} tensor; class indices are "
+                f"integers: {_TARGET_ADVICE}."
+            )
+            raise TypeError(msg)
+        if target.dim() > 1:
+            msg = (
+                f"grad_cam: `target` has shape {list(target.shape)}; it holds one "
+                f"class per sample, shape [batch]: {_TARGET_ADVICE}."
+            )
+            raise ValueError(msg)
+        return
+    msg = f"grad_cam: `target` is {target!r}: {_TARGET_ADVICE}."
+    raise TypeError(msg)
+
+
+def _classes(target: Tensor | int | None, logits: Tensor) -> Tensor:
+    """Return the class of each sample, checked against the logits' shape."""
+    if logits.dim() != 2:  # noqa: PLR2004 ([batch, classes])
+        msg = (
+            f"grad_cam: the net's logits have shape {list(logits.shape)}, not "
+            "[batch, classes]: pass `target=` as a function of the output that "
+            "returns the number to explain, e.g. `lambda out: out[:, 0, 3].sum()`."
+        )
+        raise ValueError(msg)
+    batch, count = logits.shape
+    if target is None:
+        return logits.argmax(dim=1)
+    if isinstance(target, int):
+        classes = torch.full((batch,), target, device=logits.device)
+    else:
+        if target.numel() not in {1, batch}:
+            msg = (
+                f"grad_cam: `target` holds {target.numel()} classes for a batch "
+                f"of {batch}: give one class per sample, or one for all."
+            )
+            raise ValueError(msg)
+        classes = target.to(logits.device).reshape(-1).expand(batch)
+    bad = classes[(classes < 0) | (classes >= count)]
+    if bad.numel():
+        msg = (
+            f"grad_cam: `target` holds class {int(bad[0])}, out of range for the "
+            f"{count} classes of the net's output: give indices from 0 to "
+            f"{count - 1}."
+        )
+        raise ValueError(msg)
+    return classes
 
 
 def _image_size(inputs: CallInputs) -> tuple[int, int]:

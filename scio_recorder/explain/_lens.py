@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ._base import find_module, select_calls_in_order, stream_of
+from ._base import check_recorder, find_module, select_calls_in_order, stream_of
 from ._patching import cache_run
 
 if TYPE_CHECKING:
@@ -59,9 +59,12 @@ def logit_lens(
 
     Raises
     ------
+    TypeError
+        If ``rnet`` is not a :class:`~scio_recorder.Recorder`.
     ValueError
-        If no norm or unembedding is named nor found: the message says how to
-        name them.
+        If no norm or unembedding is named nor found (the message says how to
+        name them), or they do not apply to a layer's output (not a residual
+        stream).
 
     Examples
     --------
@@ -79,16 +82,25 @@ def logit_lens(
     True
 
     """
+    check_recorder(rnet, "logit_lens")
     labels = select_calls_in_order(rnet, layers, "logit_lens")
     final = find_module(rnet, norm, "norm", "logit_lens")
     head = find_module(rnet, unembed, "unembed", "logit_lens")
     kept = cache_run(rnet, inputs, labels)
+    lenses = []
     with torch.no_grad():
-        return torch.stack(
-            [
-                head(
-                    final(stream_of(rnet, label, kept.activations[label], "logit_lens"))
+        for label in labels:
+            stream = stream_of(rnet, label, kept.activations[label], "logit_lens")
+            try:
+                lenses.append(head(final(stream)))
+            except RuntimeError as error:
+                msg = (
+                    f"logit_lens: the norm ({type(final).__name__}) and the "
+                    f"unembedding ({type(head).__name__}) do not apply to the "
+                    f"output {list(stream.shape)} of layer "
+                    f"{rnet.table[label].describe()} ({error}): name layers whose "
+                    "outputs are residual streams (blocks), or pass the model's "
+                    "own `norm=` and `unembed=`."
                 )
-                for label in labels
-            ]
-        )
+                raise ValueError(msg) from error
+    return torch.stack(lenses)

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._base import put, run_edited, run_net, select_calls
+from ._base import (
+    check_pair,
+    check_recorder,
+    check_where,
+    put,
+    run_edited,
+    run_net,
+    select_calls,
+    stream_of,
+    with_stream,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -20,21 +30,22 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 
-def _replace(values: Tensor, where: Any) -> Callable[[Tensor], Tensor]:
-    def edit(output: Tensor) -> Tensor:
-        if not isinstance(output, Tensor) or output.shape != values.shape:
-            got = (
-                list(output.shape)
-                if isinstance(output, Tensor)
-                else type(output).__name__
-            )
+def _replace(
+    rnet: Recorder, label: DepthIdx, values: Tensor, where: Any
+) -> Callable[[Any], Any]:
+    """Return the edit putting ``values`` (or ``values[where]``) in the stream."""
+
+    def edit(output: Any) -> Any:
+        stream = stream_of(rnet, label, output, "patch")
+        if stream.shape != values.shape:
             msg = (
-                f"the patched layer outputs {got} here and {list(values.shape)} "
-                "in the source run: patch inputs of the same shape, or select "
-                "positions with `where=`."
+                f"patch: layer {rnet.table[label].describe()} outputs "
+                f"{list(stream.shape)} on `target` and {list(values.shape)} on "
+                "`source`: pass a source and a target of the same shape (batch "
+                "and length; pad them, with an `attention_mask`)."
             )
             raise ValueError(msg)
-        return put(output, values, where)
+        return with_stream(output, put(stream, values, where))
 
     return edit
 
@@ -93,6 +104,7 @@ def cache_run(
     True
 
     """
+    check_recorder(rnet, "cache_run")
     labels = select_calls(rnet, layers, "cache_run")
     with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
         output = run_net(rnet, inputs)
@@ -131,7 +143,8 @@ def patch(
     where : index, optional
         Patch only ``output[where]`` (e.g. ``(slice(None), 3)``: channel 3;
         ``(slice(None), 5)``: token 5 of a ``[B, T, D]`` output); default the
-        whole tensor.
+        whole tensor. A layer whose output is a tuple (a block returning
+        ``(hidden_states, ...)``) has its first item patched.
 
     Returns
     -------
@@ -142,6 +155,9 @@ def patch(
     ------
     KeyError
         If ``source`` is a cache that lacks a patched layer.
+    ValueError
+        If ``source`` and ``target`` differ in batch size or a patched
+        layer's output shape, or ``where`` does not index that output.
 
     Examples
     --------
@@ -155,7 +171,10 @@ def patch(
     True
 
     """
+    check_recorder(rnet, "patch")
     labels = select_calls(rnet, layers, "patch")
+    if not isinstance(source, ActivationCache):
+        check_pair(source, target, ("source", "target"), "patch")
     if isinstance(source, ActivationCache):
         missing = [label for label in labels if label not in source.activations]
         if missing:
@@ -168,4 +187,8 @@ def patch(
         kept = {label: source.activations[label] for label in labels}
     else:
         kept = dict(cache_run(rnet, source, labels).activations)
-    return run_edited(rnet, target, {k: _replace(v, where) for k, v in kept.items()})
+    streams = {label: stream_of(rnet, label, kept[label], "patch") for label in labels}
+    for label, stream in streams.items():
+        check_where(where, stream, "patch", rnet.table[label].describe())
+    edits = {label: _replace(rnet, label, streams[label], where) for label in labels}
+    return run_edited(rnet, target, edits)

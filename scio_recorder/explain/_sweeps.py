@@ -10,17 +10,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._batches import first_batch_size
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._tree import map_tensors
 
 from ._base import (
     arguments,
+    as_positions,
+    check_callable,
+    check_flag,
     check_like,
+    check_max_batch,
+    check_pair,
+    check_positions,
+    check_recorder,
     find_module,
+    grid_columns,
     in_call_order,
     one_number,
-    position_list,
     run_net,
     select_calls_in_order,
     stream_of,
@@ -34,19 +40,6 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx, Layer
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
-
-
-def _batch_size(inputs: Any, who: str) -> int:
-    """Return dim 0 of the first tensor among the inputs, or raise naming them."""
-    size = first_batch_size(*arguments(inputs))
-    if size is not None:
-        return size
-    msg = (
-        f"{who}: the inputs hold no tensor with a batch dimension "
-        f"({type(inputs).__name__}); pass a tensor, a tuple of positional "
-        "arguments or a mapping of keyword arguments (e.g. a tokenizer's output)."
-    )
-    raise ValueError(msg)
 
 
 def _repeat(inputs: Any, times: int, batch: int) -> Any:
@@ -191,9 +184,19 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
 
     Raises
     ------
+    TypeError
+        Before any pass, naming the argument: ``rnet`` is not a
+        :class:`~scio_recorder.Recorder`, ``metric`` is not callable,
+        ``positions`` or ``read_at`` is not an iterable of ints, ``max_batch``
+        is not an int, ``reuse_prefix`` not a bool.
     ValueError
-        If ``metric`` does not return one number, if clean and corrupted
-        outputs differ in shape, or if ``max_batch`` is below the batch size.
+        Before any pass: ``layers`` selects nothing, ``clean`` and
+        ``corrupted`` differ in batch size, ``positions`` or ``read_at`` is
+        empty, ``max_batch`` is below the batch size. After the clean pass,
+        before the grid: a position out of range of a layer's output (or of
+        the unembedding's input, for ``read_at``). During the grid: clean
+        and corrupted outputs differ in shape, or ``metric`` does not return
+        one number.
 
     Examples
     --------
@@ -212,20 +215,18 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     True
 
     """
-    labels = select_calls_in_order(rnet, layers, "patch_sweep")
-    batch = _batch_size(corrupted, "patch_sweep")
-    reading = _reading(rnet, read_at, unembed)
+    who = "patch_sweep"
+    check_recorder(rnet, who)
+    labels = select_calls_in_order(rnet, layers, who)
+    check_callable(metric, "metric", who, _METRIC_EXAMPLE)
+    wanted = as_positions(positions, "positions", who)
+    batch = check_pair(clean, corrupted, ("clean", "corrupted"), who)
+    check_max_batch(max_batch, batch, who)
+    check_flag(reuse_prefix, "reuse_prefix", who)
+    reading = _reading(rnet, as_positions(read_at, "read_at", who), unembed)
     kept = _keep(rnet, clean, labels, reading)
-    streams = {
-        label: stream_of(rnet, label, kept[label], "patch_sweep") for label in labels
-    }
-    columns = position_list(positions, streams[labels[0]].shape[1])
-    if max_batch is not None and max_batch < batch:
-        msg = (
-            f"patch_sweep: `max_batch={max_batch}` is below the batch size "
-            f"{batch} of the inputs: allow at least one copy of the batch."
-        )
-        raise ValueError(msg)
+    streams = {label: stream_of(rnet, label, kept[label], who) for label in labels}
+    columns = grid_columns(rnet, wanted, streams, who)
     stack = find_stack(rnet) if reuse_prefix else None
     answered = {
         label: answered_blocks(stack, rnet.table[label]) if stack else ()
@@ -237,13 +238,15 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     return sweep.batched(labels, columns, max_batch)
 
 
+_METRIC_EXAMPLE = "lambda out: (out.logits[:, -1, 7] - out.logits[:, -1, 11]).mean()"
+
+
 def _reading(
-    rnet: Recorder, read_at: Iterable[int] | None, unembed: nn.Module | Selector | None
+    rnet: Recorder, read_at: list[int] | None, unembed: nn.Module | Selector | None
 ) -> dict[Any, Callable[[Tensor], Tensor]] | None:
     """Return the ``input_postproc`` cutting the unembedding's input to ``read_at``."""
     if read_at is None:
         return None
-    kept = [int(p) for p in read_at]
     module = find_module(rnet, unembed, "unembed", "patch_sweep")
     calls = rnet.table.call_plan(module)
     if len(calls) != 1:
@@ -253,9 +256,12 @@ def _reading(
             "the call to cut with `unembed=` (its label)."
         )
         raise ValueError(msg)
-    index = torch.tensor(kept)
+    index = torch.tensor(read_at)
+    where = f"the unembedding's input, {calls[0].describe()}"
 
     def cut(hidden: Tensor) -> Tensor:
+        length = hidden.shape[1] if hidden.dim() > 1 else 0
+        check_positions(read_at, length, "read_at", "patch_sweep", where)
         return hidden[:, index.to(hidden.device)]
 
     return {calls[0].label: cut}
