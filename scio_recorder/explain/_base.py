@@ -6,8 +6,9 @@
 * the layers: :func:`select_calls` and :func:`select_calls_in_order` turn
   selectors into call labels, :func:`in_call_order` orders edits as the
   calls end (a list of postprocessors is consumed in that order);
-* the edits: :func:`put` (a part of a tensor replaced), :func:`run_edited`
-  (one pass with edits, through ``activation_postproc``);
+* the passes: :func:`run_keeping` (one pass keeping copies of some calls'
+  outputs), :func:`run_edited` (one pass with edits, through
+  ``activation_postproc``), :func:`put` (a part of a tensor replaced);
 * the residual stream of a block: :func:`stream_of`, :func:`with_stream`,
   :func:`check_like`, :func:`grid_columns`;
 * the arguments, checked before the first pass and named in the message:
@@ -40,6 +41,7 @@ __all__ = [
     "one_number",
     "put",
     "run_edited",
+    "run_keeping",
     "run_net",
     "select_calls",
     "select_calls_in_order",
@@ -180,6 +182,15 @@ def put(output: Tensor, values: Tensor, where: Any) -> Tensor:
     edited = output.clone()
     edited[where] = values[where]
     return edited
+
+
+def run_keeping(
+    rnet: Recorder, inputs: Any, labels: Sequence[DepthIdx], **options: Any
+) -> tuple[Any, dict[DepthIdx, Any]]:
+    """Run ``inputs`` once; return the output and copies of ``labels``' outputs."""
+    with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
+        output = run_net(rnet, inputs, **options)
+        return output, {label: rnet.activations[label] for label in labels}
 
 
 def run_edited(

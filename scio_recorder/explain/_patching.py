@@ -7,16 +7,13 @@ __all__ = ["ActivationCache", "cache_run", "patch"]
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
 from ._base import (
     check_pair,
     check_recorder,
     check_where,
     put,
     run_edited,
-    run_net,
+    run_keeping,
     select_calls,
     stream_of,
     with_stream,
@@ -24,6 +21,8 @@ from ._base import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+    from torch import Tensor
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -106,10 +105,7 @@ def cache_run(
     """
     check_recorder(rnet, "cache_run")
     labels = select_calls(rnet, layers, "cache_run")
-    with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
-        output = run_net(rnet, inputs)
-        kept = {label: rnet.activations[label] for label in labels}
-    return ActivationCache(output, kept)
+    return ActivationCache(*run_keeping(rnet, inputs, labels))
 
 
 def patch(

@@ -27,6 +27,7 @@ from ._base import (
     grid_columns,
     in_call_order,
     one_number,
+    run_keeping,
     run_net,
     select_calls_in_order,
     stream_of,
@@ -224,7 +225,7 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     check_max_batch(max_batch, batch, who)
     check_flag(reuse_prefix, "reuse_prefix", who)
     reading = _reading(rnet, as_positions(read_at, "read_at", who), unembed)
-    kept = _keep(rnet, clean, labels, reading)
+    _, kept = run_keeping(rnet, clean, labels, input_postproc=reading)
     streams = {label: stream_of(rnet, label, kept[label], who) for label in labels}
     columns = grid_columns(rnet, wanted, streams, who)
     stack = find_stack(rnet) if reuse_prefix else None
@@ -265,18 +266,6 @@ def _reading(
         return hidden[:, index.to(hidden.device)]
 
     return {calls[0].label: cut}
-
-
-def _keep(
-    rnet: Recorder,
-    inputs: Any,
-    labels: Sequence[DepthIdx],
-    reading: dict[Any, Callable[[Tensor], Tensor]] | None,
-) -> dict[DepthIdx, Any]:
-    """Run ``inputs`` once; return the outputs of ``labels`` (copies, detached)."""
-    with rnet.selecting(*labels, clone=True, detach=True), torch.no_grad():
-        run_net(rnet, inputs, input_postproc=reading)
-        return {label: rnet.activations[label] for label in labels}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +332,9 @@ class _Sweep:
         """One pass per row (or chunk of it), the blocks before it answered."""
         rnet, batch = self.rnet, self.batch
         blocks = {block.label: block for row in answered.values() for block in row}
-        prefix = _keep(rnet, self.corrupted, list(blocks), self.reading)
+        _, prefix = run_keeping(
+            rnet, self.corrupted, list(blocks), input_postproc=self.reading
+        )
         per_pass = len(columns) if max_batch is None else max_batch // batch
         grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
         for i, label in enumerate(labels):
