@@ -8,6 +8,8 @@ module comes back as it was, whatever happens inside.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 
 import pytest
@@ -145,3 +147,28 @@ def test_the_net_run_from_another_thread_during_a_sweep_is_the_plain_net():
     with torch.no_grad():
         patch_sweep(rnet, clean, corrupted, "layers.2", metric)
     assert torch.equal(seen[0], want)
+
+
+def test_a_copy_taken_during_a_sweep_is_the_plain_net():
+    """Deepcopy and pickle inside a sweep: the copies carry no answers."""
+    net = Stacked().eval()
+    rnet = Recorder(net, input_data=[torch.zeros(1, 3, dtype=torch.long)])
+    clean, corrupted = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6]])
+    with torch.no_grad():
+        want = net(clean)
+    copies = []
+
+    def metric(out):
+        if not copies:  # the blocks are answered in this thread now
+            copies.append(copy.deepcopy(net))
+            copies.append(pickle.loads(pickle.dumps(net)))  # noqa: S301 (our own)
+            with torch.no_grad():
+                copies.extend([copies[0](clean), copies[1](clean)])
+        return out[0, -1, 0]
+
+    with torch.no_grad():
+        patch_sweep(rnet, clean, corrupted, "layers.2", metric)
+    assert torch.equal(copies[2], want)
+    assert torch.equal(copies[3], want)
+    with torch.no_grad():
+        assert torch.equal(copies[0](clean), want)

@@ -21,7 +21,9 @@ last, which puts back the very attribute that was there (an instance
 ``forward`` of accelerate's hooks stays theirs); a ``KeyboardInterrupt``
 removes it too. It answers only the thread that asked, inside its ``with``
 block: any other caller (another thread, a compiled trace) runs the module's
-own ``forward``. Hooks run around it as around any call, so the recorder's
+own ``forward``; a copy of the module (``copy.deepcopy``, pickle,
+``torch.save``) taken meanwhile gets the module's own ``forward``, not the
+dispatcher. Hooks run around it as around any call, so the recorder's
 call counts and edits hold. What this assumes of a block: its effect on the
 rest of the pass is its output (not, e.g., a key/value cache that a later
 layer reads); ``patch_sweep(..., reuse_prefix=False)`` runs every block.
@@ -34,6 +36,7 @@ __all__ = ["Stack", "answered_blocks", "answering", "find_stack"]
 import contextlib
 import dataclasses
 import threading
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -116,6 +119,16 @@ class _Dispatcher:
             return type(self.module).forward(self.module, *args, **kwargs)
         return self.saved(*args, **kwargs)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Give a copy of the module (deepcopy, pickle) its own ``forward``.
+
+        Not this dispatcher: the copy carries no sweep, so that it runs whole
+        in this thread too, during the sweep and after it.
+        """
+        if self.saved is _ABSENT:
+            return (_own_forward, (self.module,))
+        return (_same, (self.saved,))
+
     def install(self) -> None:
         object.__setattr__(self.module, "forward", self)
 
@@ -127,6 +140,15 @@ class _Dispatcher:
             del namespace["forward"]
         else:
             namespace["forward"] = self.saved
+
+
+def _own_forward(module: nn.Module) -> Any:
+    """Return the class's ``forward`` bound to ``module``."""
+    return types.MethodType(type(module).forward, module)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 _DISPATCHERS: dict[int, _Dispatcher] = {}
