@@ -3,9 +3,9 @@
 A cell of a patching grid changes the net at one call; every call that ends
 before it saw the same inputs as in the corrupted run, so (deterministic, in
 eval mode) it returns the same output. For a stack of blocks (GPT-2's
-``transformer.h``, Llama's ``model.layers``), :func:`~scio_recorder.explain.
-patch_sweep` runs the corrupted input once, keeps every block's output, and
-in each cell's pass answers the blocks that end before the patched call from
+``transformer.h``, Llama's ``model.layers``), ``patch_sweep`` runs the
+corrupted input once, keeps every block's output, and in each cell's pass
+answers the blocks that end before the patched call from
 that cache instead of running them: only the blocks after it run.
 
 * :func:`find_stack`: the net's block stack, the largest ``nn.ModuleList``

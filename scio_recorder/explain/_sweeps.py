@@ -1,4 +1,10 @@
-"""The patching grid, layers x positions, batched."""
+"""The patching grid, layers x positions: a block stack's prefix run once, or batched.
+
+Both ways repeat the corrupted inputs along the batch dimension, one copy per
+cell of a pass, each copy patched at its own cell; on a block stack
+(``_prefix``) the blocks before the patched call are answered from one
+corrupted run, one pass per row of the grid.
+"""
 
 from __future__ import annotations
 
@@ -43,11 +49,12 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 
-def _repeat(inputs: Any, times: int, batch: int) -> Any:
-    """Repeat every argument tensor with ``batch`` rows ``times`` along dim 0.
+def _copies(times: int, batch: int) -> Callable[[Any], Any]:
+    """Return a function repeating a tensor of ``batch`` rows ``times`` along dim 0.
 
-    Row ``k * batch + i`` is row ``i``; other arguments (a ``[1, T]``
-    ``position_ids`` when ``batch > 1``, flags, ...) are passed as they are.
+    Row ``k * batch + i`` is row ``i``; anything else (a ``[1, T]``
+    ``position_ids`` when ``batch > 1``, flags, ...) is returned as it is.
+    ``repeat`` copies: each call gives new tensors.
     """
 
     def rep(value: Any) -> Any:
@@ -55,6 +62,12 @@ def _repeat(inputs: Any, times: int, batch: int) -> Any:
             return value.repeat(times, *[1] * (value.dim() - 1))
         return value
 
+    return rep
+
+
+def _repeat(inputs: Any, times: int, batch: int) -> CallInputs:
+    """Return the net's inputs with every argument tensor repeated (:func:`_copies`)."""
+    rep = _copies(times, batch)
     args, kwargs = arguments(inputs)
     return CallInputs(
         tuple(rep(v) for v in args), {k: rep(v) for k, v in kwargs.items()}
@@ -356,13 +369,8 @@ class _Sweep:
 def _answer(output: Any, times: int, batch: int) -> Callable[[], Any]:
     """Return a function giving ``output`` repeated ``times`` along the batch.
 
-    Each call gives new tensors (``repeat`` copies), so that an in-place
-    change downstream leaves the cache as it was.
+    Each call gives new tensors, so that an in-place change downstream leaves
+    the cache as it was.
     """
-
-    def rep(value: Tensor) -> Tensor:
-        if value.dim() >= 1 and value.shape[0] == batch:
-            return value.repeat(times, *[1] * (value.dim() - 1))
-        return value
-
+    rep = _copies(times, batch)
     return lambda: map_tensors(rep, output)
