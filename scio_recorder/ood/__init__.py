@@ -85,14 +85,18 @@ __all__ = [
     "Energy",
     "Entropy",
     "Evaluation",
+    "FeatureSqueezing",
     "GradNorm",
     "Gram",
+    "IsoMax",
+    "JointEnergy",
     "KLMatching",
     "Mahalanobis",
     "MahalanobisEnsemble",
     "MaxLogit",
     "NNGuide",
     "NotFittedError",
+    "Odds",
     "OoDResults",
     "Pass",
     "RankFeat",
@@ -118,11 +122,13 @@ from ._edits import VRA, RankFeat
 from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
 from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
 from ._gradient import GradNorm
+from ._isomax import IsoMax
 from ._jtla import JTLA
-from ._logits import MSP, Energy, Entropy, MaxLogit
+from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
 from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
+from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
 from ._protocol import Detector, NotFittedError, Pass, StateEntry
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD

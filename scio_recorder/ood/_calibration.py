@@ -261,7 +261,7 @@ class ODIN(Detector):
 
     """
 
-    own_passes: ClassVar[bool] = True
+    own_passes = True
 
     def __init__(
         self,

@@ -49,6 +49,8 @@ from ._protocol import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._protocol import Pass
 
 AT = ("closest", "predicted")
@@ -163,6 +165,26 @@ class ClassConditional(Detector):
             return self.closest_scores(result)
         return self.scores_at(result, self.predicted(result))
 
+    def class_scores_inputs(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass]:
+        """Return the class scores of the inputs, from passes of the detector's own.
+
+        For a class-conditional detector with :attr:`~Detector.own_passes`
+        (Odds' noisy passes, Mahalanobis' input preprocessing): the scores
+        ``[batch, classes]`` and the pass of the unmodified input, whose
+        logits give the predicted class.
+        """
+        raise NotImplementedError
+
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Read :meth:`class_scores_inputs` at the closest or the predicted class."""
+        scores, result = self.class_scores_inputs(args, kwargs)
+        if self.at == "closest":
+            return scores.amin(dim=1)
+        classes = self.predicted(result).to(scores.device)
+        return scores.gather(1, classes[:, None])[:, 0]
+
     def score_classes(self, *args: Any, mode: str = "raw", **kwargs: Any) -> Tensor:
         """Return the score of every class, ``[batch, classes]`` (higher: more OoD).
 
@@ -206,6 +228,8 @@ class ClassConditional(Detector):
         if empty is not None:
             return empty.new_empty(0, net_classes(self.rnet) or 0)
         bad = input_rows_non_finite(args, kwargs)
+        if self.own_passes:
+            return self._own_class_scores(args, kwargs, mode, bad)
         result = run_pass(
             self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
         )
@@ -218,6 +242,25 @@ class ClassConditional(Detector):
             bad,
             trailing=(width,),
         )
+
+    def _own_class_scores(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        mode: str,
+        bad: Tensor | None,
+    ) -> Tensor:
+        """:meth:`score_classes` from passes of the detector's own.
+
+        As :meth:`~Detector.score_own`: the passes run on the whole batch
+        (they may need the whole input), the rows ``bad`` marks are NaN
+        after.
+        """
+        scores, _ = self.class_scores_inputs(args, kwargs)
+        out = -class_mode(-scores, mode)
+        if bad is not None and bool(bad.any()):
+            out = out.masked_fill(bad.to(out.device)[:, None], float("nan"))
+        return out
 
 
 def predicted_classes(result: Pass, who: str) -> Tensor:

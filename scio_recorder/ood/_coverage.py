@@ -167,7 +167,7 @@ class NAC(_MultiLayer):
     """
 
     needs_fit: ClassVar[bool] = True
-    own_passes: ClassVar[bool] = True
+    own_passes = True
     POOLS: ClassVar[tuple[str | None, ...]] = ("mean", "sum", None)
     TOKENS: ClassVar[tuple[str, ...]] = ("cls", "mean", "sum")
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
 
-    from ._protocol import Pass
+    from ._protocol import Edit, Pass
 
 _MIN_RANK = 3  # a batch of matrices
 
@@ -130,7 +130,7 @@ class RankFeat(_Shaping):
             super().__init__(rnet, layer, detector=detector)
             self.labels = [self.label]
 
-    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+    def edit_passes(self) -> list[Edit]:
         """One pass per layer, each editing that layer."""
         return [(label, self.edit) for label in self.labels]
 

@@ -1,4 +1,4 @@
-"""Detectors that read only the logits: MSP, MaxLogit, Energy, Entropy.
+"""Detectors that read only the logits: MSP, MaxLogit, Energy, Entropy, JointEnergy.
 
 Each is a function of the logits (``msp_score``, ...), usable on its own or
 as the ``detector=`` of an edit detector, and a :class:`Detector` that needs
@@ -12,9 +12,11 @@ __all__ = [
     "MSP",
     "Energy",
     "Entropy",
+    "JointEnergy",
     "MaxLogit",
     "energy_score",
     "entropy_score",
+    "joint_energy_score",
     "max_logit_score",
     "msp_score",
 ]
@@ -83,6 +85,23 @@ def entropy_score(logits: Tensor) -> Tensor:
     """
     log_p = torch.log_softmax(logits, dim=1)
     return -(log_p.exp() * log_p).sum(dim=1)
+
+
+def joint_energy_score(logits: Tensor) -> Tensor:
+    """Return minus the joint energy ``sum_c log(1 + exp(logits_c))`` (Wang et al.).
+
+    Each logit is read as a binary (one class against the rest) energy, and
+    the classes' free energies are summed; computed as ``logaddexp(z_c, 0)``,
+    exact for logits of any size.
+
+    Examples
+    --------
+    >>> import torch
+    >>> joint_energy_score(torch.tensor([[0.0, 0.0], [100.0, -100.0]])).tolist()
+    [-1.3862943649291992, -100.0]
+
+    """
+    return -torch.logaddexp(logits, torch.zeros((), dtype=logits.dtype)).sum(dim=1)
 
 
 class _FromLogits(Detector):
@@ -187,3 +206,29 @@ class Entropy(_FromLogits):
 
     def _score(self, logits: Tensor) -> Tensor:
         return entropy_score(logits)
+
+
+class JointEnergy(_FromLogits):
+    """Joint energy (Wang et al., NeurIPS 2021): ``-sum_c log(1 + exp(f(x)_c))``.
+
+    The paper's score for multi-label nets (*Can multi-label classification
+    networks know what they don't know?*): each logit is read as the energy
+    of its own "class against the rest" decision and the classes' free
+    energies ``log(1 + exp(f_c))`` are summed; higher means more
+    in-distribution, and the score is minus it. No fitting. scio 1.1's
+    ``JointEnergy`` conformity is the sum itself: ``score = -conformity``
+    (the same number in every class, so every reading of scio's agrees).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 4)), input_size=(1, 3))
+    >>> bool((JointEnergy(rnet)(torch.randn(5, 3)) < 0).all())
+    True
+
+    """
+
+    def _score(self, logits: Tensor) -> Tensor:
+        return joint_energy_score(logits)

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 __all__ = [
     "Detector",
+    "Edit",
     "NotFittedError",
     "Pass",
     "StateEntry",
+    "edit_map",
     "empty_batch",
     "fit_pass",
     "input_rows_non_finite",
@@ -43,8 +45,10 @@ __all__ = [
     "score_finite_rows",
 ]
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -69,7 +73,7 @@ from ._checks import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -126,29 +130,61 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     *,
     outputs: Iterable[DepthIdx] = (),
     inputs: Iterable[DepthIdx] = (),
-    edit: tuple[DepthIdx, Any] | None = None,
+    edit: Edit | None = None,
+    grad: bool = False,
 ) -> Pass:
     """Run the net once under ``torch.no_grad()``; return what it gave.
 
     The pass records the outputs and the (first tensor) inputs of the given
     labels, or, with ``edit=(label, fn)``, edits that label's output with
-    ``fn`` in flight (and records it); with neither, it records nothing.
-    The edit sees the finite rows of the output only (an SVD or a batch
-    statistic of the edit is not spoiled by a NaN row); the others stay as
-    they are, non-finite. The recorder's selection is restored after.
+    ``fn`` in flight (and records it); ``edit={label: fn, ...}`` edits
+    several labels in the one pass (each with its own ``fn``; an eager
+    recorder only: edits by selector do not run under ``torch.compile``);
+    with neither, it records nothing. The edit sees the finite rows of the
+    output only (an SVD or a batch statistic of the edit is not spoiled by a
+    NaN row); the others stay as they are, non-finite. With ``grad=True``
+    the pass runs with autograd on (for a gradient with respect to the
+    input: pass a leaf that requires it), also inside ``torch.no_grad()`` or
+    ``torch.inference_mode()``. The recorder's selection is restored after.
     """
-    if edit is not None:
-        label, fn = edit
-        with rnet.selecting(label), torch.no_grad():
-            out = rnet(*args, activation_postproc=_finite_rows_edit(fn), **kwargs)
-            return _read(rnet, out)
-    outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
-    if not (outputs or inputs):
-        with torch.no_grad():
+    with _grad_mode(grad):
+        if edit is not None:
+            edits = edit_map(edit)
+            with rnet.selecting(*edits):
+                postproc: Any = {
+                    label: _finite_rows_edit(fn) for label, fn in edits.items()
+                }
+                if not isinstance(edit, Mapping):
+                    postproc = postproc[edit[0]]  # one callable: also compiled
+                return _read(rnet, rnet(*args, activation_postproc=postproc, **kwargs))
+        outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
+        if not (outputs or inputs):
             return _read(rnet, rnet(*args, dont_record=True, **kwargs))
-    with rnet.selecting(*outputs, inputs=inputs), torch.no_grad():
-        out = rnet(*args, **kwargs)
-        return _read(rnet, out)
+        with rnet.selecting(*outputs, inputs=inputs):
+            return _read(rnet, rnet(*args, **kwargs))
+
+
+Edit = tuple["DepthIdx", Any] | Mapping["DepthIdx", Any]
+"""One edit pass: ``(label, fn)``, or ``{label: fn, ...}`` for several labels."""
+
+
+def edit_map(edit: Edit) -> dict[DepthIdx, Any]:
+    """Return an edit pass as ``{label: fn}``."""
+    if isinstance(edit, Mapping):
+        return dict(edit)
+    label, fn = edit
+    return {label: fn}
+
+
+@contextlib.contextmanager
+def _grad_mode(grad: bool) -> Iterator[None]:  # noqa: FBT001 (internal)
+    """``torch.no_grad()``, or autograd on (out of inference mode too)."""
+    if not grad:
+        with torch.no_grad():
+            yield
+        return
+    with torch.inference_mode(mode=False), torch.enable_grad():
+        yield
 
 
 def _finite_rows_edit(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -359,10 +395,11 @@ class Detector:
     edits: ClassVar[bool] = False
     fit_passes: ClassVar[int] = 1
     """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
-    own_passes: ClassVar[bool] = False
+    own_passes: bool = False
     """Whether scoring needs passes of its own that no other detector can
     share (ODIN's gradient with respect to the input, NAC's backward): see
-    :meth:`score_inputs`."""
+    :meth:`score_inputs`. A class attribute; a detector whose passes depend
+    on its configuration sets it per instance (``Mahalanobis(epsilon > 0)``)."""
     own_fit: ClassVar[bool] = False
     """Whether the detector overrides :meth:`fit` with a fit of its own (ViM's
     two passes), so that :func:`~._passes.fit_detectors` fits it on its own
@@ -419,11 +456,12 @@ class Detector:
         """
         raise NotImplementedError
 
-    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+    def edit_passes(self) -> list[Edit]:
         """Return one ``(label, edit)`` per pass an edit detector needs.
 
         Default: the one pass editing :meth:`edit_label` with :meth:`edit`;
-        RankFeat at two blocks gives two.
+        RankFeat at two blocks gives two; a pass editing several labels is
+        ``{label: edit, ...}`` (ReAct on several layers).
         """
         return [(self.edit_label(), self.edit)]
 
@@ -624,7 +662,11 @@ class Detector:
         read = [(label, "output") for label in self.outputs()]
         read += [(label, "input") for label in self.inputs()]
         if self.edits:
-            read += [(label, "output") for label, _ in self.edit_passes()]
+            read += [
+                (label, "output")
+                for edit in self.edit_passes()
+                for label in edit_map(edit)
+            ]
         return read
 
     def _layer_shapes(self) -> dict[str, list[int]]:
