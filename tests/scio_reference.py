@@ -46,8 +46,30 @@ def conformities(folder: Path) -> dict[str, dict[str, Any]]:
         results[config["name"]] = {
             "out": out.detach(),
             "conformity": conformity.detach(),
+            **fitted(score),
         }
     return results
+
+
+def fitted(score: Any) -> dict[str, Any]:
+    """Return what scio fitted that the tests load into ours (``{}`` for most)."""
+    if hasattr(score, "clippers"):  # ReAct: each clipper's (min, max)
+        clippers = score.clippers
+        clippers = clippers if isinstance(clippers, list) else [clippers]
+        return {
+            "bounds": [
+                tuple(
+                    None if c.keywords[k] is None else c.keywords[k].detach()
+                    for k in ("min", "max")
+                )
+                for c in clippers
+            ]
+        }
+    if hasattr(score, "prototypes"):  # IsoMax
+        return {"prototypes": score.prototypes.detach()}
+    if hasattr(score, "g_stats_avg"):  # Odds
+        return {"mean": score.g_stats_avg, "variance": score.g_stats_var}
+    return {}
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ["ASH", "ReAct", "Scale", "ash_b", "ash_p", "ash_s", "scale_shaping"]
 
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -22,16 +23,17 @@ from scio_recorder.reduce import Quantiles
 
 from ._checks import one_label
 from ._logits import energy_score
+from ._multilayer import resolve_layers
 from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
 
-    from ._protocol import Pass
+    from ._protocol import Edit, Pass
 
 
 def _kept(n: int, percentile: float) -> int:
@@ -139,6 +141,10 @@ class _Shaping(Detector):
 
     def edit(self, output: Tensor) -> Tensor:
         """Return the shaped output; refuse an output that is not one tensor."""
+        return self.shape(self.one_tensor(output))
+
+    def one_tensor(self, output: Any) -> Tensor:
+        """Return ``output`` if it is one tensor; raise naming the layer otherwise."""
         if not isinstance(output, Tensor):
             row = self.rnet.table[self.label]
             msg = (
@@ -147,7 +153,7 @@ class _Shaping(Detector):
                 "output is a tensor."
             )
             raise TypeError(msg)
-        return self.shape(output)
+        return output
 
     def shape(self, output: Tensor) -> Tensor:
         """Return the edited activations."""
@@ -157,25 +163,58 @@ class _Shaping(Detector):
         return self.detector(result.logits)
 
 
-class ReAct(_Shaping):
-    """ReAct (Sun et al., NeurIPS 2021): clip ``layer``'s activations, then score.
+class _Pooled(Quantiles):
+    """Quantiles whose result is the reducer itself, to merge several layers'."""
 
-    ``fit`` takes the clipping threshold as the ``percentile`` of the layer's
+    def result(self) -> Any:
+        """Return the reducer itself (merged with the other layers' by the detector)."""
+        return self
+
+
+class ReAct(_Shaping):
+    """ReAct (Sun et al., NeurIPS 2021): clip activations in flight, then score.
+
+    ``fit`` takes the clipping threshold as the ``percentile`` of the
     activations on in-distribution data (all features and samples together,
-    exact quantiles; ``exact=False``: the bounded-memory sketch of
-    :class:`~scio_recorder.reduce.Quantiles`, memory flat in the samples).
-    ``score`` clips the layer's output at the threshold in flight and scores
-    the logits (energy by default). The paper clips the penultimate layer.
+    exact quantiles, linearly interpolated; ``exact=False``: the
+    bounded-memory sketch of :class:`~scio_recorder.reduce.Quantiles`,
+    memory flat in the samples). ``score`` clips the output at the
+    threshold in flight and scores the logits (energy by default). The
+    paper clips the penultimate layer.
+
+    scio 1.1's variants: ``symmetric=True`` also clips from below, at the
+    ``1 - percentile`` quantile (``percentile > 0.5``): ``clamp(min=lower,
+    max=threshold)``. ``layers=[...]`` clips several layers in one pass:
+    with one threshold for all of them, the quantile of their activations
+    together (``per_layer=False``, scio's default), or one per layer
+    (``per_layer=True``, ``percentile`` then one value or one per layer).
+
+    scio 1.1's ``ReAct`` takes ``percentile`` in percent (90.0 for our
+    0.9), its thresholds as the next value up (``"higher"``; ``"lower"``
+    for the lower one) where ours interpolate, and its conformity is
+    ``softmax`` of the clipped logits at the class the unclipped net
+    predicts; ``detector=msp_score`` gives minus their maximum (the two
+    agree where clipping keeps the prediction): see the scio migration
+    page.
 
     Parameters
     ----------
     rnet : Recorder
         The wrapped net.
-    layer : selector
+    layer : selector, optional
         The layer whose output is clipped (one call).
-    percentile : float, default 0.9
+    layers : list of selectors, optional
+        Several layers instead (exactly one of ``layer`` and ``layers``);
+        edits of several layers need an eager (not compiled) recorder.
+    percentile : float or list of float, default 0.9
         The quantile, a fraction in ``[0, 1)`` (pytorch-ood's name; the
-        paper's 90th percentile).
+        paper's 90th percentile); a list gives one per layer
+        (``per_layer=True``).
+    symmetric : bool, default False
+        Also clip below, at the ``1 - percentile`` quantile.
+    per_layer : bool, default False
+        One threshold per layer, or one for all the layers (scio's name and
+        default; the same with one layer).
     exact : bool, default True
         Exact quantiles, or the sketch.
     detector : callable, optional
@@ -191,59 +230,158 @@ class ReAct(_Shaping):
     >>> react = ReAct(rnet, layer="1").fit([torch.randn(64, 3)], input=None)
     >>> react(torch.randn(4, 3)).shape, float(react.threshold) > 0
     (torch.Size([4]), True)
+    >>> both = ReAct(rnet, layers=["0", "1"], symmetric=True, per_layer=True)
+    >>> both.fit([torch.randn(64, 3)], input=None).thresholds.shape
+    torch.Size([2])
 
     """
 
     needs_fit: ClassVar[bool] = True
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the paper's options and scio's variants)
         self,
         rnet: Recorder,
-        layer: Selector,
+        layer: Selector | None = None,
         *,
-        percentile: float = 0.9,
+        layers: Sequence[Selector] | None = None,
+        percentile: float | Sequence[float] = 0.9,
+        symmetric: bool = False,
+        per_layer: bool = False,
         exact: bool = True,
         detector: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
-        """Resolve the layer; the threshold comes from :meth:`fit`."""
-        _check_percentile("ReAct", percentile)
-        super().__init__(rnet, layer, detector=detector)
-        self.percentile = percentile
+        """Resolve the layers; the thresholds come from :meth:`fit`."""
+        if (layer is None) == (layers is None):
+            msg = (
+                "ReAct: give the layer to clip, `layer=`, or several, `layers=[...]` "
+                "(exactly one of them)."
+            )
+            raise ValueError(msg)
+        labels = None if layers is None else resolve_layers(rnet, layers, "ReAct")
+        super().__init__(
+            rnet, layer if labels is None else labels[0], detector=detector
+        )
+        self.labels: list[DepthIdx] = [self.label] if labels is None else labels
+        self.per_layer = bool(per_layer) and len(self.labels) > 1
+        groups = len(self.labels) if self.per_layer else 1
+        if isinstance(percentile, int | float):
+            levels = [float(percentile)] * groups
+        elif per_layer and len(percentile) == len(self.labels):
+            levels = [float(p) for p in percentile]
+        else:
+            msg = (
+                f"ReAct: percentile is {percentile!r}; give one fraction, or one "
+                f"per layer ({len(self.labels)}) with `per_layer=True`."
+            )
+            raise ValueError(msg)
+        for level in levels:
+            _check_percentile("ReAct", level)
+            if symmetric and not level > 0.5:  # noqa: PLR2004 (the lower quantile below the upper)
+                msg = (
+                    f"ReAct: symmetric clipping needs percentile > 0.5 (the lower "
+                    f"threshold is the 1 - percentile quantile), got {level}"
+                )
+                raise ValueError(msg)
+        self.percentile: float | list[float] = (
+            levels[0] if isinstance(percentile, int | float) else levels
+        )
+        self.levels = levels
+        self.symmetric = bool(symmetric)
         self.exact = exact
-        self.threshold = torch.tensor(float("nan"))
+        self.thresholds = torch.full((groups,), float("nan"))
+        self.lowers = torch.full((groups,), float("nan"))
+
+    @property
+    def threshold(self) -> Tensor:
+        """The (first) upper threshold, a scalar tensor."""
+        return self.thresholds[0]
 
     def fit_keep(self) -> dict[Any, Any]:
-        """Return the layer's activation quantile."""
-        q = Quantiles([self.percentile], per_feature=False, exact=self.exact)
-        return {self.label: q}
+        """Return a quantile stream per layer (merged over layers when shared)."""
+        keep = {}
+        for i, label in enumerate(self.labels):
+            level = self.levels[i if self.per_layer else 0]
+            q = [1 - level, level] if self.symmetric else [level]
+            keep[label] = _Pooled(q, per_feature=False, exact=self.exact)
+        return keep
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Keep the quantile as the threshold."""
-        self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
+        """Keep the quantiles as the thresholds."""
+        streams = [result[label] for label in self.labels]
+        groups = [[s] for s in streams] if self.per_layer else [streams]
+        uppers, lowers = [], []
+        for group in groups:
+            merged = group[0].fresh()
+            for stream in group:
+                merged.merge(stream)
+            values = Quantiles.result(merged).reshape(-1).to(torch.float32)
+            uppers.append(values[-1])
+            lowers.append(values[0] if self.symmetric else values.new_tensor(math.nan))
+        self.thresholds, self.lowers = torch.stack(uppers), torch.stack(lowers)
+
+    def edit_passes(self) -> list[Edit]:
+        """One pass clipping every layer (a callable for one layer)."""
+        if len(self.labels) == 1:
+            return [(self.label, self.edit)]
+        return [{label: self._clipper(i) for i, label in enumerate(self.labels)}]
+
+    def _clipper(self, layer: int) -> Callable[[Any], Tensor]:
+        group = layer if self.per_layer else 0
+
+        def clip(output: Any) -> Tensor:
+            return self.edit(output, group)
+
+        return clip
+
+    def edit(self, output: Tensor, group: int = 0) -> Tensor:
+        """Return the output clipped by ``group``'s thresholds (one tensor only)."""
+        return self.clip(self.one_tensor(output), group)
 
     def shape(self, output: Tensor) -> Tensor:
-        """Clip at the threshold."""
-        return output.clamp(max=self.threshold.to(output))
+        """Clip at the (first) thresholds."""
+        return self.clip(output, 0)
+
+    def clip(self, output: Tensor, group: int) -> Tensor:
+        """Clip at ``group``'s threshold (and from below at its lower one)."""
+        upper = self.thresholds[group].to(output)
+        if not self.symmetric:
+            return output.clamp(max=upper)
+        return output.clamp(min=self.lowers[group].to(output), max=upper)
 
     def config(self) -> dict[str, Any]:
-        """Return the layer label, the percentile and the quantile mode."""
-        return {
+        """Return the layers, the percentile, the variants and the quantile mode."""
+        config: dict[str, Any] = {
             "layer": list(self.label),
             "percentile": self.percentile,
             "exact": self.exact,
         }
+        if len(self.labels) > 1:
+            config["layer"] = [list(label) for label in self.labels]
+            config["per_layer"] = self.per_layer
+        if self.symmetric:
+            config["symmetric"] = True
+        return config
 
     def state(self) -> dict[str, Tensor]:
-        """Return the threshold."""
-        return {"threshold": self.threshold.reshape(1)}
+        """Return the thresholds (and the lower ones, ``symmetric``)."""
+        state = {"threshold": self.thresholds}
+        if self.symmetric:
+            state["lower"] = self.lowers
+        return state
 
     def state_entries(self) -> dict[str, StateEntry]:
-        """Return the entries: the clipping threshold, ``[1]`` float32."""
-        return {"threshold": StateEntry((1,), torch.float32)}
+        """Return the entries: a clipping threshold per group of layers, float32."""
+        groups = len(self.thresholds)
+        entries = {"threshold": StateEntry((groups,), torch.float32)}
+        if self.symmetric:
+            entries["lower"] = StateEntry((groups,), torch.float32)
+        return entries
 
     def load_state(self, state: Any) -> None:
-        """Set the threshold."""
-        self.threshold = state["threshold"].reshape(())
+        """Set the thresholds."""
+        self.thresholds = state["threshold"].reshape(-1)
+        if self.symmetric:
+            self.lowers = state["lower"].reshape(-1)
 
 
 class ASH(_Shaping):
