@@ -5,10 +5,14 @@ Run by ``tests/test_ood_scio.py`` under the interpreter ``$SCIO_PYTHON``
 FOLDER``. ``FOLDER`` holds ``net.pt`` (the whole net, pickled),
 ``data.pt`` (``calib_x``, ``calib_y``, ``query_x``) and ``configs.json``
 (one score a row: ``name``, scio's ``score`` class, its ``params``, the
-``layers`` recorded as ``[depth, idx]``, ``dtype`` and scio's ``mode``).
+``layers`` recorded as ``[depth, idx]``, ``dtype`` and scio's ``mode``;
+``"noise": true`` draws scio's random perturbations from ``data.pt``'s
+``noise``, ``{"rows": [M, ...], "draws": [M, S, ...]}``, the draws of each
+sample looked up by its values, instead of scio's generator).
 It writes ``out.pt``: ``name -> {"out": logits, "conformity": [Q,
-classes]}``. Nothing of scio is imported unless run as a script, so the
-module imports under any Python (pytest collects doctests from it).
+classes], ...}`` (with what scio fitted, where a test reads it). Nothing
+of scio is imported unless run as a script, so the module imports under
+any Python (pytest collects doctests from it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ def conformities(folder: Path) -> dict[str, dict[str, Any]]:
                 **params["test"],
                 "prior": torch.tensor(params["test"]["prior"], dtype=dtype),
             }
-        score = getattr(scores, config["score"])(**params, mode=config["mode"])
+        kind = getattr(scores, config["score"])
+        if config.get("noise"):
+            kind = with_noise(kind, data["noise"])
+        score = kind(**params, mode=config["mode"])
         score.fit(rnet, data["calib_x"].to(dtype), data["calib_y"])
         out, conformity = score(data["query_x"].to(dtype))
         results[config["name"]] = {
@@ -49,6 +56,24 @@ def conformities(folder: Path) -> dict[str, dict[str, Any]]:
             **fitted(score),
         }
     return results
+
+
+def with_noise(kind: Any, noise: dict[str, Any]) -> Any:
+    """Return ``kind`` (scio's Odds) drawing each sample's noise from ``noise``.
+
+    scio draws ``uniform(len(inputs) * S, *shape, to=inputs)`` and adds row
+    ``i * S + j`` to sample ``i``: the draws of each row of ``to``, in order.
+    """
+    index = {row.numpy().tobytes(): i for i, row in enumerate(noise["rows"])}
+    draws = noise["draws"]
+
+    class Injected(kind):  # type: ignore[misc,valid-type] (scio's class)
+        def uniform(self, *size: int, to: Any) -> Any:
+            del size
+            rows = [index[row.numpy().tobytes()] for row in to]
+            return draws[rows].reshape(-1, *to.shape[1:]).to(to)
+
+    return Injected
 
 
 def fitted(score: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,13 +48,21 @@ from scio_recorder.ood import (
     LID,
     RMDS,
     DkNN,
+    FeatureSqueezing,
+    IsoMax,
+    JointEnergy,
     Mahalanobis,
     MahalanobisEnsemble,
+    Odds,
+    ReAct,
     Trust,
 )
+from scio_recorder.ood._logits import msp_score
+from scio_recorder.ood._perturbation import sample_noise
 from scio_recorder.ood._protocol import run_pass
 from scio_recorder.ood._search import nearest
 from scio_recorder.ood.benchmark import load_benchmark
+from scio_recorder.ood.metrics import auroc
 
 SCIO_PYTHON = os.environ.get("SCIO_PYTHON", "")
 pytestmark = [
@@ -122,11 +131,57 @@ DIGITS = [
         layer_aggregation="harmonic",
     ),
 ]  # fmt: skip
+# The scores without a layer, and ReAct: (2, 6) the last conv and (2, 10)
+# the first Linear, before their ReLUs (symmetric clipping needs negative
+# activations).
+CONV, HIDDEN = (2, 6), (2, 10)
+ODDS_EPSILON, ODDS_DRAWS = 0.1, 256
+SCORES = [
+    scio_config("joint-energy", "JointEnergy", []),
+    scio_config("squeezing", "FeatureSqueezing", [], squeezers=["bits:3", "median:2"]),
+    scio_config(
+        "squeezing-l2-mean", "FeatureSqueezing", [],
+        squeezers=["bits:2", "median:3"], dist_norm=2.0, aggregation="mean",
+    ),
+    scio_config("isomax", "IsoMax", []),
+    # Odds with the draws of our sample_noise (scio's "noise": see
+    # scio_reference.py), so that both score the same noisy inputs.
+    {
+        **scio_config(
+            "odds", "Odds", [], epsilon=ODDS_EPSILON, noise_samples=ODDS_DRAWS
+        ),
+        "noise": True,
+    },
+    {
+        **scio_config(
+            "odds-detect", "Odds", [], epsilon=ODDS_EPSILON,
+            noise_samples=ODDS_DRAWS, z_aggregation="detect",
+        ),
+        "noise": True,
+    },
+    scio_config("react", "ReAct", [PENULTIMATE]),
+    scio_config(
+        "react-symmetric", "ReAct", [CONV, HIDDEN], percentile=80.0,
+        symmetric=True, per_layer=True,
+    ),
+    scio_config(
+        "react-shared", "ReAct", [CONV, HIDDEN], percentile=80.0, symmetric=True
+    ),
+]  # fmt: skip
 MLP = [
     scio_config("maha", "DeepMahalanobis", [MLP_LAYERS[1]], dtype=F64),
     scio_config("maha-diff", "DeepMahalanobis", [MLP_LAYERS[1]], F64, mode="diff"),
     scio_config("rmd", "RelativeMahalanobis", [MLP_LAYERS[1]], dtype=F64),
     scio_config("maha-layers", "DeepMahalanobis", MLP_LAYERS, dtype=F64),
+    scio_config(
+        "maha-eps", "DeepMahalanobis", [MLP_LAYERS[1]], dtype=F64, epsilon=0.05
+    ),
+    scio_config(
+        "rmd-eps", "RelativeMahalanobis", [MLP_LAYERS[1]], dtype=F64, epsilon=0.05
+    ),
+    scio_config(
+        "maha-layers-eps", "DeepMahalanobis", MLP_LAYERS, dtype=F64, epsilon=0.05
+    ),
 ]
 
 
@@ -154,7 +209,10 @@ def digits(tmp_path_factory):
     net.eval()
     query = torch.cat([bench.test[0][:100], bench.near["digits-6-9"][:100]])
     data = {"calib_x": bench.train[0], "calib_y": bench.train[1], "query_x": query}
-    scio = run_scio(tmp_path_factory.mktemp("digits"), net, data, DIGITS)
+    rows = torch.cat([data["calib_x"], query])
+    draws = torch.stack([sample_noise(row, ODDS_DRAWS, seed=0) for row in rows])
+    data["noise"] = {"rows": rows, "draws": draws}
+    scio = run_scio(tmp_path_factory.mktemp("digits"), net, data, DIGITS + SCORES)
     return net, data, scio
 
 
@@ -390,6 +448,223 @@ def test_ensemble_at_predicted_is_scios_deep_mahalanobis_on_layers(mlp):
     mine = ens.score_classes(x) * (n - 1) / n
     cond = max(float(torch.linalg.cond(p)) for p in ens.precisions)
     assert_close(mine, -conformity(scio["maha-layers"]), mine.abs() * cond * 1e-13)
+
+
+# ---------------------------------------------------- the scores of issue 26
+IS_OOD = torch.arange(200) >= 100  # the queries: 100 test digits, then 100 6-9
+
+
+def at_predicted(result):
+    """Return scio's conformity at the prediction, negated (what scio.eval ranks)."""
+    predicted = result["out"].argmax(dim=1)[:, None]
+    return -conformity(result).gather(1, predicted)[:, 0]
+
+
+def rated(scores):
+    return auroc(scores[~IS_OOD], scores[IS_OOD])
+
+
+def test_joint_energy_is_minus_scios_conformity(digits):
+    net, data, scio = digits
+    detector, x = plain(net, data, JointEnergy, dtype=torch.float32)
+    with torch.no_grad():
+        logits = detector.rnet(x).double()
+    # Both sum C = 6 softplus terms (logaddexp vs logsumexp of (0, z_c)):
+    # a few roundings of each term, |term| <= |z_c| + log 2.
+    tol = 4 * logits.shape[1] * EPS32 * (logits.abs() + 1).sum(dim=1)
+    assert_close(detector(x), -conformity(scio["joint-energy"])[:, 0], tol)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("squeezing", {"squeezers": ["bits:3", "median:2"]}),
+        (
+            "squeezing-l2-mean",
+            {
+                "squeezers": ["bits:2", "median:3"],
+                "dist_norm": 2.0,
+                "aggregation": "mean",
+            },
+        ),
+    ],
+)
+def test_feature_squeezing_is_minus_scios_conformity(digits, name, options):
+    net, data, scio = digits
+    detector, x = plain(net, data, FeatureSqueezing, dtype=torch.float32, **options)
+    # The squeezed inputs are the same floats (median_squeeze picks and
+    # averages values as SciPy's np.median does); each distance sums C = 6
+    # differences of probabilities (<= 1), each rounded a few times.
+    tol = 8 * 6 * EPS32
+    assert_close(detector(x), -conformity(scio[name])[:, 0], tol)
+
+
+def isomax_tolerance(detector, x, probabilities):
+    """The rounding of softmax(-E_s d): torch.cdist (ours) vs scio's differences.
+
+    cdist computes ``d^2 = ||z||^2 + ||p||^2 - 2 z.p`` for these sizes: off
+    by a few ``eps32 (||z||^2 + ||p||^2)``, i.e. ``d`` by that over ``2 d``;
+    a change ``delta`` of the distances moves a probability by at most
+    ``2 E_s p max(delta)``.
+    """
+    with torch.no_grad():
+        z = detector.rnet(x).double()
+    prototypes = detector.prototypes.double()
+    d = torch.cdist(z, prototypes)
+    sizes = z.square().sum(dim=1)[:, None] + prototypes.square().sum(dim=1)[None, :]
+    delta = (8 * EPS32 * sizes / (2 * d)).amax(dim=1, keepdim=True)
+    return 2 * detector.entropic_scale * probabilities.abs() * delta + 4 * EPS32
+
+
+def test_isomax_with_scios_prototypes_is_minus_its_conformity(digits):
+    net, data, scio = digits
+    isomax, x = plain(net, data, IsoMax, dtype=torch.float32, steps=0)
+    isomax.prototypes = scio["isomax"]["prototypes"].float()
+    mine = isomax.score_classes(x).double()
+    tol = isomax_tolerance(isomax, x, mine)
+    assert_close(mine, -conformity(scio["isomax"]), tol)
+    isomax.at = "predicted"
+    assert_close(isomax(x), at_predicted(scio["isomax"]), tol.amax(dim=1))
+
+
+def test_isomax_fitted_rates_as_scios(digits):
+    # Adam over 1000 steps carries the rounding of the distances into the
+    # prototypes: the issue's criterion, AUROC within 0.005.
+    net, data, scio = digits
+    isomax, x = plain(net, data, IsoMax, dtype=torch.float32, at="predicted")
+    gap = (isomax.prototypes - scio["isomax"]["prototypes"]).abs().max()
+    assert float(gap) < 1e-3 * float(scio["isomax"]["prototypes"].abs().max())
+    assert abs(rated(isomax(x)) - rated(at_predicted(scio["isomax"]))) <= 0.005
+
+
+ODDS_CASES = {"odds": "sum", "odds-detect": "detect"}
+
+
+@pytest.fixture(scope="module")
+def odds(digits):
+    net, data, _ = digits
+    fitted = {}
+    for name, aggregation in ODDS_CASES.items():
+        fitted[name] = plain(
+            net, data, Odds, dtype=torch.float32, epsilon=ODDS_EPSILON,
+            noise_samples=ODDS_DRAWS, z_aggregation=aggregation, scale="variance",
+        )  # fmt: skip
+    return fitted
+
+
+def odds_tolerance(detector, x):
+    """Bounds on the statistics' rounding, and on each class's score.
+
+    Both sides run the same noisy inputs through the net, in batches of
+    other sizes (scio: a class's draws at once; ours: 4096 rows), whose
+    logits differ by a few roundings of each of the 4 layers' dot products:
+    ``16 eps32 max|z|``. A shift ``g`` combines four logits; scio's float32
+    mean and variance over ``n`` rows add ``log2(n) eps32`` relative
+    (pairwise sums) of the largest ``|g|`` and ``g^2``. A z-score ``(g -
+    mu) / v`` is then off by ``(dg + dmu) / v + |z| dv / v``; a class's
+    score sums them over the other classes ("sum") or takes one ("detect").
+    """
+    with torch.no_grad():
+        logits = detector.rnet(x).double()
+    shift, _ = detector.shifts((x,), {})
+    g = shift[:, None, :] - shift[:, :, None]
+    logit_error = 16 * EPS32 * float(logits.abs().max())
+    rows = float(detector.counts.max())
+    scale = float(g.abs().max()) + float(detector.mean.abs().max()) + 4 * logit_error
+    mean_error = 4 * logit_error + math.log2(rows) * EPS32 * scale
+    variance_error = 2 * scale * mean_error + math.log2(rows) * EPS32 * scale**2
+    variance = detector.std.square()
+    z = ((g - detector.mean) / variance).abs()
+    per_z = (2 * mean_error + z * variance_error) / variance
+    off = ~torch.eye(variance.shape[0], dtype=torch.bool)
+    per_z = per_z.where(off, 0)
+    total = per_z.sum(dim=2) if detector.z_aggregation == "sum" else per_z.amax(dim=2)
+    return mean_error, variance_error, total
+
+
+@pytest.mark.parametrize("name", list(ODDS_CASES))
+def test_odds_on_the_same_noise_is_scios(digits, odds, name):
+    _, _, scio = digits
+    detector, x = odds[name]
+    mean_error, variance_error, tol = odds_tolerance(detector, x)
+    assert_close(detector.mean, scio[name]["mean"], mean_error)
+    assert_close(detector.std.square(), scio[name]["variance"], variance_error)
+    assert_close(detector.score_classes(x), -conformity(scio[name]), tol)
+    detector.at = "predicted"
+    predicted = detector.rnet(x).argmax(dim=1)[:, None]
+    assert_close(detector(x), at_predicted(scio[name]), tol.gather(1, predicted)[:, 0])
+    assert abs(rated(detector(x)) - rated(at_predicted(scio[name]))) <= 0.005
+
+
+REACT_CASES = {
+    # scio's name: (our layers, percentile, symmetric, per_layer)
+    "react": ([PENULTIMATE], 0.9, False, False),
+    "react-symmetric": ([CONV, HIDDEN], 0.8, True, True),
+    "react-shared": ([CONV, HIDDEN], 0.8, True, False),
+}
+
+
+@pytest.mark.parametrize("name", list(REACT_CASES))
+def test_react_with_scios_thresholds_is_minus_its_best_conformity(digits, name):
+    net, data, scio = digits
+    layers, percentile, symmetric, per_layer = REACT_CASES[name]
+    react, x = plain(
+        net, data, ReAct, dtype=torch.float32, layers=layers, percentile=percentile,
+        symmetric=symmetric, per_layer=per_layer, detector=msp_score,
+    )  # fmt: skip
+    # Our thresholds interpolate between the order statistics around the
+    # quantile; scio's take the next one up ("higher"; "lower" below).
+    activations = run_pass(react.rnet, (data["calib_x"].float(),), {}, outputs=layers)
+    groups = [[label] for label in layers] if per_layer else [layers]
+    bounds = scio[name]["bounds"]
+    for i, group in enumerate(groups):
+        values = torch.cat([activations.outputs[g].reshape(-1) for g in group])
+        ordered = values.sort().values
+        position = percentile * (len(ordered) - 1)
+        lo, hi = ordered[math.floor(position)], ordered[math.ceil(position)]
+        assert torch.equal(bounds[i][1], hi)
+        assert lo <= react.thresholds[i] <= hi
+        if symmetric:
+            position = (1 - percentile) * (len(ordered) - 1)
+            lo, hi = ordered[math.floor(position)], ordered[math.ceil(position)]
+            assert torch.equal(bounds[i][0], lo)
+            assert lo <= react.lowers[i] <= hi
+    react.thresholds = torch.stack([upper for _, upper in bounds])
+    if symmetric:
+        react.lowers = torch.stack([lower for lower, _ in bounds])
+    # The same clipped pass on both sides: the largest probability, its
+    # rounding.
+    best = conformity(scio[name]).amax(dim=1)
+    assert_close(react(x), -best, 4 * EPS32)
+
+
+EPSILON_CASES = {
+    # scio's name: (our detector, its options)
+    "maha-eps": (Mahalanobis, {"layer": MLP_LAYERS[1]}),
+    "rmd-eps": (RMDS, {"layer": MLP_LAYERS[1]}),
+    "maha-layers-eps": (MahalanobisEnsemble, {"layers": MLP_LAYERS, "pool": None}),
+}
+
+
+@pytest.mark.parametrize("name", list(EPSILON_CASES))
+def test_input_preprocessing_is_scios(mlp, name):
+    net, data, scio = mlp
+    n = len(data["calib_y"])
+    kind, options = EPSILON_CASES[name]
+    detector, x = plain(net, data, kind, epsilon=0.05, **options)
+    mine = detector.score_classes(x) * (n - 1) / n
+    # The moved inputs are the same (the same sign steps, float64); their
+    # distances differ by the inverse vs pseudo-inverse of the covariance.
+    precisions = getattr(detector, "precisions", None) or [detector.precision]
+    cond = max(float(torch.linalg.cond(p)) for p in precisions)
+    if name == "rmd-eps":
+        cond = max(cond, float(torch.linalg.cond(detector.background_precision)))
+    tol = mine.abs() * cond * 16 * 16 * EPS64 + 1e-9
+    assert_close(mine, -conformity(scio[name]), tol)
+    detector.at = "predicted"
+    assert_predicted(detector, x, scio[name], tol, scale=(n - 1) / n)
+    # And the step moved the scores (epsilon > 0 is not a no-op).
+    assert not torch.allclose(mine, -conformity(scio[name.removesuffix("-eps")]))
 
 
 if __name__ == "__main__":  # pragma: no cover

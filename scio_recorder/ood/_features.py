@@ -14,6 +14,7 @@ __all__ = [
     "Mahalanobis",
     "ViM",
     "class_mahalanobis",
+    "closest_class_sum",
     "mahalanobis_scores",
     "min_mahalanobis",
     "spread_classes",
@@ -36,7 +37,8 @@ from ._checks import (
 )
 from ._classes import ClassConditional, check_at, class_count
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry, fit_pass
+from ._perturbation import check_epsilon, gradient_step
+from ._protocol import Detector, Pass, StateEntry, fit_pass, run_pass
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:
@@ -97,6 +99,23 @@ def class_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Ten
     if not columns:
         return flat.new_zeros(flat.shape[0], 0)
     return torch.stack(columns, dim=1)
+
+
+def closest_class_sum(scores: Tensor) -> Tensor:
+    """Return the sum over rows of each row's lowest score (NaN counts as ``inf``).
+
+    The loss of Lee et al.'s preprocessing: its gradient with respect to the
+    input moves each sample towards its closest class.
+
+    Examples
+    --------
+    >>> import torch
+    >>> closest_class_sum(torch.tensor([[1.0, 2.0], [float("nan"), 3.0]]))
+    tensor(4.)
+
+    """
+    closest = scores.detach().nan_to_num(nan=math.inf).argmin(dim=1)
+    return scores.gather(1, closest[:, None]).sum()
 
 
 def spread_classes(scores: Tensor, classes: Tensor, width: int) -> Tensor:
@@ -247,6 +266,16 @@ class Mahalanobis(ClassConditional, _Features):
     conformity is minus it times ``(N - 1) / N`` (its covariance divides by
     ``N - 1``).
 
+    Input preprocessing (``epsilon > 0``; Lee et al.'s, scio's
+    ``epsilon``): with ``c*`` the closest class of ``x``, the input moves to
+    ``x^ = x - epsilon sign(grad_x d_c*(x))`` (gradient entries below the
+    dtype's ``eps`` count as 0, as scio's; its default ``fgm_norm=inf`` is
+    this sign step), and every class's score is that of ``x^``; the
+    predicted class stays the net's on ``x``. It costs a forward and a
+    backward pass with autograd on the input, then a forward on ``x^``: the
+    detector's own passes (:attr:`~Detector.own_passes`), as ODIN's. The
+    fit is unchanged.
+
     Parameters
     ----------
     rnet : Recorder
@@ -262,6 +291,11 @@ class Mahalanobis(ClassConditional, _Features):
         to be non-negative.
     at : {"closest", "predicted"}
         Which class's distance is the score.
+    epsilon : float, default 0.0
+        Lee et al.'s input preprocessing (0: none, today's scores bit for
+        bit): the input moves by ``-epsilon sign(grad_x d(x))``, ``d`` the
+        distance to the closest class, and is scored moved
+        (:meth:`class_scores_inputs`).
 
     Examples
     --------
@@ -274,6 +308,9 @@ class Mahalanobis(ClassConditional, _Features):
     >>> maha = Mahalanobis(rnet).fit(data, target=1)
     >>> maha.means.shape, maha(torch.randn(5, 3)).shape
     (torch.Size([2, 4]), torch.Size([5]))
+    >>> moved = Mahalanobis(rnet, epsilon=0.01).fit(data, target=1)
+    >>> bool((moved(torch.randn(5, 3)) >= 0).all())
+    True
 
     """
 
@@ -287,9 +324,12 @@ class Mahalanobis(ClassConditional, _Features):
         *,
         num_classes: int | None = None,
         at: str = "closest",
+        epsilon: float = 0.0,
     ) -> None:
         """Resolve the features' layer; find or check the number of classes."""
         self.at = check_at(type(self).__name__, at)
+        self.epsilon = check_epsilon(type(self).__name__, epsilon)
+        self.own_passes = self.epsilon > 0
         super().__init__(rnet, layer)
         if num_classes is None:
             num_classes = self.num_classes  # the net's logits
@@ -340,6 +380,31 @@ class Mahalanobis(ClassConditional, _Features):
     def closest_scores(self, result: Pass) -> Tensor:
         """Return the distance to the closest class mean."""
         return min_mahalanobis(self.features(result), self.means, self.precision)
+
+    def class_scores_inputs(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass]:
+        """Return the class scores of the preprocessed input, and the pass of ``x``.
+
+        ``epsilon > 0`` only: one step against the gradient of the score at
+        the closest class (:func:`~._perturbation.gradient_step`), then a
+        pass of the moved input.
+        """
+        outputs, inputs = self.outputs(), self.inputs()
+        (moved,), clean = gradient_step(
+            self.rnet,
+            args,
+            kwargs,
+            lambda result: [closest_class_sum(self.class_scores(result))],
+            epsilon=self.epsilon,
+            who=type(self).__name__,
+            outputs=outputs,
+            inputs=inputs,
+        )
+        result = run_pass(
+            self.rnet, (moved, *args[1:]), kwargs, outputs=outputs, inputs=inputs
+        )
+        return self.class_scores(result), clean
 
     def state(self) -> dict[str, Tensor]:
         """Return the classes, means and precision."""

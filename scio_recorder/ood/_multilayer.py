@@ -50,9 +50,15 @@ from ._checks import (
     per_sample_size,
 )
 from ._classes import ClassConditional, check_at, class_count
-from ._features import class_mahalanobis, min_mahalanobis, spread_classes
+from ._features import (
+    class_mahalanobis,
+    closest_class_sum,
+    min_mahalanobis,
+    spread_classes,
+)
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry, fit_pass
+from ._perturbation import check_epsilon, gradient_step
+from ._protocol import Detector, Pass, StateEntry, fit_pass, run_pass
 from ._pvalues import check_aggregation, combine, p_values
 
 if TYPE_CHECKING:
@@ -109,6 +115,8 @@ def pool_features(
     pool: str | None = "mean",
     token: str = "cls",  # noqa: S107 (not a password)
     mask: Tensor | None = None,
+    *,
+    detach: bool = True,
 ) -> Tensor:
     """Return one feature vector per sample, ``[B, F]``, in float64.
 
@@ -118,7 +126,8 @@ def pool_features(
     (``token="mean"``; every token without a mask); other shapes are
     flattened. ``pool=None`` flattens every sample. ``pool="sum"`` and
     ``token="sum"`` sum instead of averaging (NAC's option: OpenOOD's
-    pooling).
+    pooling). ``detach=False`` keeps the autograd graph (a gradient with
+    respect to the input through the pooled features).
 
     Examples
     --------
@@ -130,7 +139,7 @@ def pool_features(
     [[2.0]]
 
     """
-    value = value.detach().to(_F64)
+    value = (value.detach() if detach else value).to(_F64)
     if pool is None:
         return value.reshape(value.shape[0], -1)
     if value.dim() == _MAP:
@@ -287,13 +296,17 @@ class _MultiLayer(Detector):
             return self._mask_value[rows.to(self._mask_value.device)]
         return self._mask_value
 
-    def features(self, value: Tensor, rows: Tensor | None = None) -> Tensor:
+    def features(
+        self, value: Tensor, rows: Tensor | None = None, *, detach: bool = True
+    ) -> Tensor:
         """Pool one layer's record into ``[B, F]`` float64 features.
 
         ``rows``: the rows of the batch ``value`` holds (``Pass.rows``), for
-        the padding mask; ``None``: all of them.
+        the padding mask; ``None``: all of them. ``detach=False`` keeps the
+        autograd graph.
         """
-        return pool_features(value, self.pool, self.token, self.current_mask(rows))
+        mask = self.current_mask(rows)
+        return pool_features(value, self.pool, self.token, mask, detach=detach)
 
     def config(self) -> dict[str, Any]:
         return {
@@ -355,8 +368,8 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     Where our reading decided: the paper fits ``w_l`` by logistic regression
     on validation OoD data; we need no OoD data: equal weights ``1`` (as
     pytorch-ood's ``MultiMahalanobis``), or ``weights=``. The paper's input
-    preprocessing (a step of size eps against the gradient) is not done (eps
-    = 0; pytorch-ood's does not either). ``S^+`` is the pseudo-inverse of the
+    preprocessing (a step of size eps against the gradient) is ``epsilon=``,
+    default 0 (none; pytorch-ood does none). ``S^+`` is the pseudo-inverse of the
     covariance shrunk by ``shrinkage`` (:func:`shrunk`) for near-singular
     covariances. pytorch-ood's ``MultiMahalanobis`` scores ``0.5 M_l`` with
     ``S_l = W`` (not divided by ``N``) plus ``1e-6 I``: its scores are ours
@@ -398,6 +411,13 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
         ``None`` (the weighted sum of distances) or one of
         :data:`~scio_recorder.ood._pvalues.AGGREGATIONS` (unweighted: no
         ``weights`` with it).
+    epsilon : float, default 0.0
+        Lee et al.'s input preprocessing, per layer (0: none, today's
+        scores bit for bit): layer ``l`` reads ``x^_l = x - epsilon
+        sign(grad_x M_l(x))``, the step towards its own closest class, as
+        the paper and scio's ``DeepMahalanobis`` do (a backward pass and a
+        forward pass per layer, the detector's own; not with an
+        ``aggregation``, whose p-values are calibrated on unmoved inputs).
 
     Examples
     --------
@@ -427,10 +447,20 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
         shrinkage: float = 0.0,
         at: str = "closest",
         aggregation: str | None = None,
+        epsilon: float = 0.0,
     ) -> None:
         """Resolve the layers; check the weights and the shrinkage."""
         self.at = check_at("MahalanobisEnsemble", at)
         check_aggregation("MahalanobisEnsemble", aggregation, none=True)
+        self.epsilon = check_epsilon("MahalanobisEnsemble", epsilon)
+        self.own_passes = self.epsilon > 0
+        if self.epsilon and aggregation is not None:
+            msg = (
+                f"MahalanobisEnsemble: aggregation={aggregation!r} calibrates "
+                "p-values on the unmoved fit samples, so the inputs moved by "
+                f"epsilon={epsilon!r} would not be calibrated; use one of them."
+            )
+            raise ValueError(msg)
         if aggregation is not None and weights is not None:
             msg = (
                 "MahalanobisEnsemble: weights weigh the sum of distances, but "
@@ -509,20 +539,25 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     def layer_class_scores(self, result: Pass) -> Tensor:
         """Return ``M_lc(x)`` per layer, sample and fitted class, ``[L, B, C']``."""
         return torch.stack(
-            [
-                class_mahalanobis(self.features(result.outputs[label]), mean, precision)
-                for label, mean, precision in zip(
-                    self.labels, self.means, self.precisions, strict=True
-                )
-            ]
+            [self._layer_distances(i, result) for i in range(len(self.labels))]
         )
+
+    def _layer_distances(
+        self, layer: int, result: Pass, *, detach: bool = True
+    ) -> Tensor:
+        """Return ``M_lc`` of layer ``layer`` read in ``result``, ``[B, C']``."""
+        features = self.features(result.outputs[self.labels[layer]], detach=detach)
+        return class_mahalanobis(features, self.means[layer], self.precisions[layer])
 
     def class_scores(self, result: Pass) -> Tensor:
         """Return each class's weighted distances summed, ``[batch, classes]``.
 
         With an aggregation: minus the combined p-values.
         """
-        per_layer = self.layer_class_scores(result)
+        return self._combined(self.layer_class_scores(result), result)
+
+    def _combined(self, per_layer: Tensor, result: Pass) -> Tensor:
+        """Return the class scores from the per-layer distances ``[L, B, C']``."""
         width = class_count(int(self.classes.max()) + 1, result)
         if self.aggregation is None:
             weights = torch.tensor(self.weights, dtype=_F64, device=per_layer.device)
@@ -560,6 +595,50 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
             ],
             dim=1,
         )
+
+    def moved_distances(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass]:
+        """Return ``M_lc(x^_l)`` ``[L, B, C']`` and the pass of ``x`` (``epsilon > 0``).
+
+        Each layer's own preprocessing, as scio's: one pass with autograd
+        on, a backward pass per layer (the gradient of the distance to that
+        layer's closest class), then a pass of each moved input ``x^_l``.
+        """
+        moved, clean = gradient_step(
+            self.rnet,
+            args,
+            kwargs,
+            lambda result: [
+                closest_class_sum(self._layer_distances(i, result, detach=False))
+                for i in range(len(self.labels))
+            ],
+            epsilon=self.epsilon,
+            who="MahalanobisEnsemble",
+            outputs=self.labels,
+        )
+        per_layer = [
+            self._layer_distances(
+                i, run_pass(self.rnet, (x, *args[1:]), kwargs, outputs=[label])
+            )
+            for i, (x, label) in enumerate(zip(moved, self.labels, strict=True))
+        ]
+        return torch.stack(per_layer), clean
+
+    def class_scores_inputs(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass]:
+        """Return the class scores of the preprocessed inputs (``epsilon > 0``)."""
+        per_layer, clean = self.moved_distances(args, kwargs)
+        return self._combined(per_layer, clean), clean
+
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Score the preprocessed inputs (``epsilon > 0``), closest class per layer."""
+        if self.at == "predicted":
+            return super().score_inputs(args, kwargs)
+        per_layer, _ = self.moved_distances(args, kwargs)
+        weights = torch.tensor(self.weights, dtype=_F64, device=per_layer.device)
+        return (per_layer.amin(dim=2) * weights[:, None]).sum(dim=0)
 
     def score_sum(self, result: Pass) -> Tensor:
         """Return the weighted sum of the per-layer closest-class distances."""

@@ -26,6 +26,7 @@ __all__ = [
     "FeatureSqueezing",
     "Odds",
     "bits_squeeze",
+    "check_epsilon",
     "floating_input",
     "gradient_step",
     "median_squeeze",
@@ -50,7 +51,7 @@ from ._protocol import Detector, Pass, StateEntry, empty_batch, run_pass
 from ._pvalues import AGGREGATIONS, combine
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from typing_extensions import Self
 
@@ -91,51 +92,90 @@ def floating_input(args: tuple[Any, ...], who: str) -> Tensor:
     return x
 
 
-def gradient_step(  # noqa: PLR0913 (the net's arguments, the loss, what it reads)
+def check_epsilon(who: str, epsilon: float) -> float:
+    """Return ``epsilon`` as a float if it is a finite number >= 0; raise otherwise.
+
+    Examples
+    --------
+    >>> check_epsilon("Mahalanobis", 0)
+    0.0
+
+    """
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, int | float)
+        or not math.isfinite(epsilon)
+        or epsilon < 0
+    ):
+        msg = f"{who}: epsilon must be a finite number >= 0, got {epsilon!r}"
+        raise ValueError(msg)
+    return float(epsilon)
+
+
+def gradient_step(  # noqa: PLR0913 (the net's arguments, the losses, what they read)
     rnet: Recorder,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
-    loss: Callable[[Pass], Tensor],
+    losses: Callable[[Pass], Sequence[Tensor]],
     *,
     epsilon: float,
     who: str,
     outputs: Iterable[DepthIdx] = (),
     inputs: Iterable[DepthIdx] = (),
-) -> tuple[Tensor, Pass]:
-    """Return ``x - epsilon sign(grad_x loss)`` and the pass of ``x``.
+) -> tuple[list[Tensor], Pass]:
+    """Return ``x - epsilon sign(grad_x loss)`` for each loss, and the pass of ``x``.
 
     ``x`` is the net's first positional input (:func:`floating_input`); one
-    pass with autograd on records ``outputs`` and ``inputs``, ``loss(pass)``
-    is a scalar (a sum over the batch: each sample's gradient is that of its
-    own term when samples do not interact, as in ``net.eval()``), and only
-    the input's gradient is taken (no parameter's ``.grad`` is touched).
-    Gradient entries of magnitude at most the dtype's ``eps`` count as 0
-    (no step), as scio's ``fgm_direction`` does. The returned pass holds
-    the records of ``x``, detached.
+    pass with autograd on records ``outputs`` and ``inputs``, ``losses(pass)``
+    are scalars (sums over the batch: each sample's gradient is that of its
+    own term when samples do not interact, as in ``net.eval()``), one
+    backward pass each, and only the input's gradient is taken (no
+    parameter's ``.grad`` is touched). Gradient entries of magnitude at
+    most the dtype's ``eps`` count as 0 (no step), as in scio's
+    ``fgm_direction``. The returned pass holds the records of ``x``,
+    detached.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(2, 2)), input_size=(1, 2))
+    >>> x = torch.zeros(1, 2)
+    >>> (moved,), _ = gradient_step(
+    ...     rnet, (x,), {}, lambda p: [p.logits[:, 0].sum()], epsilon=0.5, who="doc"
+    ... )
+    >>> torch.equal(moved, -0.5 * rnet.net[0].weight[0:1].sign())
+    True
+
     """
     x = floating_input(args, who)
     with torch.inference_mode(mode=False), torch.enable_grad():
         leaf = x.detach().clone().requires_grad_()
         result = run_pass(
-            rnet,
-            (leaf, *args[1:]),
-            kwargs,
-            outputs=outputs,
-            inputs=inputs,
-            grad=True,
+            rnet, (leaf, *args[1:]), kwargs, outputs=outputs, inputs=inputs, grad=True
         )
-        value = loss(result)
-        (grad,) = torch.autograd.grad(value, leaf, allow_unused=True)
-    if grad is None:
-        grad = torch.zeros_like(leaf)
-    tiny = grad.abs() <= torch.finfo(grad.dtype).eps
-    step = grad.sign().masked_fill(tiny, 0)
+        values = list(losses(result))
+        grads = [
+            torch.autograd.grad(
+                value, leaf, retain_graph=i < len(values) - 1, allow_unused=True
+            )[0]
+            for i, value in enumerate(values)
+        ]
+    moved = []
+    for grad in grads:
+        if grad is None:  # the loss does not depend on the input
+            moved.append(x.detach().clone())
+            continue
+        tiny = grad.abs() <= torch.finfo(grad.dtype).eps
+        step = grad.sign().masked_fill(tiny, 0)
+        moved.append((x.detach() - epsilon * step).to(x.dtype))
     detached = Pass(
         result.logits.detach(),
         {k: _detached(v) for k, v in result.outputs.items()},
         {k: v.detach() for k, v in result.inputs.items()},
     )
-    return (x.detach() - epsilon * step).to(x.dtype), detached
+    return moved, detached
 
 
 def _detached(value: Any) -> Any:
@@ -515,14 +555,7 @@ class Odds(ClassConditional):
     ) -> None:
         """Check the hyperparameters."""
         self.at = check_at("Odds", at)
-        if (
-            isinstance(epsilon, bool)
-            or not isinstance(epsilon, int | float)
-            or not math.isfinite(epsilon)
-            or epsilon < 0
-        ):
-            msg = f"Odds: epsilon must be a finite number >= 0, got {epsilon!r}"
-            raise ValueError(msg)
+        epsilon = check_epsilon("Odds", epsilon)
         for name, value in (("noise_samples", noise_samples), ("seed", seed)):
             low = 1 if name == "noise_samples" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -498,6 +498,10 @@ class RMDS(Mahalanobis):
         ``nn.Linear``.
     at : {"closest", "predicted"}
         Which class's relative distance is the score.
+    epsilon : float, default 0.0
+        Lee et al.'s input preprocessing, as :class:`Mahalanobis`' (the
+        step lowers the relative distance ``MD_c*(f) - MD_0(f)`` to the
+        closest class, as scio's ``RelativeMahalanobis``).
 
     Examples
     --------
@@ -514,10 +518,15 @@ class RMDS(Mahalanobis):
     """
 
     def __init__(
-        self, rnet: Recorder, layer: Selector | None = None, *, at: str = "closest"
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        at: str = "closest",
+        epsilon: float = 0.0,
     ) -> None:
         """Resolve the features' layer."""
-        super().__init__(rnet, layer, at=at)
+        super().__init__(rnet, layer, at=at, epsilon=epsilon)
         self.background_mean = torch.zeros(0, dtype=_F64)
         self.background_precision = torch.zeros(0, 0, dtype=_F64)
 
