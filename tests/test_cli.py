@@ -535,6 +535,25 @@ def test_input_ids_make_a_language_model_run_in_summary_and_record(capsys, gpt2_
     assert re.search(r" transformer\.h\.0\.mlp\.c_fc +\[2, 8, 128\] ", recorded)
 
 
+def test_summary_counts_a_tied_weight_once(capsys, gpt2_file):
+    """GPT-2's ``lm_head`` shares ``wte``'s weight: totals count it once."""
+    transformers = pytest.importorskip("transformers")
+    net = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)
+    )
+    unique = sum(p.numel() for p in net.parameters())  # each Parameter once
+    code, out, err = run(capsys, "summary", gpt2_file, "--input-ids", "1,8")
+    assert code == 0, err
+    assert f"Total params: {unique:,} (trainable {unique:,})" in out.splitlines()
+    assert "Tied weights (transformer.wte.weight = lm_head.weight)" in out
+    code, out, err = run(
+        capsys, "summary", gpt2_file, "--input-ids", "1,8", "--full"
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"Total params: {unique:,}" in out.splitlines()
+    assert f"Trainable params: {unique:,}" in out.splitlines()
+
+
 def test_input_ids_draw_the_graph_of_a_language_model(capsys, gpt2_file, tmp_path):
     out_file = tmp_path / "gpt.dot"
     code, out, err = run(
