@@ -57,6 +57,40 @@ def test_pages_are_discovered():
     assert len(found) == 1 + len(list((ROOT / "docs").rglob("*.md")))
 
 
+def quick_start(document: str, after: str) -> list[str]:
+    """Return the lines of the first ```bash block after ``after`` in a page."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", text[text.index(after) :], re.DOTALL)
+    assert block is not None, f"no bash block after {after!r} in {document}"
+    lines = [line.strip() for line in block[1].splitlines()]
+    return [line for line in lines if line and not line.startswith("git clone")]
+
+
+def test_the_quick_start_is_one_and_the_same_on_every_page():
+    """README, docs/start.md and docs/install.md give the same commands.
+
+    Torch from PyTorch's CPU index (a plain ``pip install torch`` is the
+    multi-GB CUDA build on an ordinary machine), then the project, then the
+    two commands a newcomer runs: the demo and the tests.
+    """
+    readme = quick_start("README.md", "## Quick start")
+    assert readme[1] == (
+        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    )
+    assert readme[-2:] == ["scio-recorder demo", "python -m pytest"]
+    assert quick_start("docs/start.md", "## Install") == readme
+    assert quick_start("docs/install.md", '=== "From a clone"') == readme
+
+
+def test_ci_runs_the_readmes_test_command_and_the_slow_tests():
+    """``.ci/run`` runs what the README tells a newcomer, then the slow tests."""
+    command = quick_start("README.md", "## Quick start")[-1]
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in lines
+    assert f"{command} -m slow" in lines
+    assert lines.index(command) < lines.index(f"{command} -m slow")
+
+
 @pytest.mark.parametrize("document", documents())
 def test_document_examples_run(document, tmp_path, monkeypatch):
     """Every ```python block of the page runs, in order, in one fresh namespace.
