@@ -664,6 +664,7 @@ def test_graph_writes_dot_and_svg(capsys, tmp_path):
     assert out.splitlines()[0] == "ExecutionGraph(7 nodes, 6 edges, depth=None)"
 
 
+@pytest.mark.slow
 def test_demo_quick_prints_the_table_and_writes_the_pictures(
     capsys, tmp_path, monkeypatch
 ):
@@ -727,6 +728,7 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(
     assert all(len(ax.collections) > 0 for ax in cam.axes[:8])
 
 
+@pytest.mark.slow
 def test_demo_without_dot_says_which_program_to_install(tmp_path, monkeypatch):
     """Without Graphviz's ``dot``, the demo names that program and how to get it."""
 
@@ -755,6 +757,7 @@ def test_the_gradcam_layer_of_a_net_without_convolution_is_refused():
         gradcam_layer(rnet)
 
 
+@pytest.mark.slow
 def test_demo_is_deterministic_for_a_seed():
     quiet = {"echo": lambda _line: None, "quick": True}
     first = run_demo(None, seed=3, **quiet)

@@ -1,4 +1,4 @@
-"""Every Python example of the README and the docs runs as written.
+"""Every example of the README and the docs runs as written, and prints what it shows.
 
 The pages are discovered (the README and every ``docs/**/*.md``), so a new
 page is tested without being listed. Every ```python block of a page runs,
@@ -7,26 +7,58 @@ folder, as a reader pasting the page's blocks one after the other into a new
 interpreter would run them: the first block must be self-contained (its
 imports included), and no block is skipped. (A ``# not run:`` escape once
 hid a first block that failed with ``NameError: runtime_checkable`` when
-pasted; there is no escape any more.) The one other kind of block is marked
-on its first line, visibly on the page:
+pasted; there is no escape any more.)
+
+What a page shows as output is compared with what the code prints, so an
+example cannot go stale (``docs/cli.md`` once showed an old ``--record``
+format). A page shows output in three ways:
+
+* a ```text block right after a ```python block (nothing but blank lines
+  between): what that block prints;
+* ``expression  # -> value`` in a ```python block: the value of the
+  expression as the interpreter echoes it (its ``repr``), or what it prints
+  (``print(x)  # -> ...``);
+* a ```text block of ``$ scio-recorder ...`` commands, each followed by its
+  output: the command runs (in-process, in the page's working folder) and
+  prints that output (standard output, then standard error); a command
+  shown without output must succeed.
+
+In shown output, ``...`` stands for any text (the rest of a line, or whole
+lines: ``...`` alone on a line); trailing blanks are ignored.
+
+Other blocks are marked on their first line, visibly on the page:
 
 * ``# torchrun --nproc_per_node=2 example.py``: a complete script for
   ``torch.distributed``; it is run on its own by a 2-process gloo launch.
+* ``# file: NAME.py``: a file the page asks the reader to save; it is
+  written to ``NAME.py`` in the working folder (and runs, as any block).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import dataclasses
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
+from scio_recorder.cli import main as cli_main
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 TORCHRUN = "# torchrun "
+FILE = re.compile(r"# file: (\S+)\n")
+ARROW = "# -> "
+PROMPT = "$ "
 
 
 def documents() -> list[str]:
@@ -91,22 +123,161 @@ def test_ci_runs_the_readmes_test_command_and_the_slow_tests():
     assert lines.index(command) < lines.index(f"{command} -m slow")
 
 
-@pytest.mark.parametrize("document", documents())
-def test_document_examples_run(document, tmp_path, monkeypatch):
-    """Every ```python block of the page runs, in order, in one fresh namespace.
+@dataclasses.dataclass
+class Block:
+    """A fenced block of a page, with the output shown right after it."""
 
-    As a reader pasting them into a new interpreter: ``__name__`` is
-    ``"__main__"``, nothing is defined before the first block.
+    language: str
+    text: str
+    shown: str | None = None
+
+
+def blocks(document: str) -> list[Block]:
+    """Return the page's fenced blocks; a ```text block right after a ```python
+    block is that block's output (``shown``), not a block of its own."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    fences = list(FENCE.finditer(text))
+    found: list[Block] = []
+    taken = set()
+    for index, fence in enumerate(fences):
+        if index in taken:
+            continue
+        block = Block(fence[1], fence[2])
+        after = fences[index + 1] if index + 1 < len(fences) else None
+        if (
+            block.language == "python"
+            and after is not None
+            and after[1] == "text"
+            and not after[2].startswith(PROMPT)  # commands, not an output
+            and not text[fence.end() : after.start()].strip()
+        ):
+            block.shown = after[2]
+            taken.add(index + 1)
+        found.append(block)
+    return found
+
+
+def matches(shown: str, printed: str) -> bool:
+    """Whether ``printed`` is ``shown``, where ``...`` in ``shown`` is any text."""
+
+    def lines(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+    pattern = re.escape(lines(shown)).replace(re.escape("..."), ".*?")
+    return re.fullmatch(pattern, lines(printed), re.DOTALL) is not None
+
+
+def arrows(source: str) -> dict[int, str]:
+    """Return line -> the value a ``# -> value`` comment on that line shows."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return {
+        token.start[0]: token.string.removeprefix(ARROW).strip()
+        for token in tokens
+        if token.type == tokenize.COMMENT and token.string.startswith(ARROW)
+    }
+
+
+def run_python(block: str, where: str, namespace: dict[str, object]) -> str:
+    """Run ``block`` statement by statement; check its ``# ->`` comments.
+
+    Return what it printed, apart from what the ``# ->`` comments show.
     """
-    blocks = python_blocks(document)
+    shown = arrows(block)
+    printed = io.StringIO()
+    for statement in ast.parse(block).body:
+        lines = range(statement.lineno, (statement.end_lineno or 0) + 1)
+        values = [shown[line] for line in lines if line in shown]
+        if not values:
+            module = ast.Module(body=[statement], type_ignores=[])
+            with contextlib.redirect_stdout(printed):
+                exec(compile(module, where, "exec"), namespace)  # noqa: S102 (our own docs)
+            continue
+        line = f"{where}, line {statement.lineno}"
+        assert len(values) == 1, f"{line}: one `# ->` comment per statement"
+        assert isinstance(statement, ast.Expr), (
+            f"{line}: a `# ->` comment shows the value of an expression (or "
+            "what a call prints); this statement is not an expression"
+        )
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            value = eval(  # noqa: S307 (our own docs)
+                compile(ast.Expression(statement.value), where, "eval"), namespace
+            )
+        got = out.getvalue() + ("" if value is None else repr(value))
+        assert matches(values[0], got), (
+            f"{line}: the page shows `# -> {values[0]}`, the code gives {got!r}"
+        )
+    return printed.getvalue()
+
+
+def run_session(session: str, where: str) -> None:
+    """Run each ``$ scio-recorder ...`` command; compare its output with the page's."""
+    commands = re.split(rf"^{re.escape(PROMPT)}", session, flags=re.MULTILINE)
+    assert not commands[0].strip(), f"{where}: text before the first `$ ` command"
+    for command in commands[1:]:
+        line, _, shown = command.partition("\n")
+        argv = shlex.split(line)
+        assert argv[0] == "scio-recorder", f"{where}: `$ {line}` is not ours"
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(argv[1:])
+            except SystemExit as stop:  # the option parser's usage errors
+                code = stop.code
+        printed = out.getvalue() + err.getvalue()
+        if not shown.strip():
+            assert code == 0, f"{where}: `$ {line}` failed:\n{printed}"
+            continue
+        assert matches(shown, printed), (
+            f"{where}: `$ {line}` prints\n{printed}\nthe page shows\n{shown}"
+        )
+        failed = "error:" in shown
+        assert (code != 0) == failed, f"{where}: `$ {line}` exits with {code}"
+
+
+# pages whose examples take over ~0.5 s on an idle 2-core machine (models
+# trained, compiled, many detectors fitted, the command line on a GPT-2)
+SLOW_PAGES = {
+    "docs/cli.md",
+    "docs/compile.md",
+    "docs/ood.md",
+    "docs/plot.md",
+    "docs/recipes/mahalanobis.md",
+}
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        pytest.param(page, marks=pytest.mark.slow) if page in SLOW_PAGES else page
+        for page in documents()
+    ],
+)
+def test_document_examples_run(document, tmp_path, monkeypatch):
+    """Every block of the page runs, in order, and prints what the page shows.
+
+    Python blocks as a reader pasting them into a new interpreter:
+    ``__name__`` is ``"__main__"``, nothing is defined before the first
+    block; ``$ scio-recorder`` sessions in the same working folder.
+    """
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # a module a block writes
     namespace: dict[str, object] = {"__name__": "__main__"}
-    for index, block in enumerate(blocks):
-        if block.startswith(TORCHRUN):
-            continue  # a script of its own: test_torchrun_examples_run
-        where = f"{document} (python block {index})"
-        exec(compile(block, where, "exec"), namespace)  # noqa: S102 (our own docs)
+    for index, block in enumerate(blocks(document)):
+        where = f"{document} ({block.language} block {index})"
+        if block.language == "python":
+            if block.text.startswith(TORCHRUN):
+                continue  # a script of its own: test_torchrun_examples_run
+            saved = FILE.match(block.text)
+            if saved:
+                (tmp_path / saved[1]).write_text(block.text, encoding="utf-8")
+            printed = run_python(block.text, where, namespace)
+            if block.shown is not None:
+                assert matches(block.shown, printed), (
+                    f"{where} prints\n{printed}\nthe page shows\n{block.shown}"
+                )
+        elif block.language == "text" and block.text.startswith(PROMPT):
+            run_session(block.text, where)
 
 
 def test_a_block_that_needs_an_earlier_name_fails(tmp_path, monkeypatch):
@@ -124,6 +295,7 @@ def test_a_block_that_needs_an_earlier_name_fails(tmp_path, monkeypatch):
         test_document_examples_run("page.md", tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("document", "index", "block"),
     torchrun_blocks(),

@@ -187,6 +187,7 @@ def test_bad_names_are_refused_naming_the_known_ones(two_seeds):
         two_seeds.mean("ViM", "noise", "AUROC")
 
 
+@pytest.mark.slow
 def test_detectors_of_your_own_are_built_for_each_seed():
     built = []
 

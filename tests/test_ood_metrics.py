@@ -54,6 +54,7 @@ floats = st.lists(
 score_lists = ints | floats
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(score_lists, score_lists)
 def test_auroc_aupr_roc_equal_scikit_learn(id_scores, ood_scores):
