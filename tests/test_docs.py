@@ -51,6 +51,7 @@ from pathlib import Path
 import pytest
 
 from scio_recorder.cli import main as cli_main
+from scio_recorder.demo import SEEDS
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -112,6 +113,32 @@ def test_the_quick_start_is_one_and_the_same_on_every_page():
     assert readme[-2:] == ["scio-recorder demo", "python -m pytest"]
     assert quick_start("docs/start.md", "## Install") == readme
     assert quick_start("docs/install.md", '=== "From a clone"') == readme
+
+
+def test_the_readme_caption_quotes_the_docs_table_and_the_demo():
+    """The home picture's caption: numbers of the docs' table, the demo's seeds.
+
+    It once said "over 5 seeds" for numbers the demo (3 seeds) does not print.
+    """
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("*From `scio-recorder demo`")
+    caption = " ".join(readme[start : readme.index("*\n", start)].split())
+    table = (ROOT / "docs" / "images" / "ood-table.md").read_text(encoding="utf-8")
+    head = re.match(r"OoD benchmark 'digits': (\d+) detectors, (\d+) seeds", table)
+    assert head is not None
+
+    def auroc(name: str) -> str:  # the first table is AUROC's; digits-6-9 first
+        row = re.search(rf"^\| {name} \| ([\d.]+ ± [\d.]+) \|", table, re.MULTILINE)
+        assert row is not None, name
+        return row[1]
+
+    assert "the net of its first seed (seed 0)" in caption  # what the picture is
+    assert f"Over the {head[2]} seeds of the docs' table" in caption
+    assert f"RMDS (AUROC {auroc('RMDS')})" in caption
+    assert f"Mahalanobis ensemble ({auroc('MahalanobisEnsemble')})" in caption
+    assert f"reach about {float(auroc('MSP').split()[0]):.2f}" in caption
+    assert f"over its {SEEDS} seeds" in caption
+    assert f"{head[1]} post-hoc detectors" in " ".join(readme.split())
 
 
 def test_ci_runs_the_readmes_test_command_and_the_slow_tests():
@@ -184,7 +211,18 @@ def run_python(block: str, where: str, namespace: dict[str, object]) -> str:
     """
     shown = arrows(block)
     printed = io.StringIO()
-    for statement in ast.parse(block).body:
+    statements = ast.parse(block).body
+    claimed = {
+        line
+        for statement in statements
+        for line in range(statement.lineno, (statement.end_lineno or 0) + 1)
+    }
+    stray = sorted(set(shown) - claimed)
+    assert not stray, (
+        f"{where}, line {stray[0]}: a `# ->` comment ends the line of the "
+        "expression whose value it shows (this one is on a line of its own)"
+    )
+    for statement in statements:
         lines = range(statement.lineno, (statement.end_lineno or 0) + 1)
         values = [shown[line] for line in lines if line in shown]
         if not values:
@@ -226,10 +264,10 @@ def run_session(session: str, where: str) -> None:
                 code = stop.code
         printed = out.getvalue() + err.getvalue()
         if not shown.strip():
-            assert code == 0, f"{where}: `$ {line}` failed:\n{printed}"
+            assert code == 0, f"{where}: `$ {line}` exits with {code}: {printed!r}"
             continue
         assert matches(shown, printed), (
-            f"{where}: `$ {line}` prints\n{printed}\nthe page shows\n{shown}"
+            f"{where}: `$ {line}` prints {printed!r}; the page shows {shown!r}"
         )
         failed = "error:" in shown
         assert (code != 0) == failed, f"{where}: `$ {line}` exits with {code}"
@@ -274,7 +312,7 @@ def test_document_examples_run(document, tmp_path, monkeypatch):
             printed = run_python(block.text, where, namespace)
             if block.shown is not None:
                 assert matches(block.shown, printed), (
-                    f"{where} prints\n{printed}\nthe page shows\n{block.shown}"
+                    f"{where} prints {printed!r}; the page shows {block.shown!r}"
                 )
         elif block.language == "text" and block.text.startswith(PROMPT):
             run_session(block.text, where)
@@ -293,6 +331,73 @@ def test_a_block_that_needs_an_earlier_name_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     with pytest.raises(NameError, match="runtime_checkable"):
         test_document_examples_run("page.md", tmp_path, monkeypatch)
+
+
+def run_page(text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the docs test on a page made of ``text``."""
+    (tmp_path / "page.md").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    test_document_examples_run("page.md", work, monkeypatch)
+
+
+PY, TEXT, END = "```python\n", "```text\n", "```\n"
+
+
+def test_shown_output_may_leave_out_lines_and_ends_of_lines(tmp_path, monkeypatch):
+    """``...`` stands for whole lines or the end of one; trailing blanks are
+    ignored; an example whose shown output holds passes."""
+    run_page(
+        f"{PY}print('a  ')\nprint('b')\nprint('c d')\n'abc'  # -> 'ab...'\n{END}"
+        f"\n{TEXT}a\n...\nc ...\n{END}",
+        tmp_path,
+        monkeypatch,
+    )
+
+
+@pytest.mark.parametrize(
+    ("page", "message"),
+    [
+        (
+            f"{PY}print(1)\n{END}\n{TEXT}2\n{END}",
+            "(python block 0) prints '1\\n'; the page shows '2\\n'",
+        ),
+        (
+            f"{PY}1 + 1  # -> 3\n{END}",
+            "line 1: the page shows `# -> 3`, the code gives '2'",
+        ),
+        (
+            f"{PY}print('x')  # -> y\n{END}",
+            "line 1: the page shows `# -> y`, the code gives 'x\\n'",
+        ),
+        (
+            f"{PY}x = 1  # -> 1\n{END}",
+            "a `# ->` comment shows the value of an expression",
+        ),
+        (
+            f"{PY}x = 1\n# -> 1\n{END}",
+            "line 2: a `# ->` comment ends the line of the expression",
+        ),
+        (
+            f"{TEXT}$ scio-recorder summary mlp --depth 0\nlabel  name\n{END}",
+            "`$ scio-recorder summary mlp --depth 0` prints 'label  name  type",
+        ),
+        (
+            f"{TEXT}$ scio-recorder summary nope\n{END}",
+            (
+                '`$ scio-recorder summary nope` exits with 2: "scio-recorder: '
+                "error: unknown model 'nope'"
+            ),
+        ),
+    ],
+    ids=["text", "value", "print", "statement", "stray", "session", "command"],
+)
+def test_a_page_showing_what_the_code_does_not_print_fails(
+    page, message, tmp_path, monkeypatch
+):
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        run_page(page, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
