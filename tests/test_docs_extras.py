@@ -12,6 +12,7 @@ a dependency of what the extra lists, read from the installed metadata).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import json
 import re
@@ -78,6 +79,7 @@ def imported_modules(source: str) -> set[str]:
     return found
 
 
+@functools.cache
 def notebook_code() -> dict[str, str]:
     """Return each notebook's code cells as Python (IPython magics replaced)."""
     code = {}
@@ -99,9 +101,10 @@ def notebook_code() -> dict[str, str]:
     return code
 
 
+@functools.cache
 def needed_by_the_build() -> dict[str, tuple[set[str], set[str]]]:
     """Return each module the site build imports -> (its distributions, where)."""
-    sources = notebook_code()
+    sources = dict(notebook_code())
     for script in BUILD_SCRIPTS:
         sources[script] = (ROOT / script).read_text(encoding="utf-8")
     owners = importlib.metadata.packages_distributions()
