@@ -871,12 +871,16 @@ class Recorder(RecorderViews):
         """Rebuild an unpickled recorder: its own token, hooks and entry point."""
         plan = state.pop("_plan")
         super().__setstate__(state)  # type: ignore[no-untyped-call]
-        # The pickled hooks came back as inert ones: this recorder places its own.
-        drop_copied_hooks(self._net)
         self._renew(plan)
 
     def _renew(self, plan: CallPlan) -> None:
-        """Give a copy its own passes (token, hooks, records) and entry point."""
+        """Give a copy its own passes (token, hooks, records) and entry point.
+
+        The copied net's hooks came as inert ones (those of an open scope
+        or ``generate`` too): the copy drops them, carries no open pass, and
+        places its own.
+        """
+        drop_copied_hooks(self._net)
         object.__setattr__(self, "_passes", Passes(self, self._table, plan))
         self._enter(self._compiler)
 

@@ -8,9 +8,16 @@ net on its N-th call; afterwards no pass is left open in the registry, no
 hook is left on the net, grad mode is what it was, and the next pass records
 exactly what a pass before the interrupt recorded (the same ops on the same
 inputs: equal bit for bit).
+
+And a copy (``pickle``, ``torch.save``, ``copy.deepcopy``) of the net or of
+the recorder works whatever pass or scope is open, and carries none.
 """
 
 from __future__ import annotations
+
+import copy
+import io
+import pickle
 
 import pytest
 import torch
@@ -272,3 +279,94 @@ def test_interrupted_fit_leaves_nothing_open(detector):
     again = detector(rnet).fit(batches, target=1)
     watch.assert_clean()
     assert torch.equal(again(X), expected(X))
+
+
+# -- copies while a pass is open ------------------------------------------------
+
+
+def _pickled(value: object) -> object:
+    return pickle.loads(pickle.dumps(value))  # noqa: S301 (our own bytes)
+
+
+def _saved(value: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+COPIERS = {"deepcopy": copy.deepcopy, "pickle": _pickled, "torch.save": _saved}
+IDS = torch.tensor([[1, 2, 3]])
+GENERATE = {"do_sample": False, "max_new_tokens": 3, "pad_token_id": 0}
+
+
+@pytest.fixture(scope="module")
+def lm() -> tuple[nn.Module, Recorder, torch.Tensor]:
+    """A tiny GPT-2, its recorder (one block recorded) and its generation."""
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    rnet = Recorder(model, input_data={"input_ids": IDS})
+    rnet.record("transformer.h.0")
+    return model, rnet, rnet.generate(IDS, **GENERATE)
+
+
+def n_hooks(net: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+
+
+@pytest.mark.parametrize("copier", COPIERS.values(), ids=COPIERS.keys())
+@pytest.mark.parametrize("what", ["net", "recorder"])
+@pytest.mark.parametrize("when", ["nothing open", "scope open", "generate step open"])
+def test_copies_work_while_a_scope_or_generate_is_open(lm, copier, what, when):
+    """Copying the net or the recorder works at any time; the copy has no open pass.
+
+    It used to fail with "cannot pickle '_thread.lock' object" while a scope
+    or ``generate`` was open. The copy computes what the net computes, and
+    records nothing into the original's scope; a copied recorder records
+    and generates on its own.
+    """
+    model, rnet, generated = lm
+    hooks = n_hooks(model)
+    copies = []
+
+    def copy_now(_output):
+        copies.append(copier(model if what == "net" else rnet))
+
+    if when == "nothing open":
+        copy_now(None)
+    elif when == "scope open":
+        with rnet.scope() as scope:
+            copy_now(None)
+            model(IDS)
+            if what == "net":  # the copy's passes are not the recorder's
+                copies[0](IDS)
+        assert scope.passes == 1
+    else:
+        steps = []
+
+        def edit(output):
+            steps.append(1)
+            if len(steps) == 2:  # in the first decoding step
+                copy_now(output)
+
+        edits = {"activation_postproc": {"transformer.h.1": edit}}
+        assert torch.equal(rnet.generate(IDS, **GENERATE, **edits), generated)
+    (copied,) = copies
+    watch = Watch(model)
+    assert n_hooks(model) == hooks
+    with torch.no_grad():
+        expected = model(IDS).logits
+    if what == "net":
+        with torch.no_grad():
+            assert torch.equal(copied(IDS).logits, expected)
+        assert n_hooks(copied) == 0  # the copied hooks dropped themselves
+    else:
+        assert n_hooks(copied.net) == hooks  # its own hooks only
+        assert copied.recording == rnet.recording
+        assert torch.equal(copied.generate(IDS, **GENERATE), generated)
+        copied.record("transformer.h.1")  # no scope of the copy is open
+        with torch.no_grad():
+            assert torch.equal(copied(IDS).logits, expected)
+        assert list(copied.activations) == list(copied.recording)
+    watch.assert_clean()
+    assert torch.equal(rnet.generate(IDS, **GENERATE), generated)

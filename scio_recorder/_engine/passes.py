@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
-from .hooks import ACTIVE, HookSet, enter_trace, exit_trace, new_token
+from .hooks import ACTIVE, HookSet, RootHook, enter_trace, exit_trace, new_token
 from .plan import CallPlanError, Edits, with_edits
 from .state import (
     CallInputs,
@@ -577,11 +577,16 @@ class RootPasses:
     def __enter__(self) -> Self:
         """Register the listener and the three hooks on the net."""
         self._previous = self.passes.listen(self.listener)
-        net = self.net
+        net, token = self.net, self.passes.token
+        # Copyable hooks: the net can be saved or copied while the block is open.
         self._handles = [
-            net.register_forward_pre_hook(self._open, prepend=True),
-            net.register_forward_hook(self._mark_completed),
-            net.register_forward_hook(self._close, always_call=True),
+            net.register_forward_pre_hook(
+                RootHook(token, self._open).fire, prepend=True
+            ),
+            net.register_forward_hook(RootHook(token, self._mark_completed).fire),
+            net.register_forward_hook(
+                RootHook(token, self._close).fire, always_call=True
+            ),
         ]
         return self
 
