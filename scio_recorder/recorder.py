@@ -444,7 +444,10 @@ class Recorder(RecorderViews):
             If a recorded module is called more or fewer times than in the
             reference pass (labels would be wrong); no activations are kept.
         ValueError
-            If ``activation_postproc`` is a list with too few items.
+            If ``activation_postproc`` is a list with too few items, or an
+            edit returns a replacement whose tensors differ, in place, shape
+            or dtype, from what it replaces (the message names the edit and
+            the layer).
 
         Warns
         -----
