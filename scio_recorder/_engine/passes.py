@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
+from .early import EarlyExit, EarlyExitState, early_plan
 from .hooks import ACTIVE, HookSet, RootHook, enter_trace, exit_trace, new_token
 from .plan import CallPlanError, Edits, with_edits
 from .state import (
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx, LayerTable
 
+    from .early import Needs
     from .plan import CallPlan
 
 
@@ -89,6 +91,8 @@ class Passes:
         """id of an extended plan -> [passes using it, its extra hooks]."""
         self.plan = plan
         self.traced_key = 0
+        self.early_cache: tuple[CallPlan, CallPlan, Needs] | None = None
+        """The latest plan run with early exit, its twin and needs."""
         self.select(plan)
 
     # -- the selection -----------------------------------------------------
@@ -123,12 +127,16 @@ class Passes:
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (positional: called on every pass)
         edits: Edits | None = None,
+        early_exit: bool = False,  # noqa: FBT001, FBT002 (positional, as the others)
     ) -> Any:
         """Run ``net(*args, **kwargs)`` as one recording pass; return its output.
 
         ``edits`` (``activation_postproc`` or ``input_postproc`` given by
         selector, resolved to labels) replaces ``postproc``; calls that are
-        edited but not recorded get hooks for this pass only.
+        edited but not recorded get hooks for this pass only. With
+        ``early_exit`` the pass stops after the last recorded call and
+        returns ``None`` (see :mod:`.early`; the recorder checked that
+        something is recorded).
         """
         states = ACTIVE.states
         key = self.token
@@ -146,8 +154,12 @@ class Passes:
             return net(*args, **kwargs)
         if edits is not None:
             with self.editing(edits) as plan:
-                return self._run(net, args, kwargs, plan, edits, dont_record, outer)
-        return self._run(net, args, kwargs, plan, postproc, dont_record, outer)
+                return self._run(
+                    net, args, kwargs, plan, edits, dont_record, outer, early_exit
+                )
+        return self._run(
+            net, args, kwargs, plan, postproc, dont_record, outer, early_exit
+        )
 
     def _run(  # noqa: PLR0913, PLR0917 (run's, resolved)
         self,
@@ -158,32 +170,68 @@ class Passes:
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (run's)
         outer: Any,
+        early_exit: bool,  # noqa: FBT001 (run's)
     ) -> Any:
         listener = outer if isinstance(outer, Listener) else None
-        state = self.new_state(plan, postproc, dont_record, net.training, listener)
+        if early_exit:
+            state = self.early_state(
+                plan, postproc, dont_record, net.training, listener
+            )
+        else:
+            state = self.new_state(plan, postproc, dont_record, net.training, listener)
         ACTIVE.states[self.token] = state
         try:
             out = net(*args, **kwargs)
+        except EarlyExit as stop:
+            if stop.state is not state:  # not this pass's: it fails this pass too
+                self.close(state, outer, completed=False)
+                raise
+            out = None  # every recorded call happened; the rest did not run
         except BaseException:  # KeyboardInterrupt included
             self.close(state, outer, completed=False)
             raise
         self.close(state, outer, completed=True)
         return out
 
-    @staticmethod
-    def new_state(
+    def early_state(
+        self,
         plan: CallPlan,
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (the pass's flag)
         training: bool,  # noqa: FBT001 (the net's flag)
         listener: Listener | None,
     ) -> PassState:
-        """Return the state of a pass; ``postproc`` may be :class:`Edits`."""
+        """Return the state of an early-exit pass (see :mod:`.early`)."""
+        cached = self.early_cache
+        if cached is None or cached[0] is not plan:
+            cached = self.early_cache = (plan, *early_plan(plan))
+        _, twin, needs = cached
+        return self.new_state(twin, postproc, dont_record, training, listener, needs)
+
+    @staticmethod
+    def new_state(  # noqa: PLR0913, PLR0917 (a pass's options)
+        plan: CallPlan,
+        postproc: Any,
+        dont_record: bool,  # noqa: FBT001 (the pass's flag)
+        training: bool,  # noqa: FBT001 (the net's flag)
+        listener: Listener | None,
+        needs: Needs | None = None,
+    ) -> PassState:
+        """Return the state of a pass; ``postproc`` may be :class:`Edits`.
+
+        With ``needs``, that of an early-exit pass (``plan`` is then a twin
+        from :func:`~.early.early_plan`).
+        """
         edits = postproc if isinstance(postproc, Edits) else None
         if edits is not None:
             postproc = edits.outputs or None
         grad_sink = None if listener is None else listener.grad_sink
-        state = PassState(plan, postproc, dont_record, training, grad_sink)
+        if needs is None:
+            state = PassState(plan, postproc, dont_record, training, grad_sink)
+        else:
+            state = EarlyExitState(
+                plan, needs, postproc, dont_record, training, grad_sink
+            )
         if edits is not None and edits.inputs:
             state.input_postproc = edits.inputs
         return state
