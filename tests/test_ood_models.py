@@ -25,6 +25,9 @@ transformers = pytest.importorskip("transformers")
 # SHE needs a fit sample of every class that the net classifies correctly:
 # these nets are untrained (it is exercised on the trained digits CNN).
 UNTRAINED = {"SHE"}
+# They move the input (a gradient step, squeezing, noise): token ids cannot
+# be moved, and each refuses them naming the input (tested below).
+MOVE_THE_INPUT = {"ODIN", "FeatureSqueezing", "Odds"}
 
 
 def demo():
@@ -95,9 +98,9 @@ def model(request):
 def test_every_detector_fits_and_scores_the_unmodified_model(model):
     name, (rnet, train, x, layers) = model
     detectors = catalogue(rnet, **layers)
-    assert len(detectors) == 32
+    assert len(detectors) == 36
     for key, detector in detectors.items():
-        if key in UNTRAINED or (name == "bert" and key == "ODIN"):
+        if key in UNTRAINED or (name == "bert" and key in MOVE_THE_INPUT):
             continue
         detector.fit(train, input=0, target=1)
         scores = detector(x)
@@ -105,12 +108,17 @@ def test_every_detector_fits_and_scores_the_unmodified_model(model):
         assert torch.isfinite(scores.double()).all(), key
 
 
-def test_odin_refuses_token_ids_naming_the_input():
-    # ODIN perturbs the input along its gradient: token ids have none (it
-    # would have to perturb the embeddings, which it does not).
-    rnet, _, x, layers = bert()
-    odin = catalogue(rnet, **layers)["ODIN"]
-    with pytest.raises(
-        TypeError, match=r"must be a floating tensor; got a torch\.int64"
-    ):
-        odin(x)
+@pytest.mark.parametrize("key", sorted(MOVE_THE_INPUT))
+def test_detectors_moving_the_input_refuse_token_ids_naming_it(key):
+    # ODIN perturbs the input along its gradient, FeatureSqueezing squeezes
+    # it, Odds adds noise: token ids have none of these (they would have to
+    # move the embeddings, which they do not).
+    rnet, train, x, layers = bert()
+    detector = catalogue(rnet, **layers)[key]
+    ids = r"must be a floating tensor; got a torch\.int64"
+    if detector.needs_fit:  # Odds' fit moves the fit data first
+        with pytest.raises(TypeError, match=ids):
+            detector.fit(train, input=0, target=1)
+        return
+    with pytest.raises(TypeError, match=ids):
+        detector(x)

@@ -135,10 +135,18 @@ def test_fit_detectors_refuses_non_finite_features_naming_the_readers(model):
     x[7] = float("nan")
     detectors = catalogue(rnet)
     # The first key of the shared pass with a bad sample: the net's output,
-    # kept by KLMatching and TempScale (ViM, Gram and NAC fit on their own).
+    # kept by the detectors that read the logits of the fit data (IsoMax,
+    # JTLA, KLMatching, TempScale; ViM, Gram, NAC and Odds fit on their own).
+    root = next(label for label in rnet.table if label[0] == 0)
+    readers = sorted(
+        name
+        for name, d in detectors.items()
+        if d.needs_fit and not d.own_fit and root in d.fit_keep()
+    )
+    assert readers == ["IsoMax", "JTLA", "KLMatching", "TempScale"]
     with pytest.raises(
         ValueError,
-        match=r"^KLMatching, TempScale: 1 of the 96 fit samples have non-finite "
+        match=rf"^{', '.join(readers)}: 1 of the 96 fit samples have non-finite "
         r"features \(NaN or Inf\) at layer 0-1 \(Sequential \(the whole net\)\) ",
     ):
         fit_detectors(detectors, [(x, y), train[1]], target=1)
@@ -265,8 +273,9 @@ def test_fit_detectors_checks_labels_once_for_every_labelled_detector(model):
     rnet, train = model
     x, y = train[0]
     detectors = catalogue(rnet)
-    names = ", ".join(sorted(n for n in LABELLED_NAMES if n != "Gram"))
-    # Gram fits on its own (its own passes); the shared pass is checked first.
+    names = ", ".join(sorted(n for n in LABELLED_NAMES if not detectors[n].own_fit))
+    # Gram and Odds fit on their own (their own passes); the shared pass is
+    # checked first.
     with pytest.raises(
         ValueError, match=f"^{re.escape(names)}.fit: class label 3 in batch 0"
     ):

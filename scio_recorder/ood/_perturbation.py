@@ -662,6 +662,7 @@ class Odds(ClassConditional):
         where = None if device is None else torch.device(device)
         with all_or_nothing([self]):
             moments = _ClassMoments()
+            bad = seen = 0
             for batch in batches:
                 args, kwargs = as_arguments(take(batch), spread=callable(input))
                 labels = torch.as_tensor(labels_of(batch)).reshape(-1)
@@ -669,7 +670,11 @@ class Odds(ClassConditional):
                     continue
                 if where is not None:
                     args, kwargs = move_to(args, where), move_to(kwargs, where)
-                self._fit_batch(moments, args, kwargs, labels)
+                bad += self._fit_batch(moments, args, kwargs, labels)
+                seen += len(labels)
+            check_finite_samples(
+                "Odds", self.rnet, self.label, "output", bad=bad, n=seen
+            )
             self.counts, self.mean, variance = moments.result()
             self.std = variance.sqrt()
             self._fitted = True
@@ -681,20 +686,28 @@ class Odds(ClassConditional):
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         labels: Tensor,
-    ) -> None:
+    ) -> int:
+        """Add the batch's shifts to the moments; return its non-finite samples.
+
+        A sample whose input or logits are not finite is counted, not used
+        (the fit is refused after the pass, naming the count).
+        """
         x = floating_input(args, "Odds")
         logits = as_logits(run_pass(self.rnet, args, kwargs).logits, "Odds")
         bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
         bad |= ~torch.isfinite(logits).all(dim=1)
-        check_finite_samples(
-            "Odds", self.rnet, self.label, "output", bad=int(bad.sum()), n=None
-        )
+        if bool(bad.any()):
+            keep = torch.nonzero(~bad).reshape(-1)
+            args = _rows_of(args, x.shape[0], keep)
+            kwargs = _rows_of(dict(kwargs), x.shape[0], keep)
+            logits, labels = logits[keep], labels[keep.to(labels.device)]
         y = labels.to(logits.device)
         clean = (logits - logits.gather(1, y[:, None])).to(_F64)
         for i, _, noisy in self.noisy_logits(args, kwargs):
             c = int(y[i])
             shift = (noisy - noisy[:, c : c + 1]).to(_F64) - clean[i]
             moments.add(c, shift, logits.shape[1])
+        return int(bad.sum())
 
     # -- scoring -----------------------------------------------------------
     def class_scores_inputs(

@@ -84,11 +84,13 @@ from ._edits import VRA, RankFeat
 from ._evaluate import OoDResults, evaluate, legend
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
+from ._isomax import IsoMax
 from ._jtla import JTLA
-from ._logits import MSP, Energy, Entropy, MaxLogit
+from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
 from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
+from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
@@ -264,7 +266,12 @@ def catalogue(
     detectors' defaults, except ``KNN(k=10)`` (the paper's 50 is for 50,000
     training images; the digits have 541), and for the scores without a
     default: ``LID(k=10)``, ``Trust(alpha=0.1)``, ``DkNN(k=10)``,
-    ``JTLA(test={"type": "multinomial", "k": 10})``.
+    ``JTLA(test={"type": "multinomial", "k": 10})``,
+    ``FeatureSqueezing(squeezers=["bits:3", "median:2"])`` (the paper's for
+    MNIST-like images: a bit depth of 3, a 2 x 2 median), and
+    ``Odds(epsilon=0.1, noise_samples=32)`` (noise a tenth of the digits'
+    ``[0, 1]`` range; 32 draws, an eighth of the paper's 256, as each draw
+    is a forward pass of every sample, to fit and to score).
 
     Parameters
     ----------
@@ -289,7 +296,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (32, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (36, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
@@ -332,6 +339,10 @@ def catalogue(
         "Trust": Trust(rnet, alpha=0.1),
         "DkNN": DkNN(rnet, layers=deep, k=10),
         "JTLA": JTLA(rnet, layers=deep, test={"type": "multinomial", "k": 10}),
+        "IsoMax": IsoMax(rnet),
+        "JointEnergy": JointEnergy(rnet),
+        "FeatureSqueezing": FeatureSqueezing(rnet, squeezers=["bits:3", "median:2"]),
+        "Odds": Odds(rnet, epsilon=0.1, noise_samples=32),
     }
 
 
@@ -767,4 +778,12 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "LID",
+    "Trust",
+    "DkNN",
+    "JTLA",
+    "IsoMax",
+    "JointEnergy",
+    "FeatureSqueezing",
+    "Odds",
 )
