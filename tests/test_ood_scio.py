@@ -159,6 +159,9 @@ SCORES = [
         ),
         "noise": True,
     },
+    # The penultimate ReLU has dead units (31 of 64 never fire on the fit
+    # data): a singular covariance.
+    scio_config("maha-dead", "DeepMahalanobis", [PENULTIMATE]),
     scio_config("react", "ReAct", [PENULTIMATE]),
     scio_config(
         "react-symmetric", "ReAct", [CONV, HIDDEN], percentile=80.0,
@@ -636,6 +639,24 @@ def test_react_with_scios_thresholds_is_minus_its_best_conformity(digits, name):
     # rounding.
     best = conformity(scio[name]).amax(dim=1)
     assert_close(react(x), -best, 4 * EPS32)
+
+
+def test_dead_relus_leave_scio_no_ranking_and_ours_one(digits):
+    # scio inverts the covariance: singular, its precision is NaN and every
+    # conformity -inf: one tie (scio.eval's AUROC, pessimistic on ties: 0;
+    # ours, counting a tie half: 0.5). Our
+    # pseudo-inverse leaves the dead units out and still ranks.
+    net, data, scio = digits
+    maha, x = plain(
+        net, data, Mahalanobis, layer=PENULTIMATE, dtype=torch.float32,
+        at="predicted",
+    )  # fmt: skip
+    fit = run_pass(maha.rnet, (data["calib_x"],), {}, outputs=[PENULTIMATE])
+    assert int((fit.outputs[PENULTIMATE].amax(dim=0) == 0).sum()) > 0
+    assert bool(torch.isneginf(conformity(scio["maha-dead"])).all())
+    scores = maha(x)
+    assert bool(torch.isfinite(scores).all())
+    assert rated(scores) > 0.75
 
 
 EPSILON_CASES = {
