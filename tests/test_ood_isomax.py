@@ -109,7 +109,7 @@ def test_isomax_saves_and_loads(setup, tmp_path):
         ),
         ({"steps": -1}, "IsoMax: steps must be an int >= 0, got -1"),
         ({"lr": float("nan")}, "IsoMax: lr must be a finite number > 0, got nan"),
-        ({"batch_size": 0}, "IsoMax: batch_size must be None or an int >= 1, got 0"),
+        ({"batch_size": 0}, "IsoMax: batch_size must be an int >= 1, got 0"),
         (
             {"at": "best"},
             "IsoMax: at must be one of ['closest', 'predicted'], got 'best'",

@@ -16,7 +16,9 @@ refuses the same bad data with the same message:
   finite rows and gives the others NaN;
 * class labels: :class:`CheckedTargets` (:func:`checked_targets`), checked per
   batch before anything grows, against the classes of every detector taking
-  labels (:func:`net_classes` by default).
+  labels (:func:`net_classes` by default);
+* hyperparameters: :func:`check_count` (an int from a bound up),
+  :func:`check_number` (a finite number, positive or not negative).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ __all__ = [
     "CheckedTargets",
     "NonFinite",
     "check_batches",
+    "check_count",
     "check_feature_count",
     "check_finite_samples",
+    "check_number",
     "checked_targets",
     "count_non_finite",
     "feature_count",
@@ -104,6 +108,49 @@ def check_feature_count(
 
 def _is_size(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def check_count(who: str, name: str, value: object, *, low: int) -> int:
+    """Return ``value`` if it is an int ``>= low`` (not a bool); raise naming it.
+
+    Examples
+    --------
+    >>> check_count("Odds", "noise_samples", 0, low=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Odds: noise_samples must be an int >= 1, got 0
+
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        msg = f"{who}: {name} must be an int >= {low}, got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def check_number(who: str, name: str, value: object, *, zero: bool) -> float:
+    """Return ``value`` as a float if it is finite and ``> 0`` (``>= 0`` with ``zero``).
+
+    Examples
+    --------
+    >>> check_number("Mahalanobis", "epsilon", 0, zero=True)
+    0.0
+    >>> check_number("IsoMax", "lr", float("nan"), zero=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: IsoMax: lr must be a finite number > 0, got nan
+
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        bound = ">= 0" if zero else "> 0"
+        msg = f"{who}: {name} must be a finite number {bound}, got {value!r}"
+        raise ValueError(msg)
+    return float(value)
 
 
 def check_batches(batches: object, who: str, name: str = "batches") -> None:

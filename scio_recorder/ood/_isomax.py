@@ -13,13 +13,13 @@ from __future__ import annotations
 
 __all__ = ["IsoMax", "fit_prototypes", "isomax_probabilities"]
 
-import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ._bank import Bank
+from ._checks import check_count, check_number
 from ._classes import ClassConditional, check_at
 from ._probabilities import as_logits, output_label
 from ._protocol import StateEntry
@@ -192,25 +192,11 @@ class IsoMax(ClassConditional):
             ("lr", lr),
             ("dist_norm", dist_norm),
         ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or not value > 0
-            ):
-                msg = f"IsoMax: {name} must be a finite number > 0, got {value!r}"
-                raise ValueError(msg)
-        for name, value, low in (("steps", steps, 0), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                msg = f"IsoMax: {name} must be an int >= {low}, got {value!r}"
-                raise ValueError(msg)
-        if batch_size is not None and (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, int)
-            or batch_size < 1
-        ):
-            msg = f"IsoMax: batch_size must be None or an int >= 1, got {batch_size!r}"
-            raise ValueError(msg)
+            check_number("IsoMax", name, value, zero=False)
+        check_count("IsoMax", "steps", steps, low=0)
+        check_count("IsoMax", "seed", seed, low=0)
+        if batch_size is not None:
+            check_count("IsoMax", "batch_size", batch_size, low=1)
         super().__init__(rnet)
         self.entropic_scale, self.lr = float(entropic_scale), float(lr)
         self.dist_norm = float(dist_norm)

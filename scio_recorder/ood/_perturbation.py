@@ -43,7 +43,13 @@ from torch import Tensor
 from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._tree import map_tensors
 
-from ._checks import check_batches, check_finite_samples, checked_targets
+from ._checks import (
+    check_batches,
+    check_count,
+    check_finite_samples,
+    check_number,
+    checked_targets,
+)
 from ._classes import ClassConditional, check_at
 from ._passes import all_or_nothing
 from ._probabilities import as_logits, output_label
@@ -101,15 +107,7 @@ def check_epsilon(who: str, epsilon: float) -> float:
     0.0
 
     """
-    if (
-        isinstance(epsilon, bool)
-        or not isinstance(epsilon, int | float)
-        or not math.isfinite(epsilon)
-        or epsilon < 0
-    ):
-        msg = f"{who}: epsilon must be a finite number >= 0, got {epsilon!r}"
-        raise ValueError(msg)
-    return float(epsilon)
+    return check_number(who, "epsilon", epsilon, zero=True)
 
 
 def gradient_step(  # noqa: PLR0913 (the net's arguments, the losses, what they read)
@@ -419,13 +417,7 @@ class FeatureSqueezing(Detector):
             msg = "FeatureSqueezing: give at least one squeezer, e.g. ['bits:3']."
             raise ValueError(msg)
         parsed = [_parse_squeezer(spec) for spec in specs]
-        if (
-            isinstance(dist_norm, bool)
-            or not isinstance(dist_norm, int | float)
-            or not dist_norm > 0
-        ):
-            msg = f"FeatureSqueezing: dist_norm must be a number > 0, got {dist_norm!r}"
-            raise ValueError(msg)
+        check_number("FeatureSqueezing", "dist_norm", dist_norm, zero=False)
         self.aggregation = _check_aggregation("FeatureSqueezing", aggregation)
         super().__init__(rnet)
         self.names = [name for name, _ in parsed]
@@ -556,11 +548,8 @@ class Odds(ClassConditional):
         """Check the hyperparameters."""
         self.at = check_at("Odds", at)
         epsilon = check_epsilon("Odds", epsilon)
-        for name, value in (("noise_samples", noise_samples), ("seed", seed)):
-            low = 1 if name == "noise_samples" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                msg = f"Odds: {name} must be an int >= {low}, got {value!r}"
-                raise ValueError(msg)
+        check_count("Odds", "noise_samples", noise_samples, low=1)
+        check_count("Odds", "seed", seed, low=0)
         if z_aggregation not in Z_AGGREGATIONS:
             msg = (
                 f"Odds: z_aggregation must be one of {list(Z_AGGREGATIONS)}, got "

@@ -279,6 +279,7 @@ class SHE(ClassConditional, _LastLayer):
     >>> import torch
     >>> from torch import nn
     >>> from scio_recorder import Recorder
+    >>> _ = torch.manual_seed(0)  # a net that predicts both classes
     >>> net = nn.Sequential(nn.Linear(2, 2))
     >>> rnet = Recorder(net, input_size=(1, 2))
     >>> x = torch.randn(32, 2)
