@@ -14,15 +14,18 @@ several OoD sets; :func:`score_sets` scores named sets with shared passes
 for your own metrics. A detector of your own subclasses :class:`Detector`
 (see the docs page "Write your own detector"). A class-conditional detector
 (:class:`ClassConditional`: Mahalanobis, RMDS, MahalanobisEnsemble,
-KLMatching, SHE, Trust, DkNN, JTLA) also gives ``score_classes(x)``, one
-score per class, and reads the closest or the predicted class (``at=``).
+KLMatching, SHE, Trust, DkNN, JTLA, IsoMax, Odds) also gives
+``score_classes(x)``, one score per class, and reads the closest or the
+predicted class (``at=``).
 :func:`mahalanobis_scores` is the Mahalanobis score written out from the
 statistics of :class:`~scio_recorder.reduce.SharedCovariance` (differentiable;
 it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 | family | detectors |
 |---|---|
-| from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy` |
+| from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, |
+| | :class:`Entropy`, :class:`JointEnergy` |
+| prototypes of the logits | :class:`IsoMax` (fitted post hoc) |
 | from the predicted distribution | :class:`GEN`, :class:`KLMatching` |
 | softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
 | an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
@@ -35,13 +38,16 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`JTLA` (layers in one pass) |
 | the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
+| the input moved | :class:`FeatureSqueezing`, :class:`Odds` (noise); ``epsilon=`` of |
+| | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``, ``_jtla``), the
-protocol in ``_protocol`` (class-conditional reading in ``_classes``,
-layer aggregation in ``_pvalues``), the nearest-neighbour search in
+``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``, ``_jtla``,
+``_isomax``, ``_perturbation``), the protocol in ``_protocol``
+(class-conditional reading in ``_classes``, layer aggregation in
+``_pvalues``), the nearest-neighbour search in
 ``_search`` (its fit bank in ``_bank``), the shared passes in
 ``_passes``, the checks every detector applies in ``_checks``,
 :func:`evaluate` in ``_evaluate``.
