@@ -23,9 +23,15 @@ line that reads it.
   (``Recorder(..., reference_tensors="fake")``) and falls back to the real pass,
   with a warning, where the fake one cannot run.
 
+A model placed by accelerate (its modules carry ``_hf_hook``: offloaded
+weights are loaded just before a module runs) is faked like any other, except
+that accelerate's hooks run on real tensors (:func:`fake_pass`): they load one
+module's real weights at a time, as in a real pass, while the module's own
+computation stays fake.
+
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
-net's modes, ``requires_grad`` flags and buffers are restored
-(:func:`~scio_recorder._preserve.preserved`).
+net's modes, ``requires_grad`` flags, parameters, buffers and accelerate
+hooks' state are restored (:func:`~scio_recorder._preserve.preserved`).
 """
 
 from __future__ import annotations
