@@ -26,8 +26,9 @@ fit's wall time (generating the synthetic batches included; it is a few
 percent). Streaming (the batches, through the reducers) and finishing (the
 detector's ``fit_from``: a pseudo-inverse of each ``[F, F]`` covariance, a
 fixed cost) are timed apart. The report extrapolates to ImageNet's
-1,281,167 training images: the streaming time per sample times that count,
-plus the finishing time; memory: the largest peak seen (flat) for the
+1,281,167 training images: the streaming time per additional sample (from
+the smallest to the largest run: the first batches pay a start-up) times
+that count, plus the finishing time; memory: the largest peak seen (flat) for the
 Mahalanobis paths, the per-sample growth times that count for KNN.
 
 ``python benchmarks/memory.py --quick`` is a smoke run (small sizes);
@@ -212,12 +213,17 @@ def report(args: argparse.Namespace, rows: dict[str, list[dict[str, Any]]]) -> s
     )
     lines += ["", f"Extrapolated to ImageNet's {IMAGENET:,} samples:", ""]
     for path, results in rows.items():
-        per_sample = statistics.median(r["stream"] / r["samples"] for r in results)
+        first, last = results[0], results[-1]
+        if len(results) > 1:  # the marginal cost: the first batches pay start-up
+            per_sample = (last["stream"] - first["stream"]) / (
+                last["samples"] - first["samples"]
+            )
+        else:
+            per_sample = last["stream"] / last["samples"]
         finish = statistics.median(r["finish"] for r in results)
         hours = (per_sample * IMAGENET + finish) / 3600
         grown = [r["peak"] - r["baseline"] for r in results]
         if path == "knn" and len(results) > 1:
-            first, last = results[0], results[-1]
             slope = (grown[-1] - grown[0]) / (last["samples"] - first["samples"])
             memory = (
                 f"grows, {slope:,.0f} bytes per sample: "
