@@ -36,7 +36,7 @@ parameters and buffers that the pass materializes stay materialized.
 
 from __future__ import annotations
 
-__all__ = ["placed_by_accelerate", "preserved"]
+__all__ = ["placed_by_accelerate", "preserved", "unload_offloaded"]
 
 import contextlib
 from typing import TYPE_CHECKING, Any
@@ -151,6 +151,53 @@ def placed_by_accelerate(net: nn.Module) -> bool:
 
     """
     return any(hasattr(module, "_hf_hook") for module in net.modules())
+
+
+def unload_offloaded(net: nn.Module) -> list[str]:
+    """Offload again the weights that an interrupted pass left loaded.
+
+    accelerate's hook on an offloaded module loads its weights in
+    ``pre_forward`` and puts them back on ``meta`` in ``post_forward``, both
+    inside the module's ``forward``; a pass that stops inside that forward
+    (an exception, an early exit from a submodule's hook under
+    ``preload_module_classes``) skips ``post_forward`` and leaves the weights
+    on the execution device until the module's next pass. This runs the
+    skipped ``post_forward`` (with no output to move) of every offloading
+    hook whose module still holds a parameter off ``meta``.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        The net, placed by accelerate or not (then nothing is done).
+
+    Returns
+    -------
+    list of str
+        The qualified names of the modules put back.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> unload_offloaded(nn.Linear(2, 2))
+    []
+
+    """
+    unloaded = []
+    for name, module in net.named_modules():
+        hook = getattr(module, "_hf_hook", None)
+        offloads = [
+            h
+            for h in _accelerate_hooks_of(module)
+            if getattr(h, "offload", False)
+            and getattr(h, "weights_map", None) is not None
+        ]
+        if hook is None or not offloads:
+            continue
+        recurse = any(getattr(h, "place_submodules", False) for h in offloads)
+        if any(not p.is_meta for p in module.parameters(recurse=recurse)):
+            hook.post_forward(module, None)
+            unloaded.append(name)
+    return unloaded
 
 
 def _accelerate_hooks(net: nn.Module) -> list[Any]:

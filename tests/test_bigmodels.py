@@ -25,6 +25,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from scio_recorder import Recorder, collect
+from scio_recorder._preserve import unload_offloaded
 from scio_recorder.explain import logit_lens, patch
 from scio_recorder.ood import Energy, Mahalanobis
 
@@ -318,6 +319,31 @@ def test_a_train_mode_reference_pass_keeps_offloaded_running_statistics(
     assert net[1].running_mean.is_meta
     Recorder(net, input_size=(3, 4), mode="train")
     assert_same_values(offloaded_values(net), want)
+
+
+def test_weights_left_loaded_by_an_interrupted_pass_are_offloaded_again():
+    """`unload_offloaded` runs the `post_forward` a pass that raised skipped."""
+    arch = ARCHS["gpt2"]
+    plain, model = twins(arch)
+    # Each block loads all its weights before it runs (and unloads them after).
+    accelerate.cpu_offload(
+        model, execution_device="cpu", preload_module_classes=["GPT2Block"]
+    )
+    x = ids()
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    handle = model.transformer.h[0].mlp.c_fc.register_forward_hook(stop)
+    with pytest.raises(KeyboardInterrupt):
+        model(x)
+    handle.remove()
+    block = model.transformer.h[0]
+    assert not any(p.is_meta for p in block.parameters())  # left loaded
+    assert unload_offloaded(model) == ["transformer.h.0"]
+    assert all(p.is_meta for p in model.parameters())
+    assert unload_offloaded(model) == []
+    assert torch.equal(model(x).logits, plain(x).logits)
 
 
 def test_input_size_makes_inputs_without_moving_a_placed_model():
