@@ -80,6 +80,7 @@ def same_structure(a, b, device):
     return a == b
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(nests())
 def test_move_to_moves_every_tensor_and_keeps_every_type(value):

@@ -188,6 +188,7 @@ def test_reduce_and_collect_are_subpackages_that_import_nothing_above_them():
     assert is_package(f"{ROOT}.collect")
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """Each module imports on its own (no import-order dependence)."""
     code = (
