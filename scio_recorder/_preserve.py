@@ -236,6 +236,8 @@ def _hooks(net: nn.Module) -> Callable[[], None]:
     states = []
     offloaded = _offloaded_buffers(net)
     for hook in _accelerate_hooks(net):
+        if not hasattr(hook, "__dict__"):  # not accelerate's: nothing to keep
+            continue
         attributes = dict(vars(hook))
         contents = [
             (value, {key: _copy_dict(item) for key, item in value.items()})
