@@ -177,6 +177,8 @@ def _real_hooks(net: nn.Module | None) -> Iterator[None]:
     patched: list[tuple[Any, str]] = []
     try:
         for hook in hooks.values():
+            if not hasattr(hook, "__dict__"):  # not accelerate's
+                continue
             for name in ("pre_forward", "post_forward"):
                 method = getattr(hook, name, None)
                 if method is None or name in vars(hook):
