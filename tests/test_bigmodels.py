@@ -381,6 +381,11 @@ def both(
     return arch, Recorder(plain, input_data=x), Recorder(model, input_data=x)
 
 
+def stream(output: Any) -> torch.Tensor:
+    """A block's residual stream: the output, or its first item."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 def names(arch: Arch, *parts: str) -> list[str]:
     return [f"{arch.base}.{part}" for part in parts]
 
@@ -520,3 +525,111 @@ def test_explain_equals_the_plain_model(name, how, tmp_path):
         results.append((patched.logits, lens))
     for got, want in zip(results[1], results[0], strict=True):
         assert torch.equal(got, want)
+
+
+# --------------------------------------------------------------- early exit
+
+
+def weight_loads(model: nn.Module) -> list[str]:
+    """Record the name of each module whose offloaded weights a pass loads.
+
+    A forward pre-hook on each module whose accelerate hook offloads; it
+    fires just before the hook's ``pre_forward`` loads the weights.
+    """
+    loads: list[str] = []
+    for name, module in model.named_modules():
+        if getattr(getattr(module, "_hf_hook", None), "offload", False):
+            module.register_forward_pre_hook(
+                lambda _m, _a, name=name: loads.append(name)
+            )
+    return loads
+
+
+def offloaded_on_meta(model: nn.Module) -> dict[str, bool]:
+    """Whether each offloaded module's parameters are back on ``meta``."""
+    return {
+        name: all(p.is_meta for p in module.parameters(recurse=False))
+        for name, module in model.named_modules()
+        if getattr(getattr(module, "_hf_hook", None), "offload", False)
+    }
+
+
+@pytest.mark.parametrize(("name", "how"), JOBS)
+def test_early_exit_records_equal_the_plain_models_full_pass(name, how, tmp_path):
+    """A pass that stops after block 0 records what a full pass of the plain model does.
+
+    It loads fewer offloaded weights, and leaves every offloaded module's
+    weights back on ``meta``; the next full pass is unchanged.
+    """
+    arch, rplain, rnet = both(name, how, tmp_path)
+    first = names(arch, arch.blocks[0])[0]
+    inner = names(arch, arch.inner)[0]
+    for r in (rplain, rnet):
+        r.record(first, inner)
+    x = ids(3)
+    with torch.no_grad():
+        want = rplain(input_ids=x)
+        loads = weight_loads(rnet.net)
+        assert rnet(input_ids=x, early_exit=True) is None
+        early = len(loads)
+        loads.clear()
+        full = rnet(input_ids=x)
+    assert 0 < early < len(loads)  # the blocks after block 0 were not loaded
+    assert torch.equal(full.logits, want.logits)
+    for label, record in rplain.activations.items():
+        assert torch.equal(stream(rnet.activations[label]), stream(record))
+    assert all(offloaded_on_meta(rnet.net).values())
+
+
+def test_early_exit_inside_a_preloaded_block_leaves_no_weight_loaded():
+    """Stopping inside a block whose hook loads all its weights offloads them again.
+
+    With ``preload_module_classes`` a block's hook loads the weights of the
+    whole block before it runs and offloads them after; a pass that stops
+    inside the block skips that ``post_forward``: the pass runs it.
+    """
+    plain, model = twins(ARCHS["gpt2"])
+    accelerate.cpu_offload(
+        model, execution_device="cpu", preload_module_classes=["GPT2Block"]
+    )
+    x = ids()
+    rnet = Recorder(model, input_data={"input_ids": x})
+    rnet.record("transformer.h.0.mlp.c_fc")
+    with torch.no_grad():
+        assert rnet(input_ids=x, early_exit=True) is None
+        assert all(p.is_meta for p in model.parameters())
+        _, seen = plain_hooked(plain, "transformer.h.0.mlp.c_fc", x)
+        assert torch.equal(rnet.activations_of("transformer.h.0.mlp.c_fc")[0], seen)
+        assert torch.equal(model(x).logits, plain(x).logits)
+
+
+def plain_hooked(net: nn.Module, name: str, x: torch.Tensor) -> tuple[Any, Any]:
+    """Run ``net`` with a hand-written forward hook on ``name``; return both outputs."""
+    seen: list[Any] = []
+    handle = net.get_submodule(name).register_forward_hook(
+        lambda _m, _a, out: seen.append(out)
+    )
+    try:
+        return net(x), seen[0]
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(("name", "how"), JOBS)
+def test_collect_exits_early_on_a_placed_model_as_on_the_plain_one(name, how, tmp_path):
+    """`collect` exits early on a placed model and gives the plain model's results."""
+    arch, rplain, rnet = both(name, how, tmp_path / "offload")
+    inner = names(arch, arch.inner)[0]
+    batches = [{"input_ids": ids(seed)} for seed in range(3)]
+    keep = {inner: "moments", names(arch, arch.blocks[0])[0]: "count"}
+    loads = weight_loads(rnet.net)
+    got = collect(rnet, batches, keep, input="input_ids")
+    early = len(loads)
+    loads.clear()
+    full = collect(rnet, batches, keep, input="input_ids", early_exit=False)
+    want = collect(rplain, batches, keep, input="input_ids", early_exit=False)
+    assert early < len(loads)
+    for label in want:
+        assert_tree_equal(got[label], want[label])
+        assert_tree_equal(full[label], want[label])
+    assert all(offloaded_on_meta(rnet.net).values())
