@@ -92,7 +92,12 @@ def test_catalogue_builds_every_detector_for_both_nets():
     rnet = Recorder(demo_model(), input_size=(1, 3, 32, 32))
     built = catalogue(rnet, blocks=("features.1", "features.4"))
     assert {type(d) for d in built.values()} == classes  # the whole catalogue
-    assert all(type(d).__name__ == name for name, d in built.items())
+    # Keys are class names; Mahalanobis++ and RMDS++ are normalize=True.
+    assert all(type(d).__name__ == name.removesuffix("++") for name, d in built.items())
+    assert [n for n, d in built.items() if getattr(d, "normalize", False)] == [
+        "Mahalanobis++",
+        "RMDS++",
+    ]
 
 
 # ----------------------------------------------------------- seeds and spread
