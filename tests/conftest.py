@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 EXPECTED_DIR = Path(__file__).parent / "expected"
 
@@ -29,6 +29,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def seed() -> None:
     """Make every test start from the same torch random state."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Run a test module on one torch thread, then restore the count.
+
+    For modules of many tiny nets: on a small shared machine, torch's
+    default threads contend and make them many times slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

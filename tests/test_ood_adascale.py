@@ -31,14 +31,7 @@ from scio_recorder.ood._adascale import ada_scale
 
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: tiny nets are many times slower with contending threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny nets
 
 
 class Net(nn.Module):

@@ -12,6 +12,7 @@ from scio_recorder import Recorder, ood
 from scio_recorder.models import demo_model
 from scio_recorder.ood import KNN, Detector, OoDResults
 from scio_recorder.ood.benchmark import (
+    _CATALOGUE_NAMES,
     BenchmarkResults,
     catalogue,
     load_benchmark,
@@ -98,6 +99,7 @@ def test_catalogue_builds_every_detector_for_both_nets():
         "Mahalanobis++",
         "RMDS++",
     ]
+    assert tuple(built) == _CATALOGUE_NAMES  # the names run_benchmark knows
 
 
 # ----------------------------------------------------------- seeds and spread

@@ -31,15 +31,7 @@ from scio_recorder.ood import NAC, MahalanobisEnsemble
 
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a small shared machine, the default threads of
-    torch contend and make these tiny nets many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny nets
 
 
 def openood_thresholds(m: int) -> torch.Tensor:

@@ -321,9 +321,14 @@ def test_gram_held_out_norms_are_the_mean_deviation_of_the_held_out(cnn, data):
     assert len(calls) == len(data)  # one pass: bounds and held-out together
     xs = torch.cat([b[0] for b in data])
     ys = torch.cat([b[1] for b in data])
-    i = torch.arange(len(xs), dtype=F64)
-    held = torch.floor((i + 1) * fraction) > torch.floor(i * fraction)
-    assert int(held.sum()) == 6  # 24 samples, one in four
+    # One in four of each class: the j-th of its class when floor((j + 1) / 4)
+    # > floor(j / 4), i.e. j = 3, 7 (8 samples per class).
+    held = torch.zeros(len(xs), dtype=torch.bool)
+    for c in range(3):
+        where = torch.nonzero(ys == c).flatten()
+        j = torch.arange(len(where), dtype=F64)
+        held[where] = torch.floor((j + 1) * fraction) > torch.floor(j * fraction)
+    assert int(held.sum()) == 6
     with torch.no_grad():
         for layer, cut in enumerate((net.features[:2], net.features[:5])):
             f = cut(xs)
@@ -338,6 +343,18 @@ def test_gram_held_out_norms_are_the_mean_deviation_of_the_held_out(cnn, data):
             dev += (torch.relu(out - hi[cls]) / (hi[cls] + 1e-6).abs()).sum(1)
             assert dev.mean() > 0
             torch.testing.assert_close(gram.norms[layer], dev.mean(), **TOL)
+
+
+def test_gram_holds_out_a_fraction_of_every_class_whatever_the_order():
+    # Labels 0..9 in turn: one sample in ten of the stream would be class 9
+    # every time; a fraction of each class keeps every class's bounds.
+    torch.manual_seed(3)
+    rnet = Recorder(demo_model(10).eval(), input_size=(1, 3, 32, 32))
+    periodic = [(torch.randn(40, 3, 32, 32), torch.arange(40) % 10)]
+    gram = Gram(rnet, ["features.1"], validation_fraction=0.1)
+    gram.fit(periodic, target=1)
+    assert gram.mins[0].shape[0] == 10
+    assert gram.norms[0] > 0
 
 
 def test_gram_round_trip(cnn, data, tmp_path):

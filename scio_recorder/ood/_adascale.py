@@ -26,13 +26,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
-
-from ._checks import check_batches, check_finite_samples, first_float_input, one_label
+from ._checks import (
+    check_finite_samples,
+    first_float_input,
+    one_label,
+    one_tensor,
+    rows_not_finite,
+)
 from ._logits import energy_score
 from ._passes import all_or_nothing
 from ._probabilities import as_logits
-from ._protocol import Detector, StateEntry, empty_batch
+from ._protocol import Detector, StateEntry, gradient_fit_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -247,15 +251,7 @@ class AdaScale(Detector):
 
     def _record(self) -> Tensor:
         value = self.rnet.activations[self.label]
-        if not isinstance(value, Tensor):
-            row = self.rnet.table[self.label]
-            msg = (
-                f"AdaScale: layer {row.describe()} outputs a "
-                f"{type(value).__name__}, not one tensor; choose a layer whose "
-                "output is a tensor."
-            )
-            raise TypeError(msg)
-        return value
+        return one_tensor(value, self.rnet, self.label, "AdaScale")
 
     def stability(self, f: Tensor, moved: Tensor) -> Tensor:
         """Return ``Q'`` per sample, float64, from ``f`` and ``f'`` (``[B, F]``)."""
@@ -295,27 +291,20 @@ class AdaScale(Detector):
         sample with a NaN or an infinity in the layer's output refuses the
         fit; if it fails, the detector is left as it was.
         """
-        if options:
-            msg = (
-                f"AdaScale.fit runs its own gradient loop and takes no "
-                f"{', '.join(sorted(options))}; its state is one number per fit "
-                "sample. Drop them."
-            )
-            raise TypeError(msg)
-        check_batches(batches, "AdaScale.fit")
-        take = batch_getter(input, "input")
-        where = None if device is None else torch.device(device)
+        inputs = gradient_fit_inputs(
+            batches,
+            input=input,
+            device=device,
+            options=options,
+            who="AdaScale",
+            state="one number per fit sample",
+        )
         with all_or_nothing([self]):
             found: list[Tensor] = []
             bad, seen = 0, 0
-            for batch in batches:
-                args, kwargs = as_arguments(take(batch), spread=callable(input))
-                if empty_batch(args, kwargs) is not None:
-                    continue
-                if where is not None:
-                    args, kwargs = move_to(args, where), move_to(kwargs, where)
+            for args, kwargs in inputs:
                 _, f, moved = self.activations(args, kwargs)
-                bad += int((~torch.isfinite(f)).any(dim=1).sum())
+                bad += int(rows_not_finite(f).sum())
                 seen += int(f.shape[0])
                 found.append(self.stability(f, moved).cpu())
             check_finite_samples(

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
-from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance, Tee
+from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance
 
 from ._checks import (
     one_label,
@@ -461,7 +461,7 @@ class MahalanobisEnsemble(_MultiLayer):
         self.precisions = [state[f"precision.{i}"] for i in range(n)]
 
 
-_GRAM_CHUNK = 1 << 18  # float64 entries per chunk of samples: ~2 MB temporaries
+_GRAM_CHUNK = 1 << 15  # float64 entries per chunk of samples: 256 kB, in cache
 
 
 def gram_vectors(feature: Tensor, poles: Sequence[int]) -> Tensor:
@@ -475,8 +475,8 @@ def gram_vectors(feature: Tensor, poles: Sequence[int]) -> Tensor:
     Computed in float64 without forming ``G``: its row sums are ``F^p s``
     with ``s = (F^p)^T 1``, the column sums (a matrix-vector product,
     ``C HW`` operations where ``G`` takes ``C^2 HW``), a chunk of samples at
-    a time, so that the float64 copies stay small (a few MB, whatever the
-    batch).
+    a time, so that the float64 copies stay in the cache, whatever the
+    batch; consecutive poles multiply the previous power once more.
 
     Examples
     --------
@@ -495,9 +495,14 @@ def gram_vectors(feature: Tensor, poles: Sequence[int]) -> Tensor:
     for part in torch.split(f, per):
         wide = part.to(_F64)
         rows = []
+        power, have = wide, 1
         for p in poles:
-            fp = wide if p == 1 else wide.pow(p)
-            g = torch.bmm(fp, fp.sum(dim=1).unsqueeze(2)).squeeze(2)
+            if p == have + 1:
+                power = power * wide
+            elif p != have:
+                power = wide.pow(p)
+            have = p
+            g = torch.bmm(power, power.sum(dim=1).unsqueeze(2)).squeeze(2)
             rows.append(g if p == 1 else g.sign() * g.abs().pow(1.0 / p))
         parts.append(torch.cat(rows, dim=1))
     if not parts:
@@ -520,50 +525,98 @@ def gram_vector(feature: Tensor, p: int) -> Tensor:
     return gram_vectors(feature, [p])
 
 
-def _held_out(start: int, n: int, fraction: float) -> Tensor:
-    """Whether samples ``start .. start + n - 1`` of the stream are held out."""
-    i = torch.arange(start, start + n, dtype=_F64)
-    return torch.floor((i + 1) * fraction) > torch.floor(i * fraction)
+def held_out(labels: Tensor, seen: Tensor, fraction: float) -> Tensor:
+    """Whether each sample of a batch is held out, a fraction of each class.
+
+    The ``j``-th sample of class ``c`` in the stream (``j`` from 0,
+    ``seen[c]`` of them before this batch) is held out when ``floor((j + 1)
+    f) > floor(j f)``, ``f = fraction``: one in ``1 / f`` of each class,
+    whatever the order of the labels. ``labels`` and ``seen`` on the CPU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> labels = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
+    >>> held_out(labels, torch.zeros(2, dtype=torch.int64), 0.5).tolist()
+    [False, False, True, True, False, False, True, True]
+
+    """
+    if labels.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    classes = max(int(labels.max()) + 1, seen.shape[0])
+    before = functional.pad(seen, (0, classes - seen.shape[0]))
+    one_hot = functional.one_hot(labels, classes)
+    j = (one_hot.cumsum(dim=0) - 1).gather(1, labels[:, None])[:, 0] + before[labels]
+    j = j.to(_F64)
+    return torch.floor((j + 1) * fraction) > torch.floor(j * fraction)
 
 
-class _Part:
-    """A reducer fed ``fn(record)`` of the held-out samples, or of the others."""
+class _GramFit:
+    """A reducer: a layer's Gram vectors, bounds per class and the held-out ones.
 
-    def __init__(
-        self, inner: Any, fn: Callable[[Tensor], Tensor], fraction: float, *, held: bool
-    ) -> None:
-        self.inner, self.fn, self.fraction, self.held = inner, fn, fraction, held
-        self.seen = 0
+    Each batch's Gram vectors (``fn``) are computed once; the samples
+    :func:`held_out` holds out are kept by class (``PerClass(Concat)``), the
+    others feed the per-class min and max (``PerClass(MinMax)``). The result
+    is ``(bounds, held)``, two mappings class -> result.
+    """
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], fraction: float) -> None:
+        self.fn, self.fraction = fn, fraction
+        self.bounds = PerClass(MinMax())
+        self.held = PerClass(Concat())
+        self.seen = torch.zeros(0, dtype=torch.int64)
 
     @property
     def count(self) -> int:
-        return int(self.inner.count)
+        return int(self.bounds.count) + int(self.held.count)
 
     def update(self, value: Any, target: Tensor | None = None) -> None:
-        n = int(value.shape[0])
-        rows = _held_out(self.seen, n, self.fraction)  # on the CPU: no sync
-        self.seen += n
-        rows = rows if self.held else ~rows
-        if bool(rows.any()):
-            part = None if target is None else target[rows.to(target.device)]
-            self.inner.update(self.fn(value[rows.to(value.device)]), part)
+        if target is None:
+            msg = "Gram needs class labels: pass `target=` to fit."
+            raise ValueError(msg)
+        labels = torch.as_tensor(target).reshape(-1).to("cpu", torch.int64)
+        if labels.numel() == 0:
+            return
+        held = held_out(labels, self.seen, self.fraction)
+        counts = torch.bincount(labels, minlength=self.seen.shape[0])
+        self.seen = functional.pad(self.seen, (0, counts.shape[0] - self.seen.shape[0]))
+        self.seen = self.seen + counts
+        grams = self.fn(value)
+        rows = held.to(grams.device)
+        if bool((~held).any()):
+            self.bounds.update(grams[~rows], labels[~held].to(grams.device))
+        if bool(held.any()):
+            self.held.update(grams[rows], labels[held].to(grams.device))
 
-    def merge(self, other: _Part) -> None:
-        self.inner.merge(other.inner)
-        self.seen += other.seen
+    def merge(self, other: _GramFit) -> None:
+        self.bounds.merge(other.bounds)
+        self.held.merge(other.held)
+        width = max(self.seen.shape[0], other.seen.shape[0])
+        self.seen = functional.pad(self.seen, (0, width - self.seen.shape[0]))
+        self.seen = self.seen + functional.pad(
+            other.seen, (0, width - other.seen.shape[0])
+        )
 
-    def result(self) -> Any:
-        return self.inner.result()
+    def result(self) -> tuple[dict[int, Any], dict[int, Tensor]]:
+        return self.bounds.result(), self.held.result()
 
     def state(self) -> dict[str, Tensor]:
-        return {**self.inner.state(), "_seen": torch.tensor(self.seen)}
+        return {
+            **{f"bounds/{k}": v for k, v in self.bounds.state().items()},
+            **{f"held/{k}": v for k, v in self.held.state().items()},
+            "seen": self.seen,
+        }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
-        self.seen = int(state["_seen"])
-        self.inner.load_state({k: v for k, v in state.items() if k != "_seen"})
+        for name, part in (("bounds", self.bounds), ("held", self.held)):
+            prefix = f"{name}/"
+            part.load_state(
+                {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            )
+        self.seen = state["seen"].to(torch.int64)
 
-    def fresh(self) -> _Part:
-        return _Part(self.inner.fresh(), self.fn, self.fraction, held=self.held)
+    def fresh(self) -> _GramFit:
+        return _GramFit(self.fn, self.fraction)
 
 
 def gram_deviation(g: Tensor, mins: Tensor, maxs: Tensor) -> Tensor:
@@ -637,10 +690,11 @@ class Gram(_MultiLayer):
     one pass over the fit data (pytorch-ood: one per layer, then the
     held-out deviations), shared by :func:`~scio_recorder.ood.fit_detectors`.
 
-    Where our reading decided: the held-out fraction is chosen
-    deterministically (sample ``i`` of the stream when ``floor((i + 1) f) >
-    floor(i f)``, ``f = validation_fraction``) rather than by a random
-    permutation per class; with ``validation_fraction=0`` nothing is held out
+    Where our reading decided: the held-out samples are a fraction of each
+    class, as pytorch-ood's, but chosen deterministically (:func:`held_out`:
+    the ``j``-th sample of a class in the stream when ``floor((j + 1) f) >
+    floor(j f)``, ``f = validation_fraction``) rather than by a random
+    permutation; with ``validation_fraction=0`` nothing is held out
     and every ``E_l = 1`` (as pytorch-ood when a class has < 10 samples).
     ``E_l = 1`` also when the held-out deviation is 0. Every class from 0 to
     the largest label must be in the fit data outside the held-out samples
@@ -707,28 +761,20 @@ class Gram(_MultiLayer):
         """Per layer: class bounds of the Gram vectors, and the held-out vectors.
 
         The samples not held out feed per-class min/max; the held-out ones
-        (``validation_fraction`` of them, a few Gram vectors of ``P C``
+        (``validation_fraction`` of each class, a Gram vector of ``P C``
         values each) are kept by class, for their deviations once the
         bounds are known: one pass over the data.
         """
-        f = self.validation_fraction
-        keep: dict[Any, Any] = {}
-        for label in self.labels:
-            bounds = _Part(PerClass(MinMax()), self.grams, f, held=False)
-            keep[label] = (
-                Tee(bounds, _Part(PerClass(Concat()), self.grams, f, held=True))
-                if f > 0
-                else bounds
-            )
-        return keep
+        return {
+            label: _GramFit(self.grams, self.validation_fraction)
+            for label in self.labels
+        }
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the class bounds and each layer's mean held-out deviation."""
         mins, maxs, norms = [], [], []
         for label in self.labels:
-            per_class, held = (
-                result[label] if self.validation_fraction > 0 else (result[label], {})
-            )
+            per_class, held = result[label]
             lo, hi = _class_bounds(per_class, held)
             mins.append(lo)
             maxs.append(hi)

@@ -38,6 +38,7 @@ __all__ = [
     "StateEntry",
     "empty_batch",
     "fit_pass",
+    "gradient_fit_inputs",
     "input_rows_non_finite",
     "run_pass",
     "score_finite_rows",
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import first_batch_size
+from scio_recorder._batches import as_arguments, batch_getter, first_batch_size, move_to
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder._tree import iter_tensors
@@ -66,10 +67,11 @@ from ._checks import (
     net_classes,
     per_sample_size,
     refuse_non_finite,
+    rows_not_finite,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -162,7 +164,7 @@ def _finite_rows_edit(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             and output.shape[0]
         ):
             return fn(output)
-        finite = torch.isfinite(output.reshape(output.shape[0], -1)).all(dim=1)
+        finite = ~rows_not_finite(output)
         if bool(finite.all()):
             return fn(output)
         if not bool(finite.any()):
@@ -210,7 +212,7 @@ def input_rows_non_finite(
     bad: Tensor | None = None
     for t in iter_tensors((args, dict(kwargs))):
         if t.dim() and t.shape[0] == n and (t.is_floating_point() or t.is_complex()):
-            rows = ~torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
+            rows = rows_not_finite(t)
             bad = rows if bad is None else bad | rows.to(bad.device)
     return bad
 
@@ -233,8 +235,7 @@ def _pass_rows_non_finite(
             and t.shape[0] == n
             and (t.is_floating_point() or t.is_complex())
         ):
-            rows = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
-            bad = bad | rows.to(bad.device)
+            bad = bad | rows_not_finite(t).to(bad.device)
     return bad
 
 
@@ -297,6 +298,46 @@ def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
     }
     values = refuse_non_finite(who, rnet, keep, collected)
     return {key: (collected[key][0], values[key]) for key in keep}
+
+
+def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
+    batches: Iterable[Any],
+    *,
+    input: Any,  # noqa: A002 (collect's name)
+    device: torch.device | str | None,
+    options: Mapping[str, Any],
+    who: str,
+    state: str,
+) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Return the net's arguments of each batch, for a fit with its own gradient loop.
+
+    For the detectors whose fit needs autograd (NAC, AdaScale), which
+    ``collect`` does not give: ``input`` as for ``collect``, ``device`` moves
+    each batch's input, empty batches are skipped. Refused at once (before
+    any batch): ``collect``'s options (``state`` says what the detector
+    keeps instead), and batches given as a tensor or a mapping.
+    """
+    if options:
+        msg = (
+            f"{who}.fit runs its own gradient loop and takes no "
+            f"{', '.join(sorted(options))}; its state is {state}. Drop them "
+            f"(fit {who} apart from fit_detectors when sharing a spill_dir)."
+        )
+        raise TypeError(msg)
+    check_batches(batches, f"{who}.fit")
+    take = batch_getter(input, "input")
+    where = None if device is None else torch.device(device)
+
+    def inputs() -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+        for batch in batches:
+            args, kwargs = as_arguments(take(batch), spread=callable(input))
+            if empty_batch(args, kwargs) is not None:
+                continue
+            if where is not None:
+                args, kwargs = move_to(args, where), move_to(kwargs, where)
+            yield args, kwargs
+
+    return inputs()
 
 
 @dataclasses.dataclass(frozen=True)

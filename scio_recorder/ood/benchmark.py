@@ -764,4 +764,7 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "AdaScale",
+    "Mahalanobis++",
+    "RMDS++",
 )
