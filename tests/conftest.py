@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 EXPECTED_DIR = Path(__file__).parent / "expected"
 
@@ -44,19 +44,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def seed() -> None:
     """Make every test start from the same torch random state."""
     torch.manual_seed(0)
-
-
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    """Run a test module on one torch thread, then restore the count.
-
-    For modules of many tiny nets: on a small shared machine, torch's
-    default threads contend and make them many times slower.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -31,8 +31,6 @@ from scio_recorder.ood._adascale import ada_scale
 
 F64 = torch.float64
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny nets
-
 
 class Net(nn.Module):
     """Convolutions, a 100-unit penultimate ReLU, then the classifier."""

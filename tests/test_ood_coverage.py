@@ -31,8 +31,6 @@ from scio_recorder.ood import NAC, MahalanobisEnsemble
 
 F64 = torch.float64
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny nets
-
 
 def openood_thresholds(m: int) -> torch.Tensor:
     """OpenOOD's ``logspace(1e3, M)``: log-spaced near 0, mirrored near 1."""

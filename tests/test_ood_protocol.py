@@ -42,8 +42,6 @@ from scio_recorder.ood.benchmark import catalogue
 
 N_FIT = 96
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny nets
-
 
 def trained_like(dtype: torch.dtype = torch.float32):
     """digits_cnn(3) whose logits are standardised: it predicts every class."""
