@@ -37,7 +37,8 @@ This package is the public face; one detector family a private module
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
 ``_collapse``, ``_edits``, ``_coverage``), the protocol in
 ``_protocol``, the shared passes in ``_passes``, the checks every
-detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
+detector applies in ``_checks``, the rows it scores (empty batches,
+non-finite rows) in ``_rows``, :func:`evaluate` in ``_evaluate``.
 
 Examples
 --------
