@@ -391,3 +391,17 @@ def test_fit_detectors_reads_the_data_once_for_every_fit_by_statistics(model):
     for name in STATISTICS_FITS:
         alone = catalogue(rnet)[name].fit(six, target=1)
         torch.testing.assert_close(alone(x), detectors[name](x), rtol=0, atol=0)
+
+
+def test_evaluate_refuses_nan_scores_naming_the_detector_and_the_set(fitted):
+    detectors, x, _ = fitted
+    hostile = x.clone()
+    hostile[[1, 3]] = float("inf")
+    msg = (
+        "evaluate: 'MSP' scored 2 of the 5 samples of the OoD set 'far' NaN: "
+        "those samples hold a NaN or an infinity"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        evaluate({"MSP": detectors["MSP"]}, [x], {"far": [hostile]}, input=None)
+    with pytest.raises(ValueError, match=r"samples of the in-distribution data NaN"):
+        evaluate({"MSP": detectors["MSP"]}, [hostile], [x], input=None)
