@@ -25,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 # SHE needs a fit sample of every class that the net classifies correctly:
 # these nets are untrained (it is exercised on the trained digits CNN).
 UNTRAINED = {"SHE"}
+# They move the input along its gradient: a language model's token ids have none.
+GRADIENT_OF_THE_INPUT = ["ODIN", "AdaScale"]
 
 
 def vit():
@@ -69,9 +71,9 @@ def model(request):
 def test_every_detector_fits_and_scores_the_unmodified_model(model):
     name, (rnet, train, x, layers) = model
     detectors = catalogue(rnet, **layers)
-    assert len(detectors) == 28
+    assert len(detectors) == 31
     for key, detector in detectors.items():
-        if key in UNTRAINED or (name == "bert" and key == "ODIN"):
+        if key in UNTRAINED or (name == "bert" and key in GRADIENT_OF_THE_INPUT):
             continue
         detector.fit(train, input=0, target=1)
         scores = detector(x)
@@ -79,12 +81,15 @@ def test_every_detector_fits_and_scores_the_unmodified_model(model):
         assert torch.isfinite(scores.double()).all(), key
 
 
-def test_odin_refuses_token_ids_naming_the_input():
-    # ODIN perturbs the input along its gradient: token ids have none (it
-    # would have to perturb the embeddings, which it does not).
+@pytest.mark.parametrize("name", GRADIENT_OF_THE_INPUT)
+def test_input_gradient_detectors_refuse_token_ids_naming_the_input(name):
+    # ODIN and AdaScale move the input along its gradient: token ids have
+    # none (they would have to move the embeddings, which they do not).
     rnet, _, x, layers = bert()
-    odin = catalogue(rnet, **layers)["ODIN"]
+    detector = catalogue(rnet, **layers)[name]
     with pytest.raises(
-        TypeError, match=r"must be a floating tensor; got a torch\.int64"
+        TypeError,
+        match=rf"^{name} perturbs the net's first positional input, which must be "
+        r"a floating tensor; got a torch\.int64",
     ):
-        odin(x)
+        detector.score_inputs((x,), {})  # its own passes, fitted or not

@@ -22,7 +22,8 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy` |
 | from the predicted distribution | :class:`GEN`, :class:`KLMatching` |
 | softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
-| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
+| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale`, |
+| | :class:`AdaScale` (passes of its own) |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
 | | :class:`RMDS`, :class:`fDBD` |
@@ -33,10 +34,11 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
+``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
 ``_collapse``, ``_edits``, ``_coverage``), the protocol in
 ``_protocol``, the shared passes in ``_passes``, the checks every
-detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
+detector applies in ``_checks``, the rows it scores (empty batches,
+non-finite rows) in ``_rows``, :func:`evaluate` in ``_evaluate``.
 
 Examples
 --------
@@ -69,6 +71,7 @@ __all__ = [
     "RMDS",
     "SHE",
     "VRA",
+    "AdaScale",
     "Detector",
     "Energy",
     "Entropy",
@@ -97,6 +100,7 @@ __all__ = [
     "score_sets",
 ]
 
+from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC

@@ -77,6 +77,7 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
+from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
@@ -248,8 +249,8 @@ def catalogue(
     Detectors that read the logits or the last ``nn.Linear`` (``fc=``) find
     them themselves; the others read:
 
-    * ``penultimate``: the layer whose activations ReAct, ASH, Scale and VRA
-      edit (the ReLU before the last ``nn.Linear``);
+    * ``penultimate``: the layer whose activations ReAct, ASH, Scale, VRA and
+      AdaScale edit (the ReLU before the last ``nn.Linear``);
     * ``blocks``: feature maps of the convolutional part, for RankFeat (one
       edited pass per block), Gram (these blocks), MahalanobisEnsemble and
       NAC (these blocks and ``penultimate``: 2-3 layers);
@@ -276,7 +277,8 @@ def catalogue(
     Returns
     -------
     dict of str to Detector
-        Class name -> unfitted detector, in the order of the docs' table.
+        Class name -> unfitted detector, in the order of the docs' table;
+        ``"Mahalanobis++"`` and ``"RMDS++"`` are ``normalize=True``.
 
     Examples
     --------
@@ -285,7 +287,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (28, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (31, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
@@ -324,6 +326,9 @@ def catalogue(
         "Residual": Residual(rnet, d=d_vim),
         "RankFeat": RankFeat(rnet, layers=list(blocks)),
         "VRA": VRA(rnet, layer=penultimate),
+        "AdaScale": AdaScale(rnet, layer=penultimate),
+        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
+        "RMDS++": RMDS(rnet, normalize=True),
     }
 
 
@@ -759,4 +764,7 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "AdaScale",
+    "Mahalanobis++",
+    "RMDS++",
 )
