@@ -10,7 +10,7 @@ import torch
 
 from scio_recorder import Recorder, ood
 from scio_recorder.models import demo_model
-from scio_recorder.ood import KNN, Detector, OoDResults
+from scio_recorder.ood import KNN, Detector, OoDResults, benchmark
 from scio_recorder.ood.benchmark import (
     BenchmarkResults,
     catalogue,
@@ -93,6 +93,8 @@ def test_catalogue_builds_every_detector_for_both_nets():
     built = catalogue(rnet, blocks=("features.1", "features.4"))
     assert {type(d) for d in built.values()} == classes  # the whole catalogue
     assert all(type(d).__name__ == name for name, d in built.items())
+    # run_benchmark's names (checked without building a net) are the same.
+    assert tuple(built) == benchmark._CATALOGUE_NAMES
 
 
 # ----------------------------------------------------------- seeds and spread

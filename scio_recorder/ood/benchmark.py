@@ -767,4 +767,8 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "LID",
+    "Trust",
+    "DkNN",
+    "JTLA",
 )
