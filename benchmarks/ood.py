@@ -4,7 +4,7 @@ On the demo CNN and the ResNet-18-style CNN (eval mode, one thread,
 generated 32x32 blob images, random convolutions with a least-squares
 classifier head so that every class is predicted), three sections:
 
-(a) **The catalogue** (31 detectors, every one of ``scio_recorder.ood``):
+(a) **The catalogue** (35 detectors, every one of ``scio_recorder.ood``):
 fitting with ``fit_detectors`` and scoring an ID and an OoD set with
 ``score_sets`` (shared passes), against each detector alone, its own
 ``.fit`` then its own scoring batch by batch (one detector at a time, the
@@ -62,7 +62,9 @@ from scio_recorder.ood import (
     ASH,
     DICE,
     GEN,
+    JTLA,
     KNN,
+    LID,
     MSP,
     NAC,
     NCI,
@@ -73,6 +75,7 @@ from scio_recorder.ood import (
     VRA,
     AdaScale,
     Detector,
+    DkNN,
     Energy,
     Entropy,
     GradNorm,
@@ -87,6 +90,7 @@ from scio_recorder.ood import (
     Residual,
     Scale,
     TempScale,
+    Trust,
     ViM,
     fDBD,
     fit_detectors,
@@ -261,6 +265,10 @@ def catalogue(spec: Spec) -> dict[str, Detector]:
         "AdaScale": AdaScale(rnet, layer=spec.penultimate),
         "Mahalanobis++": Mahalanobis(rnet, normalize=True),
         "RMDS++": RMDS(rnet, normalize=True),
+        "LID": LID(rnet, k=10),
+        "Trust": Trust(rnet, alpha=0.1),
+        "DkNN": DkNN(rnet, layers=spec.blocks, k=10),
+        "JTLA": JTLA(rnet, layers=spec.blocks, test={"type": "multinomial", "k": 10}),
     }
 
 
@@ -662,8 +670,14 @@ FITS: dict[str, Callable[[Spec], Detector]] = {
     "VRA": lambda s: VRA(s.rnet, layer=s.penultimate),
     "NAC": lambda s: NAC(s.rnet, layers=s.blocks[:2]),
     "AdaScale": lambda s: AdaScale(s.rnet, layer=s.penultimate),
+    "LID": lambda s: LID(s.rnet, k=10),
+    "Trust": lambda s: Trust(s.rnet, alpha=0.1),
+    "DkNN": lambda s: DkNN(s.rnet, layers=s.blocks, k=10),
+    "JTLA": lambda s: JTLA(
+        s.rnet, layers=s.blocks, test={"type": "multinomial", "k": 10}
+    ),
 }
-ALL = "all 31 (fit_detectors)"
+ALL = "all 35 (fit_detectors)"
 
 
 def _status(field: str) -> int | None:

@@ -126,10 +126,10 @@ def test_fit_detectors_refuses_non_finite_features_naming_the_readers(model):
     x[7] = float("nan")
     detectors = catalogue(rnet)
     # The first key of the shared pass with a bad sample: the net's output,
-    # kept by KLMatching and TempScale (ViM, Gram and NAC fit on their own).
+    # kept by JTLA, KLMatching and TempScale (ViM and NAC fit on their own).
     with pytest.raises(
         ValueError,
-        match=r"^KLMatching, TempScale: 1 of the 96 fit samples have non-finite "
+        match=r"^JTLA, KLMatching, TempScale: 1 of the 96 fit samples have non-finite "
         r"features \(NaN or Inf\) at layer 0-1 \(Sequential \(the whole net\)\) ",
     ):
         fit_detectors(detectors, [(x, y), train[1]], target=1)

@@ -42,14 +42,23 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
-from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance
+from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance, Tee
 
+from ._bank import Bank
 from ._checks import (
     one_label,
     per_sample_size,
 )
-from ._features import Mapped, l2_rows, min_mahalanobis
+from ._classes import ClassConditional, check_at, class_count
+from ._features import (
+    Mapped,
+    class_mahalanobis,
+    l2_rows,
+    min_mahalanobis,
+    spread_classes,
+)
 from ._protocol import Detector, Pass, StateEntry
+from ._pvalues import check_aggregation, combine, p_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -290,7 +299,7 @@ def shrunk(cov: Tensor, shrinkage: float) -> Tensor:
     return (1.0 - shrinkage) * cov + shrinkage * scale * eye
 
 
-class MahalanobisEnsemble(_MultiLayer):
+class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     """Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
 
     For each layer ``l`` of ``layers``: features ``f_l`` pooled per channel
@@ -310,6 +319,23 @@ class MahalanobisEnsemble(_MultiLayer):
     Mahalanobis++ of each layer (Müller & Hein, ICML 2025): the pooled
     features L2-normalised (``f_l / ||f_l||_2``) to fit and to score.
 
+    Class-conditional: ``score_classes(x)`` is ``sum_l w_l M_lc(x)``, ``M_lc``
+    the distance to class ``c``'s mean at layer ``l`` (``inf`` for a class
+    absent from the fit data); ``at="predicted"`` reads it at the predicted
+    class, as scio 1.1's ``DeepMahalanobis`` does (its conformity is minus
+    it times ``(N - 1) / N``). ``at="closest"`` (default) takes the closest
+    class **of each layer**, as above: ``sum_l w_l min_c M_lc``.
+
+    ``aggregation=<name>`` combines p-values instead of summing distances
+    (:mod:`~scio_recorder.ood._pvalues`): ``p_lc(x)`` is the fraction of fit
+    samples whose distance to their own class's mean at layer ``l`` is at
+    least ``M_lc(x)`` (calibrated on the fit data themselves, which the
+    means include), ``conformity_c = combine_l p_lc`` (``"fisher"``: ``sum_l
+    log p_lc``), ``score_classes(x) = -conformity_c``, and ``score(x)`` at
+    the class of the highest conformity (``at="closest"``) or the predicted
+    one. The fit then keeps every fit sample's pooled features (``N x sum_l
+    F_l`` float64) until the distances are computed.
+
     Parameters
     ----------
     rnet : Recorder
@@ -325,6 +351,12 @@ class MahalanobisEnsemble(_MultiLayer):
         In ``[0, 1]``.
     normalize : bool, default False
         Mahalanobis++: L2-normalise each layer's pooled features.
+    at : {"closest", "predicted"}
+        Which class's distances are the score (above).
+    aggregation : str, optional
+        ``None`` (the weighted sum of distances) or one of
+        :data:`~scio_recorder.ood._pvalues.AGGREGATIONS` (unweighted: no
+        ``weights`` with it).
 
     Examples
     --------
@@ -353,8 +385,20 @@ class MahalanobisEnsemble(_MultiLayer):
         mask: int | str | None = None,
         shrinkage: float = 0.0,
         normalize: bool = False,
+        at: str = "closest",
+        aggregation: str | None = None,
     ) -> None:
         """Resolve the layers; check the weights and the shrinkage."""
+        self.at = check_at("MahalanobisEnsemble", at)
+        check_aggregation("MahalanobisEnsemble", aggregation, none=True)
+        if aggregation is not None and weights is not None:
+            msg = (
+                "MahalanobisEnsemble: weights weigh the sum of distances, but "
+                f"aggregation={aggregation!r} combines p-values, unweighted; "
+                "drop one of them."
+            )
+            raise ValueError(msg)
+        self.aggregation = aggregation
         super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
         _check_shrinkage("MahalanobisEnsemble", shrinkage)
         if weights is None:
@@ -368,8 +412,10 @@ class MahalanobisEnsemble(_MultiLayer):
         self.weights = [float(w) for w in weights]
         self.shrinkage = float(shrinkage)
         self.normalize = bool(normalize)
+        self.classes = torch.zeros(0, dtype=torch.int64)
         self.means: list[Tensor] = []
         self.precisions: list[Tensor] = []
+        self.reference = torch.zeros(0, 0, dtype=_F64)
 
     def features(self, value: Tensor, rows: Tensor | None = None) -> Tensor:
         """Pool one layer's record (L2-normalised with ``normalize``), ``[B, F]``."""
@@ -377,17 +423,27 @@ class MahalanobisEnsemble(_MultiLayer):
         return l2_rows(pooled) if self.normalize else pooled
 
     def fit_keep(self) -> dict[Any, Any]:
-        """One pooled shared covariance per layer (non-finite samples counted)."""
-        return {
-            label: Mapped(SharedCovariance(self.num_classes), self.features)
-            for label in self.labels
-        }
+        """One pooled shared covariance per layer (non-finite samples counted).
+
+        With an aggregation, also the pooled features and labels (a bank).
+        """
+        keep = {}
+        for label in self.labels:
+            stats: Any = SharedCovariance(self.num_classes)
+            if self.aggregation is not None:
+                stats = Tee(stats, Bank(dtype=_F64))
+            keep[label] = Mapped(stats, self.features)
+        return keep
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Keep each layer's class means and precision matrix."""
+        """Keep each layer's class means and precision matrix (and the reference)."""
         self.means, self.precisions = [], []
+        banks = []
         for label in self.labels:
             stats = result[label]
+            if self.aggregation is not None:
+                stats, bank = stats
+                banks.append(bank)
             seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
             if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
                 msg = (
@@ -398,6 +454,66 @@ class MahalanobisEnsemble(_MultiLayer):
             self.means.append(stats.means[seen])
             cov = shrunk(stats.cov, self.shrinkage)
             self.precisions.append(torch.linalg.pinv(cov, hermitian=True))
+            self.classes = seen.cpu()
+        if self.aggregation is not None:
+            self.reference = torch.stack(
+                [self._own_distances(i, *bank) for i, bank in enumerate(banks)]
+            )
+
+    def _own_distances(self, layer: int, rows: Tensor, labels: Tensor) -> Tensor:
+        """Return the fit samples' distances to their own class mean, sorted."""
+        column = torch.searchsorted(self.classes, labels)
+        own = torch.empty(rows.shape[0], dtype=_F64)
+        for start in range(0, rows.shape[0], 4096):
+            part = slice(start, start + 4096)
+            distances = class_mahalanobis(
+                rows[part], self.means[layer], self.precisions[layer]
+            )
+            own[part] = distances.gather(1, column[part, None])[:, 0].cpu()
+        return own.sort().values
+
+    def layer_class_scores(self, result: Pass) -> Tensor:
+        """Return ``M_lc(x)`` per layer, sample and fitted class, ``[L, B, C']``."""
+        return torch.stack(
+            [
+                class_mahalanobis(
+                    self.features(result.outputs[label], result.rows), mean, precision
+                )
+                for label, mean, precision in zip(
+                    self.labels, self.means, self.precisions, strict=True
+                )
+            ]
+        )
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return each class's weighted distances summed, ``[batch, classes]``.
+
+        With an aggregation: minus the combined p-values.
+        """
+        per_layer = self.layer_class_scores(result)
+        width = class_count(int(self.classes.max()) + 1, result)
+        if self.aggregation is None:
+            weights = torch.tensor(self.weights, dtype=_F64, device=per_layer.device)
+            summed = (per_layer * weights[:, None, None]).sum(dim=0)
+            return spread_classes(summed, self.classes, width)
+        reference = self.reference.to(per_layer.device)
+        p = torch.stack(
+            [
+                p_values(ref, layer)
+                for ref, layer in zip(reference, per_layer, strict=True)
+            ]
+        )
+        # A class absent from the fit data scores +inf (conforms not at all).
+        return spread_classes(-combine(p, self.aggregation, dim=0), self.classes, width)
+
+    def closest_scores(self, result: Pass) -> Tensor:
+        """Return the weighted sum of each layer's closest-class distance.
+
+        With an aggregation: the lowest class score.
+        """
+        if self.aggregation is not None:
+            return self.class_scores(result).amin(dim=1)
+        return self.score_sum(result)
 
     def layer_scores(self, result: Pass) -> Tensor:
         """Return ``M_l(x)`` per sample and layer, ``[B, L]``."""
@@ -413,52 +529,65 @@ class MahalanobisEnsemble(_MultiLayer):
             dim=1,
         )
 
-    def score_pass(self, result: Pass) -> Tensor:
-        """Return the weighted sum of the per-layer distances."""
+    def score_sum(self, result: Pass) -> Tensor:
+        """Return the weighted sum of the per-layer closest-class distances."""
         per_layer = self.layer_scores(result)
         return per_layer @ torch.tensor(
             self.weights, dtype=_F64, device=per_layer.device
         )
 
     def config(self) -> dict[str, Any]:
-        """Return the layers, pooling, weights, shrinkage (and ``normalize``).
+        """Return the layers, pooling, weights, shrinkage (and the options set).
 
-        ``normalize`` only when set, so that the files saved before it load.
+        ``normalize`` and ``aggregation`` only when set, so that the files
+        saved before them load.
         """
-        return {
+        out = {
             **super().config(),
             "weights": self.weights,
             "shrinkage": self.shrinkage,
             **({"normalize": True} if self.normalize else {}),
         }
+        if self.aggregation is not None:
+            out["aggregation"] = self.aggregation
+        return out
 
     def state(self) -> dict[str, Tensor]:
-        """Return the means and precisions, by layer index."""
-        out: dict[str, Tensor] = {}
+        """Return the classes, means and precisions by layer index (and reference)."""
+        out: dict[str, Tensor] = {"classes": self.classes}
         for i, (mean, precision) in enumerate(
             zip(self.means, self.precisions, strict=True)
         ):
             out[f"means.{i}"], out[f"precision.{i}"] = mean, precision
+        if self.aggregation is not None:
+            out["reference"] = self.reference
         return out
 
     def state_entries(self) -> dict[str, StateEntry]:
         """Per layer ``i``: ``means.i`` ``[classes, F_i]``, ``precision.i``.
 
         ``F_i`` the pooled features of layer ``i`` (:func:`pooled_size`),
-        float64; the same classes in every layer.
+        float64; the same classes in every layer, ``classes`` ``[classes]``
+        their labels; with an aggregation, ``reference`` ``[L, samples]``,
+        the fit samples' sorted distances to their class mean.
         """
-        out: dict[str, StateEntry] = {}
+        out: dict[str, StateEntry] = {"classes": StateEntry(("classes",), torch.int64)}
         for i, label in enumerate(self.labels):
             f = pooled_size(self.rnet, label, self.pool)
             out[f"means.{i}"] = StateEntry(("classes", f), _F64)
             out[f"precision.{i}"] = StateEntry((f, f), _F64)
+        if self.aggregation is not None:
+            out["reference"] = StateEntry((len(self.labels), "samples"), _F64)
         return out
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the means and precisions."""
+        """Set the classes, means and precisions (and the reference)."""
         n = len(self.labels)
+        self.classes = state["classes"]
         self.means = [state[f"means.{i}"] for i in range(n)]
         self.precisions = [state[f"precision.{i}"] for i in range(n)]
+        if self.aggregation is not None:
+            self.reference = state["reference"]
 
 
 _GRAM_CHUNK = 1 << 15  # float64 entries per chunk of samples: 256 kB, in cache

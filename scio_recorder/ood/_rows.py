@@ -115,13 +115,14 @@ def pass_rows_non_finite(
     return bad
 
 
-def score_finite_rows(
+def score_finite_rows(  # noqa: PLR0913 (the passes, the score, what it reads)
     results: Sequence[P],
     score: Callable[[Sequence[P]], Tensor],
     *,
     outputs: Sequence[DepthIdx],
     inputs: Sequence[DepthIdx],
     bad_inputs: Tensor | None = None,
+    trailing: tuple[int, ...] = (),
 ) -> Tensor:
     """Score the finite rows of ``results`` with ``score``; NaN for the others.
 
@@ -131,7 +132,9 @@ def score_finite_rows(
     passes. When every row is finite (one host read to know it), ``score``
     gets the passes as they are; otherwise the passes restricted to the
     finite rows (their ``take``), so that nothing computed over the batch
-    sees a bad row, and the scores of the others are NaN.
+    sees a bad row, and the scores of the others are NaN. ``score`` may give
+    more than one score a row (``[rows, ...]``, scores per class):
+    ``trailing`` is their shape when no row is finite.
     """
     bad = bad_inputs
     for result in results:
@@ -142,9 +145,14 @@ def score_finite_rows(
         return score(results)
     keep = torch.nonzero(~bad).reshape(-1)
     if keep.numel() == 0:
-        return torch.full(bad.shape, float("nan"), device=bad.device)
+        return torch.full((*bad.shape, *trailing), float("nan"), device=bad.device)
     scores = score([result.take(keep) for result in results])
-    out = torch.full(bad.shape, float("nan"), dtype=scores.dtype, device=scores.device)
+    out = torch.full(
+        (*bad.shape, *scores.shape[1:]),
+        float("nan"),
+        dtype=scores.dtype,
+        device=scores.device,
+    )
     out[keep.to(scores.device)] = scores
     return out
 

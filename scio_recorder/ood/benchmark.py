@@ -85,8 +85,10 @@ from ._edits import VRA, RankFeat
 from ._evaluate import OoDResults, evaluate, legend
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
+from ._jtla import JTLA
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
@@ -252,8 +254,8 @@ def catalogue(
     * ``penultimate``: the layer whose activations ReAct, ASH, Scale, VRA and
       AdaScale edit (the ReLU before the last ``nn.Linear``);
     * ``blocks``: feature maps of the convolutional part, for RankFeat (one
-      edited pass per block), Gram (these blocks), MahalanobisEnsemble and
-      NAC (these blocks and ``penultimate``: 2-3 layers);
+      edited pass per block), Gram (these blocks), MahalanobisEnsemble,
+      NAC, DkNN and JTLA (these blocks and ``penultimate``: 2-3 layers);
     * ``d``: the principal subspace of ViM and Residual (default half the
       penultimate width), NECO's is the number of classes.
 
@@ -261,7 +263,9 @@ def catalogue(
     :func:`~scio_recorder.models.demo_model` pass
     ``blocks=("features.1", "features.4")``. Other hyperparameters are the
     detectors' defaults, except ``KNN(k=10)`` (the paper's 50 is for 50,000
-    training images; the digits have 541).
+    training images; the digits have 541), and for the scores without a
+    default: ``LID(k=10)``, ``Trust(alpha=0.1)``, ``DkNN(k=10)``,
+    ``JTLA(test={"type": "multinomial", "k": 10})``.
 
     Parameters
     ----------
@@ -287,7 +291,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (31, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (35, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
@@ -329,6 +333,10 @@ def catalogue(
         "AdaScale": AdaScale(rnet, layer=penultimate),
         "Mahalanobis++": Mahalanobis(rnet, normalize=True),
         "RMDS++": RMDS(rnet, normalize=True),
+        "LID": LID(rnet, k=10),
+        "Trust": Trust(rnet, alpha=0.1),
+        "DkNN": DkNN(rnet, layers=deep, k=10),
+        "JTLA": JTLA(rnet, layers=deep, test={"type": "multinomial", "k": 10}),
     }
 
 
@@ -767,4 +775,8 @@ _CATALOGUE_NAMES = (
     "AdaScale",
     "Mahalanobis++",
     "RMDS++",
+    "LID",
+    "Trust",
+    "DkNN",
+    "JTLA",
 )
