@@ -28,7 +28,8 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | prototypes of the logits | :class:`IsoMax` (fitted post hoc) |
 | from the predicted distribution | :class:`GEN`, :class:`KLMatching` |
 | softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
-| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
+| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale`, |
+| | :class:`AdaScale` (passes of its own) |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
 | | :class:`RMDS`, :class:`fDBD` |
@@ -43,14 +44,14 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``, ``_jtla``,
-``_isomax``, ``_perturbation``), the protocol in ``_protocol``
+``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
+``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
+``_jtla``, ``_isomax``, ``_perturbation``), the protocol in ``_protocol``
 (class-conditional reading in ``_classes``, layer aggregation in
-``_pvalues``), the nearest-neighbour search in
-``_search`` (its fit bank in ``_bank``), the shared passes in
-``_passes``, the checks every detector applies in ``_checks``,
-:func:`evaluate` in ``_evaluate``.
+``_pvalues``), the nearest-neighbour search in ``_search`` (its fit bank in
+``_bank``), the shared passes in ``_passes``, the checks every detector
+applies in ``_checks``, the rows it scores (empty batches, non-finite rows)
+in ``_rows``, :func:`evaluate` in ``_evaluate``.
 
 Examples
 --------
@@ -85,6 +86,7 @@ __all__ = [
     "RMDS",
     "SHE",
     "VRA",
+    "AdaScale",
     "ClassConditional",
     "Detector",
     "DkNN",
@@ -120,6 +122,7 @@ __all__ = [
     "score_sets",
 ]
 
+from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._classes import ClassConditional
 from ._collapse import NCI, NECO, Residual

@@ -40,13 +40,8 @@ import torch
 from torch import Tensor
 
 from ._checks import net_classes
-from ._protocol import (
-    Detector,
-    empty_batch,
-    input_rows_non_finite,
-    run_pass,
-    score_finite_rows,
-)
+from ._protocol import Detector, run_pass
+from ._rows import empty_batch, input_rows_non_finite, score_finite_rows
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -236,10 +231,11 @@ class ClassConditional(Detector):
         logits = result.logits
         width = int(logits.shape[1]) if logits.dim() == 2 else 0  # noqa: PLR2004 (a batch of logit vectors)
         return score_finite_rows(
-            self,
             [result],
             lambda results: -class_mode(-self.class_scores(results[0]), mode),
-            bad,
+            outputs=self.outputs(),
+            inputs=self.inputs(),
+            bad_inputs=bad,
             trailing=(width,),
         )
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 __all__ = [
     "KNN",
     "Mahalanobis",
+    "Mapped",
     "ViM",
     "class_mahalanobis",
     "closest_class_sum",
+    "l2_rows",
     "mahalanobis_scores",
     "min_mahalanobis",
     "spread_classes",
@@ -42,7 +44,7 @@ from ._protocol import Detector, Pass, StateEntry, fit_pass, run_pass
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from typing_extensions import Self
 
@@ -51,6 +53,72 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 _F64 = torch.float64
+
+
+def l2_rows(features: Tensor) -> Tensor:
+    """Return each sample's features flattened and L2-normalised, float64.
+
+    ``f / ||f||_2`` (a zero vector stays zero), the features of Mahalanobis++
+    and RMDS++ (Müller & Hein, ICML 2025).
+
+    Examples
+    --------
+    >>> import torch
+    >>> l2_rows(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6, 0.8], [0.0, 0.0]]
+
+    """
+    # Not detached: Lee et al.'s preprocessing (``epsilon``) differentiates it.
+    flat = features.reshape(features.shape[0], -1).to(_F64)
+    return torch.nn.functional.normalize(flat, dim=1)
+
+
+class Mapped:
+    """A reducer fed ``fn(record)`` instead of the record (``fn``: pooling, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder.reduce import Moments
+    >>> r = Mapped(Moments(), lambda t: 2 * t)
+    >>> r.update(torch.ones(3, 2))
+    >>> r.result().mean.tolist(), r.count
+    ([2.0, 2.0], 3)
+
+    """
+
+    def __init__(self, inner: Any, fn: Callable[[Tensor], Tensor]) -> None:
+        """Wrap ``inner``."""
+        self.inner, self.fn = inner, fn
+
+    @property
+    def count(self) -> int:
+        """Samples seen."""
+        return int(self.inner.count)
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:
+        """Feed ``fn(value)``."""
+        self.inner.update(self.fn(value), target)
+
+    def merge(self, other: Mapped) -> None:
+        """Absorb another's inner reducer."""
+        self.inner.merge(other.inner)
+
+    def result(self) -> Any:
+        """Return the inner result."""
+        return self.inner.result()
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the inner state."""
+        return dict(self.inner.state())
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the inner state."""
+        self.inner.load_state(state)
+
+    def fresh(self) -> Mapped:
+        """Return an empty reducer of the same config."""
+        return Mapped(self.inner.fresh(), self.fn)
 
 
 def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
@@ -258,6 +326,10 @@ class Mahalanobis(ClassConditional, _Features):
     in-distribution data, streaming; ``score(x) = min_c (f - mu_c)^T S^+ (f -
     mu_c)``, ``S^+`` the pseudo-inverse (dead features of a ReLU layer have
     zero variance). The single-layer detector without input preprocessing.
+    With ``normalize=True``, **Mahalanobis++** (Müller & Hein, ICML 2025):
+    the same on the L2-normalised features ``f / ||f||_2``, to fit and to
+    score (:func:`l2_rows`), which makes the features closer to the shared
+    Gaussian the score assumes.
 
     Class-conditional (:class:`~scio_recorder.ood.ClassConditional`):
     ``score_classes(x)`` is ``(f - mu_c)^T S^+ (f - mu_c)`` for every class
@@ -289,6 +361,8 @@ class Mahalanobis(ClassConditional, _Features):
         the net (its output ``[batch, C]``, else the ``out_features`` of its
         last ``nn.Linear``); when neither is known, labels are only checked
         to be non-negative.
+    normalize : bool, default False
+        Mahalanobis++: L2-normalise the features first.
     at : {"closest", "predicted"}
         Which class's distance is the score.
     epsilon : float, default 0.0
@@ -308,6 +382,9 @@ class Mahalanobis(ClassConditional, _Features):
     >>> maha = Mahalanobis(rnet).fit(data, target=1)
     >>> maha.means.shape, maha(torch.randn(5, 3)).shape
     (torch.Size([2, 4]), torch.Size([5]))
+    >>> plus = Mahalanobis(rnet, normalize=True).fit(data, target=1)
+    >>> plus.means.norm(dim=1).max() <= 1  # means of unit vectors
+    tensor(True)
     >>> moved = Mahalanobis(rnet, epsilon=0.01).fit(data, target=1)
     >>> bool((moved(torch.randn(5, 3)) >= 0).all())
     True
@@ -317,12 +394,13 @@ class Mahalanobis(ClassConditional, _Features):
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the classes, the variants, the reading)
         self,
         rnet: Recorder,
         layer: Selector | None = None,
         *,
         num_classes: int | None = None,
+        normalize: bool = False,
         at: str = "closest",
         epsilon: float = 0.0,
     ) -> None:
@@ -331,6 +409,7 @@ class Mahalanobis(ClassConditional, _Features):
         self.epsilon = check_epsilon(type(self).__name__, epsilon)
         self.own_passes = self.epsilon > 0
         super().__init__(rnet, layer)
+        self.normalize = bool(normalize)
         if num_classes is None:
             num_classes = self.num_classes  # the net's logits
         elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
@@ -347,7 +426,23 @@ class Mahalanobis(ClassConditional, _Features):
     def fit_keep(self) -> dict[Any, Any]:
         """Per-class means and the shared covariance."""
         stats = SharedCovariance(self.num_classes)
-        return {self._keep_key(self.label, self.kind): stats}
+        return {self._keep_key(self.label, self.kind): self.normalised(stats)}
+
+    def normalised(self, reducer: Any) -> Any:
+        """Return ``reducer`` fed the L2-normalised features with ``normalize``."""
+        return Mapped(reducer, l2_rows) if self.normalize else reducer
+
+    def features(self, result: Pass) -> Tensor:
+        """Return the pass's features ``[batch, F]`` (L2-normalised: ``normalize``)."""
+        flat = super().features(result)
+        return l2_rows(flat) if self.normalize else flat
+
+    def config(self) -> dict[str, Any]:
+        """Return the layer, and ``normalize`` when set.
+
+        (Only when set, so that the files saved before the option load.)
+        """
+        return {**super().config(), **({"normalize": True} if self.normalize else {})}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""

@@ -53,8 +53,9 @@ from ._checks import (
 from ._classes import ClassConditional, check_at
 from ._passes import all_or_nothing
 from ._probabilities import as_logits, output_label
-from ._protocol import Detector, Pass, StateEntry, empty_batch, run_pass
+from ._protocol import Detector, Pass, StateEntry, run_pass
 from ._pvalues import AGGREGATIONS, combine
+from ._rows import empty_batch
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence

@@ -480,6 +480,10 @@ class RMDS(Mahalanobis):
     = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
     MD_0(f))``.
 
+    With ``normalize=True``, **RMDS++** (Müller & Hein, ICML 2025): the same
+    on the L2-normalised features ``f / ||f||_2`` (both Gaussians, and the
+    scored features).
+
     Where our reading decided: pseudo-inverses (dead ReLU features have zero
     variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
     and adds a ``1e-6`` ridge before inverting, so its scores are ours
@@ -497,6 +501,8 @@ class RMDS(Mahalanobis):
     layer : selector, optional
         Features: that layer's output; default the input of the last
         ``nn.Linear``.
+    normalize : bool, default False
+        RMDS++: L2-normalise the features first.
     at : {"closest", "predicted"}
         Which class's relative distance is the score.
     epsilon : float, default 0.0
@@ -523,18 +529,19 @@ class RMDS(Mahalanobis):
         rnet: Recorder,
         layer: Selector | None = None,
         *,
+        normalize: bool = False,
         at: str = "closest",
         epsilon: float = 0.0,
     ) -> None:
         """Resolve the features' layer."""
-        super().__init__(rnet, layer, at=at, epsilon=epsilon)
+        super().__init__(rnet, layer, normalize=normalize, at=at, epsilon=epsilon)
         self.background_mean = torch.zeros(0, dtype=_F64)
         self.background_precision = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
         """Class statistics and the class-agnostic covariance of the same records."""
         both = Tee(SharedCovariance(self.num_classes), Covariance())
-        return {self._keep_key(self.label, self.kind): both}
+        return {self._keep_key(self.label, self.kind): self.normalised(both)}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the class and the background Gaussians."""

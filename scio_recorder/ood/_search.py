@@ -288,7 +288,9 @@ def _keys(block: Tensor, part: Tensor, metric: str) -> Tensor:
     """Return ``[q, b]`` keys, smaller = nearer."""
     if metric == "ip":
         return (block @ part.T).neg_()
-    keys = torch.addmm(part.square().sum(dim=1)[None, :], block, part.T, alpha=-2)
+    # One [q, b] buffer: the products, then in place (-2 q.b exact) + ||b||^2
+    # + ||q||^2.
+    keys = (block @ part.T).mul_(-2).add_(part.square().sum(dim=1)[None, :])
     return keys.add_(block.square().sum(dim=1, keepdim=True)).clamp_(min=0)
 
 
@@ -321,15 +323,31 @@ def _search_torch(  # noqa: PLR0913 (one block of queries and the search's optio
     rows = torch.arange(block.shape[0], device=block.device)
     for start in range(0, bank.shape[0], b_rows):
         part = bank[start : start + b_rows].to(device=block.device, dtype=_F32)
-        keys = _keys(block, part, metric)
-        if exclude is not None:
-            local = exclude.to(block.device) - start
-            inside = (local >= 0) & (local < part.shape[0])
-            keys[rows[inside], local[inside]] = math.inf
-        values, indices = _smallest(keys, k)
+        local = None if exclude is None else exclude.to(block.device) - start
+        values, indices = _block_best(
+            block, part, k, metric=metric, own=local, rows=rows
+        )
+        del part  # before the next block is read
         best = _merge(best, (values, indices + start), k)
     assert best is not None  # noqa: S101 (the bank has rows: checked)
     return best
+
+
+def _block_best(  # noqa: PLR0913 (a block of queries, one of the bank, the options)
+    block: Tensor,
+    part: Tensor,
+    k: int,
+    *,
+    metric: str,
+    own: Tensor | None,
+    rows: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Return the ``k`` best of one block of the bank (its distances die here)."""
+    keys = _keys(block, part, metric)
+    if own is not None:
+        inside = (own >= 0) & (own < part.shape[0])
+        keys[rows[inside], own[inside]] = math.inf
+    return _smallest(keys, k)
 
 
 def _search_faiss(  # noqa: PLR0913 (one block of queries and the search's options)
@@ -354,22 +372,29 @@ def _search_faiss(  # noqa: PLR0913 (one block of queries and the search's optio
         part = bank[start : start + b_rows].detach().to("cpu", _F32).contiguous()
         rows = part.numpy()
         search = _faiss_search(faiss, rows, kind, negate=metric == "ip")
+        own = None if skip is None else skip - start
         keys, indices = search(queries, min(len(rows), needed + 1))
+        values, indices = _best(keys, indices, own, k)
         if keys.shape[1] > needed:
             tied = (keys[:, needed - 1] == keys[:, needed]).nonzero().reshape(-1)
             if tied.numel():
-                # Ties across the last place: every row of the block, sorted.
-                all_keys, all_indices = search(queries[tied.numpy()], len(rows))
-                width = all_keys.shape[1] - keys.shape[1]
-                keys = torch.nn.functional.pad(keys, (0, width), value=math.inf)
-                indices = torch.nn.functional.pad(indices, (0, width), value=-1)
-                keys[tied], indices[tied] = all_keys, all_indices
-        if skip is not None:
-            keys = keys.masked_fill(indices == (skip - start)[:, None], math.inf)
-        values, indices = _sorted_pairs(keys.nan_to_num(nan=math.inf), indices + start)
-        best = _merge(best, (values[:, :k], indices[:, :k]), k)
+                # Ties across the last place: those rows against the whole block.
+                every, where = search(queries[tied.numpy()], len(rows))
+                mine = None if own is None else own[tied]
+                values[tied], indices[tied] = _best(every, where, mine, k)
+        best = _merge(best, (values, indices + start), k)
     assert best is not None  # noqa: S101 (the bank has rows: checked)
     return best
+
+
+def _best(
+    keys: Tensor, indices: Tensor, own: Tensor | None, k: int
+) -> tuple[Tensor, Tensor]:
+    """Return the ``k`` best of faiss's candidates, a query's own row left out."""
+    if own is not None:
+        keys = keys.masked_fill(indices == own[:, None], math.inf)
+    values, indices = _sorted_pairs(keys.nan_to_num(nan=math.inf), indices)
+    return values[:, :k], indices[:, :k]
 
 
 def _faiss_search(faiss: Any, rows: Any, kind: Any, *, negate: bool) -> Any:

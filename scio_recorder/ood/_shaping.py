@@ -21,7 +21,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._checks import one_label
+from ._checks import one_label, one_tensor
 from ._logits import energy_score
 from ._multilayer import resolve_layers
 from ._protocol import Detector, StateEntry
@@ -141,19 +141,8 @@ class _Shaping(Detector):
 
     def edit(self, output: Tensor) -> Tensor:
         """Return the shaped output; refuse an output that is not one tensor."""
-        return self.shape(self.one_tensor(output))
-
-    def one_tensor(self, output: Any) -> Tensor:
-        """Return ``output`` if it is one tensor; raise naming the layer otherwise."""
-        if not isinstance(output, Tensor):
-            row = self.rnet.table[self.label]
-            msg = (
-                f"{type(self).__name__}: layer {row.describe()} outputs a "
-                f"{type(output).__name__}, not one tensor; choose a layer whose "
-                "output is a tensor."
-            )
-            raise TypeError(msg)
-        return output
+        who = type(self).__name__
+        return self.shape(one_tensor(output, self.rnet, self.label, who))
 
     def shape(self, output: Tensor) -> Tensor:
         """Return the edited activations."""
@@ -326,16 +315,16 @@ class ReAct(_Shaping):
         return [{label: self._clipper(i) for i, label in enumerate(self.labels)}]
 
     def _clipper(self, layer: int) -> Callable[[Any], Tensor]:
-        group = layer if self.per_layer else 0
-
         def clip(output: Any) -> Tensor:
-            return self.edit(output, group)
+            return self.edit(output, layer)
 
         return clip
 
-    def edit(self, output: Tensor, group: int = 0) -> Tensor:
-        """Return the output clipped by ``group``'s thresholds (one tensor only)."""
-        return self.clip(self.one_tensor(output), group)
+    def edit(self, output: Tensor, layer: int = 0) -> Tensor:
+        """Return layer ``layer``'s output clipped (one tensor only)."""
+        label = self.labels[layer]
+        tensor = one_tensor(output, self.rnet, label, "ReAct")
+        return self.clip(tensor, layer if self.per_layer else 0)
 
     def shape(self, output: Tensor) -> Tensor:
         """Clip at the (first) thresholds."""

@@ -77,6 +77,7 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
+from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
@@ -252,8 +253,8 @@ def catalogue(
     Detectors that read the logits or the last ``nn.Linear`` (``fc=``) find
     them themselves; the others read:
 
-    * ``penultimate``: the layer whose activations ReAct, ASH, Scale and VRA
-      edit (the ReLU before the last ``nn.Linear``);
+    * ``penultimate``: the layer whose activations ReAct, ASH, Scale, VRA and
+      AdaScale edit (the ReLU before the last ``nn.Linear``);
     * ``blocks``: feature maps of the convolutional part, for RankFeat (one
       edited pass per block), Gram (these blocks), MahalanobisEnsemble,
       NAC, DkNN and JTLA (these blocks and ``penultimate``: 2-3 layers);
@@ -287,7 +288,8 @@ def catalogue(
     Returns
     -------
     dict of str to Detector
-        Class name -> unfitted detector, in the order of the docs' table.
+        Class name -> unfitted detector, in the order of the docs' table;
+        ``"Mahalanobis++"`` and ``"RMDS++"`` are ``normalize=True``.
 
     Examples
     --------
@@ -296,7 +298,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (36, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (39, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
@@ -335,6 +337,9 @@ def catalogue(
         "Residual": Residual(rnet, d=d_vim),
         "RankFeat": RankFeat(rnet, layers=list(blocks)),
         "VRA": VRA(rnet, layer=penultimate),
+        "AdaScale": AdaScale(rnet, layer=penultimate),
+        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
+        "RMDS++": RMDS(rnet, normalize=True),
         "LID": LID(rnet, k=10),
         "Trust": Trust(rnet, alpha=0.1),
         "DkNN": DkNN(rnet, layers=deep, k=10),
@@ -778,6 +783,9 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "AdaScale",
+    "Mahalanobis++",
+    "RMDS++",
     "LID",
     "Trust",
     "DkNN",
