@@ -19,27 +19,44 @@ torch.Size([2, 4])
 
 """
 
-import typing
+from typing import TYPE_CHECKING
 
 from ._engine.plan import CallPlanError, Postprocessor
 from ._engine.state import CallInputs
-from .calls import CallRecorder
-from .collect import CollectResult, Estimate, estimate
-from .group import RecorderGroup
-from .io import RecordInfo, Records, load_records, save_records
+from ._lazy import lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
 from .recorder import InPlaceWarning, Recorder, Selection
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
 
-# `scio_recorder.collect` is the subpackage, callable: calling it calls the
-# function `collect` (see `scio_recorder.collect._collect.CollectModule`).
-# Type checkers are told it is the function, which is how it is called.
-if typing.TYPE_CHECKING:
-    from .collect import collect
-else:
-    from . import collect
+# Imported when first used (see `scio_recorder._lazy`): what a plain
+# recorder does not need.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "CallRecorder": ".calls",
+        "CollectResult": ".collect",
+        "Estimate": ".collect",
+        "RecordInfo": ".io",
+        "RecorderGroup": ".group",
+        "Records": ".io",
+        "collect": ".collect",
+        "estimate": ".collect",
+        "load_records": ".io",
+        "save_records": ".io",
+    },
+)
+
+if TYPE_CHECKING:
+    # `scio_recorder.collect` is the subpackage, callable: calling it calls
+    # the function `collect` (see `scio_recorder.collect._collect.
+    # CollectModule`). Type checkers are told it is the function, which is
+    # how it is called.
+    from .calls import CallRecorder
+    from .collect import CollectResult, Estimate, collect, estimate
+    from .group import RecorderGroup
+    from .io import RecordInfo, Records, load_records, save_records
 
 __all__ = [
     "CallInputs",

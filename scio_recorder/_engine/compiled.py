@@ -199,9 +199,12 @@ def _traced_plan(key: int) -> TracedPlan:
     return _TRACED_PLANS[key]
 
 
-traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result(  # type: ignore[no-untyped-call]
-    _traced_plan
-)
+# What `torch.compiler.assume_constant_result` does, without the import of
+# `torch._dynamo` it makes (a second or more: half the package's import time
+# otherwise). `tests/test_compile.py` checks that the decorator marks a
+# function the same way, and that a selection coming back finds its graph.
+_traced_plan._dynamo_marked_constant = True  # type: ignore[attr-defined]  # noqa: SLF001 (Dynamo's mark)
+traced_plan: Callable[[int], TracedPlan] = _traced_plan
 """Dynamo calls it when tracing and takes the result as a constant, unguarded."""
 
 
@@ -367,7 +370,10 @@ def unwrap_compiled(net: nn.Module) -> tuple[nn.Module, Callable[[Any], Any] | N
     the recorder does not trace could not reach the recorder's pass. Returns
     ``(net, None)`` for a net that is not compiled.
     """
-    optimized = getattr(torch._dynamo.eval_frame, "OptimizedModule", None)  # noqa: SLF001 (the type torch.compile returns)
+    # Read from `sys.modules`: `torch._dynamo` is loaded by `torch.compile`,
+    # and without it no net is compiled (importing it costs seconds).
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
     if optimized is None or not isinstance(net, optimized):
         return net, None
     compiler = getattr(net, "dynamo_ctx", None)

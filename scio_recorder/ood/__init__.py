@@ -96,16 +96,68 @@ __all__ = [
     "score_sets",
 ]
 
-from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
-from ._calibration import ODIN, TempScale
-from ._collapse import NCI, NECO, Residual
-from ._coverage import NAC
-from ._edits import VRA, RankFeat
-from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
-from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
-from ._gradient import GradNorm
-from ._logits import MSP, Energy, Entropy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
-from ._probabilities import GEN, KLMatching
-from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
-from ._shaping import ASH, ReAct, Scale
+from typing import TYPE_CHECKING
+
+from scio_recorder._lazy import lazy_attributes
+
+# Each public name -> the module that defines it, imported when the name is
+# first used (see `scio_recorder._lazy`); the imports under `TYPE_CHECKING`
+# say the same to type checkers and the docs.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "ASH": "._shaping",
+        "DICE": "._prototypes",
+        "Detector": "._base",
+        "Energy": "._logits",
+        "Entropy": "._logits",
+        "Evaluation": "._evaluate",
+        "GEN": "._probabilities",
+        "GradNorm": "._gradient",
+        "Gram": "._multilayer",
+        "KLMatching": "._probabilities",
+        "KNN": "._features",
+        "MSP": "._logits",
+        "Mahalanobis": "._features",
+        "MahalanobisEnsemble": "._multilayer",
+        "MaxLogit": "._logits",
+        "NAC": "._coverage",
+        "NCI": "._collapse",
+        "NECO": "._collapse",
+        "NNGuide": "._prototypes",
+        "NotFittedError": "._base",
+        "ODIN": "._calibration",
+        "OoDResults": "._evaluate",
+        "Pass": "._base",
+        "RMDS": "._prototypes",
+        "RankFeat": "._edits",
+        "ReAct": "._shaping",
+        "Residual": "._collapse",
+        "SHE": "._prototypes",
+        "Scale": "._shaping",
+        "StateEntry": "._base",
+        "TempScale": "._calibration",
+        "VRA": "._edits",
+        "ViM": "._features",
+        "evaluate": "._evaluate",
+        "fDBD": "._prototypes",
+        "fit_detectors": "._base",
+        "mahalanobis_scores": "._features",
+        "score_sets": "._evaluate",
+    },
+)
+
+if TYPE_CHECKING:
+    from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
+    from ._calibration import ODIN, TempScale
+    from ._collapse import NCI, NECO, Residual
+    from ._coverage import NAC
+    from ._edits import VRA, RankFeat
+    from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
+    from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
+    from ._gradient import GradNorm
+    from ._logits import MSP, Energy, Entropy, MaxLogit
+    from ._multilayer import Gram, MahalanobisEnsemble
+    from ._probabilities import GEN, KLMatching
+    from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
+    from ._shaping import ASH, ReAct, Scale
