@@ -812,6 +812,7 @@ def test_deleting_the_recorder_removes_its_hooks():
     assert hook_counts(net) == [0, 0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_net_is_collected_after_recorder_and_net_are_deleted():
     """Nothing (torchinfo's cache included) keeps the net alive after `del`."""
     net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU())

@@ -34,8 +34,9 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``), the protocol and
-the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
+``_collapse``, ``_edits``, ``_coverage``), the protocol in
+``_protocol``, the shared passes in ``_passes``, the checks every
+detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
 
 Examples
 --------
@@ -108,7 +109,7 @@ __getattr__, __dir__ = lazy_attributes(
     {
         "ASH": "._shaping",
         "DICE": "._prototypes",
-        "Detector": "._base",
+        "Detector": "._protocol",
         "Energy": "._logits",
         "Entropy": "._logits",
         "Evaluation": "._evaluate",
@@ -125,30 +126,29 @@ __getattr__, __dir__ = lazy_attributes(
         "NCI": "._collapse",
         "NECO": "._collapse",
         "NNGuide": "._prototypes",
-        "NotFittedError": "._base",
+        "NotFittedError": "._protocol",
         "ODIN": "._calibration",
         "OoDResults": "._evaluate",
-        "Pass": "._base",
+        "Pass": "._protocol",
         "RMDS": "._prototypes",
         "RankFeat": "._edits",
         "ReAct": "._shaping",
         "Residual": "._collapse",
         "SHE": "._prototypes",
         "Scale": "._shaping",
-        "StateEntry": "._base",
+        "StateEntry": "._protocol",
         "TempScale": "._calibration",
         "VRA": "._edits",
         "ViM": "._features",
         "evaluate": "._evaluate",
         "fDBD": "._prototypes",
-        "fit_detectors": "._base",
+        "fit_detectors": "._passes",
         "mahalanobis_scores": "._features",
         "score_sets": "._evaluate",
     },
 )
 
 if TYPE_CHECKING:
-    from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
     from ._calibration import ODIN, TempScale
     from ._collapse import NCI, NECO, Residual
     from ._coverage import NAC
@@ -158,6 +158,8 @@ if TYPE_CHECKING:
     from ._gradient import GradNorm
     from ._logits import MSP, Energy, Entropy, MaxLogit
     from ._multilayer import Gram, MahalanobisEnsemble
+    from ._passes import fit_detectors
     from ._probabilities import GEN, KLMatching
+    from ._protocol import Detector, NotFittedError, Pass, StateEntry
     from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
     from ._shaping import ASH, ReAct, Scale

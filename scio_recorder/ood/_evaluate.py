@@ -26,12 +26,16 @@ from torch import Tensor
 
 from scio_recorder._batches import as_arguments, batch_getter
 
-from ._base import Detector, run_passes
+from ._checks import check_batches
+from ._passes import run_passes
+from ._protocol import Detector
 from .metrics import (
     ALL_METRICS,
     METRICS,
     TABLE_METRICS,
     check_metric_names,
+    describe_metric,
+    metric_function,
     ood_metrics,
 )
 
@@ -57,13 +61,21 @@ _LEGEND = {
 }
 
 
+def legend(metric: str) -> str:
+    """Return the lines a results table prints to explain ``metric``."""
+    return _LEGEND.get(metric) or describe_metric(metric)
+
+
 class Evaluation(Mapping[str, dict[str, float]]):
     """Detector name -> metrics, on one OoD set.
 
     Each detector's metrics are :data:`~scio_recorder.ood.metrics.ALL_METRICS`:
     ``AUROC``, ``AUPR-IN``, ``AUPR-OUT``, ``FPR95TPR`` (OoD positive, the old
     name), ``FPR95-ID`` (ID positive, OpenOOD's FPR@95) and ``FPR95-OOD``
-    (OoD positive, the same as ``FPR95TPR``).
+    (OoD positive, the same as ``FPR95TPR``). Any other metric of
+    :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
+    ``pAUROC@0.1``, ...) is computed on request from the kept scores
+    (:meth:`metric`, and the results tables' ``metrics=``).
 
     Attributes
     ----------
@@ -79,8 +91,8 @@ class Evaluation(Mapping[str, dict[str, float]]):
     --------
     >>> import torch
     >>> ev = Evaluation({"a": torch.tensor([0.0, 1.0])}, {"a": torch.tensor([2.0])})
-    >>> ev["a"]["AUROC"], ev["a"]["FPR95-ID"]
-    (1.0, 0.0)
+    >>> ev["a"]["AUROC"], ev["a"]["FPR95-ID"], ev.metric("a", "MCC")
+    (1.0, 0.0, 1.0)
 
     """
 
@@ -101,6 +113,33 @@ class Evaluation(Mapping[str, dict[str, float]]):
             key: ood_metrics(id_scores[key], ood_scores[key], names=ALL_METRICS)
             for key in id_scores
         }
+        self._requested: dict[tuple[str, str], float] = {}
+
+    def metric(self, key: str, name: str) -> float:
+        """Return metric ``name`` of detector ``key``, computing it if needed.
+
+        ``name`` is any metric :func:`~scio_recorder.ood.metrics.metric_function`
+        knows; those outside :data:`~scio_recorder.ood.metrics.ALL_METRICS`
+        are computed from the kept scores once, then cached.
+
+        Raises
+        ------
+        KeyError
+            For an unknown detector.
+        ValueError
+            For an unknown metric name.
+        """
+        if key not in self._metrics:
+            msg = f"no detector named {key!r}; the evaluation has {list(self)}"
+            raise KeyError(msg)
+        if name in self._metrics[key]:
+            return self._metrics[key][name]
+        function = metric_function(name)
+        if (key, name) not in self._requested:
+            self._requested[key, name] = function(
+                self.id_scores[key], self.ood_scores[key]
+            )
+        return self._requested[key, name]
 
     def __getitem__(self, key: str) -> dict[str, float]:
         """Return the metrics of detector ``key``."""
@@ -264,13 +303,16 @@ class OoDResults(Mapping[str, Evaluation]):
         if detector not in self.detectors:
             msg = f"no detector named {detector!r}; the results have {self.detectors}"
             raise KeyError(msg)
-        if metric not in ALL_METRICS:
-            msg = f"no metric named {metric!r}; choose among {list(ALL_METRICS)}"
-            raise KeyError(msg)
+        try:
+            check_metric_names([metric])
+        except ValueError as error:
+            raise KeyError(str(error)) from None
         if column in self._sets:
-            return self._sets[column][detector][metric]
+            return self._sets[column].metric(detector, metric)
         if column in self.groups:
-            values = [self._sets[s][detector][metric] for s in self.groups[column]]
+            values = [
+                self._sets[s].metric(detector, metric) for s in self.groups[column]
+            ]
             return math.fsum(values) / len(values)
         msg = (
             f"no OoD set or group named {column!r}; the results have the sets "
@@ -309,7 +351,7 @@ class OoDResults(Mapping[str, Evaluation]):
             f"OoD sets" + (f"; groups: {groups}" if groups else "")
         ]
         shown = self._metrics(metrics)
-        legends = [_LEGEND[m] for m in shown]
+        legends = [legend(m) for m in shown]
         if self.accuracy:
             legends.append(_LEGEND[ACC])
         lines += [line for legend in legends for line in legend.split("\n")]
@@ -323,7 +365,9 @@ class OoDResults(Mapping[str, Evaluation]):
         metrics : sequence of str, optional
             Default :data:`~scio_recorder.ood.metrics.TABLE_METRICS`:
             ``AUROC``, ``FPR95-ID`` (ID positive, as OpenOOD), ``AUPR-IN``,
-            ``AUPR-OUT``.
+            ``AUPR-OUT``; any name of
+            :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
+            ``pAUROC@0.1``, ``TPR@FPR0.05``, ...) on request.
         """
         out = self._head(metrics)
         for title, header, rows in self._blocks(metrics):
@@ -433,15 +477,21 @@ def _checked_groups(
     return checked
 
 
-def _score(
+def _score(  # noqa: PLR0913 (the data, how to read it, where it came from)
     detectors: Mapping[str, Detector],
     batches: Iterable[Any],
     *,
     input: Any,  # noqa: A002 (collect's name)
     target: Any = None,
     name: str | None = None,
+    where: tuple[str, str] = ("score_batches", "batches"),
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
-    """Each detector's scores, and its accuracy when ``target`` is given."""
+    """Each detector's scores, and its accuracy when ``target`` is given.
+
+    ``where``: the function and the argument the batches came from, for the
+    message refusing a tensor given as batches.
+    """
+    check_batches(batches, *where)
     if not detectors:
         msg = "evaluate needs at least one detector: a mapping name -> detector"
         raise ValueError(msg)
@@ -506,6 +556,8 @@ def _correct(logits: Tensor, labels: Tensor, index: int, key: str) -> int:
             "Drop `target=` (no accuracy), or fix it."
         )
         raise ValueError(msg)
+    if not labels.shape[0]:  # an empty batch: nothing ran, nothing to count
+        return 0
     return int((logits.detach().argmax(dim=1).to("cpu") == labels).sum())
 
 
@@ -572,7 +624,8 @@ def score_sets(
     ValueError
         For no detector, or a set with no batch.
     TypeError
-        For something in ``detectors`` that is not a :class:`Detector`.
+        For something in ``detectors`` that is not a :class:`Detector`, or a
+        set given as a tensor (pass ``[x]``: a list of batches).
 
     Examples
     --------
@@ -597,8 +650,16 @@ def score_sets(
             "score_batches for one set."
         )
         raise TypeError(msg)
+    for name, batches in sets.items():  # all of them, before scoring any
+        check_batches(batches, "score_sets", f"sets[{name!r}]")
     return {
-        name: _score(detectors, batches, input=input, name=name)[0]
+        name: _score(
+            detectors,
+            batches,
+            input=input,
+            name=name,
+            where=("score_sets", f"sets[{name!r}]"),
+        )[0]
         for name, batches in sets.items()
     }
 
@@ -678,6 +739,9 @@ def evaluate(  # noqa: PLR0913 (the data, how to read it, the groups)
     ValueError
         For a group naming an unknown set (naming it and the sets), groups
         with one unnamed OoD set, bad labels, or empty data.
+    TypeError
+        For data given as a tensor, not an iterable of batches (pass
+        ``[x]``: a list of one batch), checked before anything is scored.
 
     Examples
     --------
@@ -710,7 +774,21 @@ def evaluate(  # noqa: PLR0913 (the data, how to read it, the groups)
     for group, members in (("near mean", near), ("far mean", far)):
         if members is not None:
             named[group] = list(members)
-    id_scores, accuracy = _score(detectors, id_batches, input=input, target=target)
+    check_batches(id_batches, "evaluate", "id_batches")
+    ood_sets = (
+        {f"ood_batches[{k!r}]": v for k, v in ood_batches.items()}
+        if isinstance(ood_batches, Mapping)
+        else {"ood_batches": ood_batches}
+    )
+    for where, data in ood_sets.items():
+        check_batches(data, "evaluate", where)
+    id_scores, accuracy = _score(
+        detectors,
+        id_batches,
+        input=input,
+        target=target,
+        where=("evaluate", "id_batches"),
+    )
     if not isinstance(ood_batches, Mapping):
         if named:
             msg = (

@@ -20,8 +20,9 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._base import Detector, Pass, StateEntry, one_label
+from ._checks import one_label
 from ._logits import energy_score
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 
 def _kept(n: int, percentile: float) -> int:
@@ -216,17 +219,7 @@ class ReAct(_Shaping):
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the quantile as the threshold."""
-        threshold = result[self.label].reshape(-1)[0].to(torch.float32)
-        if not torch.isfinite(threshold):
-            msg = (
-                f"ReAct: the fit activations of layer "
-                f"{self.rnet.table[self.label].describe()} hold non-finite values "
-                f"(NaN or Inf), so the clipping threshold is {float(threshold)}. "
-                "Drop or repair those samples before fitting (find them with "
-                "`torch.isfinite` on the inputs), or look for an overflow in the net."
-            )
-            raise ValueError(msg)
-        self.threshold = threshold
+        self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
 
     def shape(self, output: Tensor) -> Tensor:
         """Clip at the threshold."""

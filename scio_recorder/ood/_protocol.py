@@ -1,0 +1,883 @@
+"""The detector protocol: what a detector declares, how it fits, scores and saves.
+
+A :class:`Detector` scores the inputs of an unmodified net wrapped in a
+:class:`~scio_recorder.Recorder`. It declares what a pass must record (the
+outputs and inputs of labelled layers), or the edit it applies in flight at
+one layer, and computes its score from that pass (:class:`Pass`).
+A detector scores a batch alone with :meth:`Detector.score` (one pass, the
+passes of its edits, or passes of its own); :func:`run_pass` is that pass.
+Because a detector *declares* what it reads, the shared passes
+(:mod:`._passes`) can serve several detectors with one pass of the net.
+
+The data rules are the protocol's, the same for every detector (a detector
+states none of them):
+
+* an empty batch scores as an empty ``[0]`` tensor, without running the net
+  (:func:`empty_batch`);
+* a row that is not finite (a NaN or an infinity in the net's inputs, in the
+  logits or in a record the detector reads) scores NaN, and never changes
+  the others' scores: the detector scores the pass restricted to the finite
+  rows (:func:`score_finite_rows`, :meth:`Pass.take`), and an edit in flight
+  edits the finite rows only (:func:`run_pass`);
+* a fit refuses non-finite features with their count and layer
+  (:func:`fit_pass`), and checks class labels (:mod:`._checks`).
+
+Fitting goes through :func:`~scio_recorder.collect.collect` (streaming,
+bounded memory, resumable, ``torch.distributed``-aware); fitted state is a
+flat dict of tensors (:class:`StateEntry` declares each), saved and loaded
+through :mod:`scio_recorder.io` (safetensors, no pickle) and checked on load
+here.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Detector",
+    "NotFittedError",
+    "Pass",
+    "StateEntry",
+    "empty_batch",
+    "fit_pass",
+    "input_rows_non_finite",
+    "run_pass",
+    "score_finite_rows",
+]
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from scio_recorder._batches import first_batch_size
+from scio_recorder._engine.state import pick_argument
+from scio_recorder._outputs import logits_of
+from scio_recorder._tree import iter_tensors
+from scio_recorder.collect import InputOf, collect
+from scio_recorder.io import load_records, save_records
+from scio_recorder.layers import label_str
+from scio_recorder.recorder import Recorder
+
+from ._checks import (
+    check_batches,
+    checked_targets,
+    count_non_finite,
+    net_classes,
+    per_sample_size,
+    refuse_non_finite,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from pathlib import Path
+
+    from typing_extensions import Self
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.select import Selector
+
+
+class NotFittedError(RuntimeError):
+    """A detector that needs fitting was asked to score before :meth:`~Detector.fit`."""
+
+
+@dataclasses.dataclass
+class Pass:
+    """What one pass of the net gave the detectors: logits and records.
+
+    ``rows``: which rows of the batch it holds (``None``: all of them, in
+    order); a pass restricted to the finite rows (:meth:`take`) holds their
+    indices, so that a detector reading per-batch state from elsewhere (the
+    padding mask of a net's argument) takes the same rows.
+    """
+
+    logits: Tensor
+    outputs: Mapping[DepthIdx, Any]
+    inputs: Mapping[DepthIdx, Tensor]
+    rows: Tensor | None = None
+
+    def take(self, rows: Tensor) -> Pass:
+        """Return this pass restricted to ``rows`` (indices into its batch).
+
+        Every tensor with the batch's rows (dim 0 as the logits') is indexed;
+        others are kept as they are.
+        """
+        n = self.logits.shape[0] if self.logits.dim() else None
+
+        def pick(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.dim() and value.shape[0] == n:
+                return value[rows.to(value.device)]
+            return value
+
+        before = self.rows
+        return Pass(
+            pick(self.logits),
+            {label: pick(v) for label, v in self.outputs.items()},
+            {label: pick(v) for label, v in self.inputs.items()},
+            rows if before is None else before[rows.to(before.device)],
+        )
+
+
+def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit)
+    rnet: Recorder,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    outputs: Iterable[DepthIdx] = (),
+    inputs: Iterable[DepthIdx] = (),
+    edit: tuple[DepthIdx, Any] | None = None,
+) -> Pass:
+    """Run the net once under ``torch.no_grad()``; return what it gave.
+
+    The pass records the outputs and the (first tensor) inputs of the given
+    labels, or, with ``edit=(label, fn)``, edits that label's output with
+    ``fn`` in flight (and records it); with neither, it records nothing.
+    The edit sees the finite rows of the output only (an SVD or a batch
+    statistic of the edit is not spoiled by a NaN row); the others stay as
+    they are, non-finite. The recorder's selection is restored after.
+    """
+    if edit is not None:
+        label, fn = edit
+        with rnet.selecting(label), torch.no_grad():
+            out = rnet(*args, activation_postproc=_finite_rows_edit(fn), **kwargs)
+            return _read(rnet, out)
+    outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
+    if not (outputs or inputs):
+        with torch.no_grad():
+            return _read(rnet, rnet(*args, dont_record=True, **kwargs))
+    with rnet.selecting(*outputs, inputs=inputs), torch.no_grad():
+        out = rnet(*args, **kwargs)
+        return _read(rnet, out)
+
+
+def _finite_rows_edit(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Return ``fn`` applied to the finite rows of a floating tensor only."""
+
+    def edit(output: Any) -> Any:
+        if not (
+            isinstance(output, Tensor)
+            and output.is_floating_point()
+            and output.dim()
+            and output.shape[0]
+        ):
+            return fn(output)
+        finite = torch.isfinite(output.reshape(output.shape[0], -1)).all(dim=1)
+        if bool(finite.all()):
+            return fn(output)
+        if not bool(finite.any()):
+            return output
+        edited = fn(output[finite])
+        full = torch.full_like(output, float("nan"), dtype=edited.dtype)
+        full[finite] = edited
+        return full
+
+    return edit
+
+
+def _read(rnet: Recorder, out: Any) -> Pass:
+    inputs = {
+        label: pick_argument(call, None, rnet.table[label].describe())
+        for label, call in rnet.inputs.items()
+    }
+    return Pass(logits_of(out), dict(rnet.activations), inputs)
+
+
+def empty_batch(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor | None:
+    """Return the empty scores ``[0]`` of an empty batch; ``None`` for another batch.
+
+    An empty batch (dim 0 of its first tensor argument is 0) is not run
+    through the net: many nets and detectors cannot reshape 0 samples. The
+    scores are float32, on the input's device.
+    """
+    first = next((t for t in iter_tensors((args, dict(kwargs))) if t.dim()), None)
+    if first is None or first.shape[0] != 0:
+        return None
+    return torch.empty(0, device=first.device)
+
+
+def input_rows_non_finite(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Tensor | None:
+    """Return ``[batch]`` bools: a NaN or infinity in that row of the inputs.
+
+    Over the floating tensors among the net's arguments whose dim 0 is the
+    batch's (that of the first tensor argument); ``None`` without any.
+    """
+    n = first_batch_size(tuple(args), dict(kwargs))
+    if n is None:
+        return None
+    bad: Tensor | None = None
+    for t in iter_tensors((args, dict(kwargs))):
+        if t.dim() and t.shape[0] == n and (t.is_floating_point() or t.is_complex()):
+            rows = ~torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
+            bad = rows if bad is None else bad | rows.to(bad.device)
+    return bad
+
+
+def _pass_rows_non_finite(
+    result: Pass, outputs: Iterable[DepthIdx], inputs: Iterable[DepthIdx]
+) -> Tensor | None:
+    """``[batch]`` bools: a non-finite entry in that row of the logits or records."""
+    logits = result.logits
+    if logits.dim() == 0:
+        return None
+    n = logits.shape[0]
+    read = [logits, *(result.outputs[label] for label in outputs)]
+    read += [result.inputs[label] for label in inputs]
+    bad = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    for t in read:
+        if (
+            isinstance(t, Tensor)
+            and t.dim()
+            and t.shape[0] == n
+            and (t.is_floating_point() or t.is_complex())
+        ):
+            rows = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
+            bad = bad | rows.to(bad.device)
+    return bad
+
+
+def score_finite_rows(
+    detector: Detector,
+    results: Sequence[Pass],
+    score: Callable[[Sequence[Pass]], Tensor],
+    bad_inputs: Tensor | None = None,
+) -> Tensor:
+    """Score the finite rows of ``results`` with ``score``; NaN for the others.
+
+    A row is non-finite where ``bad_inputs`` says so (the net's inputs), or
+    where the logits or a record ``detector`` reads (:meth:`Detector.outputs`,
+    :meth:`Detector.inputs`) hold a NaN or an infinity, in any of the passes.
+    When every row is finite (one host read to know it), ``score`` gets the
+    passes as they are; otherwise the passes restricted to the finite rows
+    (:meth:`Pass.take`), so that nothing computed over the batch sees a bad
+    row, and the scores of the others are NaN.
+    """
+    bad = bad_inputs
+    for result in results:
+        rows = _pass_rows_non_finite(result, detector.outputs(), detector.inputs())
+        if rows is not None:
+            bad = rows if bad is None else bad | rows.to(bad.device)
+    if bad is None or not bool(bad.any()):
+        return score(results)
+    keep = torch.nonzero(~bad).reshape(-1)
+    if keep.numel() == 0:
+        return torch.full(bad.shape, float("nan"), device=bad.device)
+    scores = score([result.take(keep) for result in results])
+    out = torch.full(bad.shape, float("nan"), dtype=scores.dtype, device=scores.device)
+    out[keep.to(scores.device)] = scores
+    return out
+
+
+def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
+    rnet: Recorder,
+    keep: Mapping[Any, Any],
+    batches: Iterable[Any],
+    *,
+    who: Mapping[Any, str],
+    input: Any,  # noqa: A002 (collect's name)
+    target: Any,
+    **options: Any,
+) -> dict[Any, tuple[DepthIdx, Any]]:
+    """One ``collect`` pass of ``keep``; non-finite samples refused.
+
+    Every reducer is teed with a count of the samples holding a NaN or an
+    infinity (:func:`~._checks.count_non_finite`); any such sample refuses
+    the fit, naming ``who[key]`` (the detectors keeping that key), the
+    layer and the count. Returns each key's label and its result.
+    """
+    result = collect(
+        rnet, batches, count_non_finite(keep), input=input, target=target, **options
+    )
+    collected = {
+        key: (label, result[label])
+        for key in keep
+        for label in result.labels_of[key][:1]
+    }
+    values = refuse_non_finite(who, rnet, keep, collected)
+    return {key: (collected[key][0], values[key]) for key in keep}
+
+
+@dataclasses.dataclass(frozen=True)
+class StateEntry:
+    """One tensor of a detector's fitted state, as :meth:`Detector.load` checks it.
+
+    Attributes
+    ----------
+    shape : tuple of int, str or None
+        Its size along each dimension: an ``int`` is fixed by the net (a
+        layer's number of features, from the recorder's layer table), a
+        ``str`` names a size set by the fit (``"classes"``, ``"samples"``)
+        that must be the same in every entry naming it, ``None`` is not
+        checked (a size the layer table does not know).
+    dtype : torch.dtype
+        The dtype the detector computes in. A stored tensor of another dtype
+        of the same kind (floating point, or integer) is converted to it; one
+        of another kind is refused.
+
+    Examples
+    --------
+    >>> import torch
+    >>> StateEntry(("classes", 16), torch.float64)
+    StateEntry(shape=('classes', 16), dtype=torch.float64)
+
+    """
+
+    shape: tuple[int | str | None, ...]
+    dtype: torch.dtype
+
+
+class Detector:
+    """An OoD detector on a recorded net: ``score(x)`` is higher for OoD inputs.
+
+    Subclasses say what a pass records (:meth:`outputs`, :meth:`inputs`) or
+    which edit they apply (:attr:`edits`, :meth:`edit`), how they score a
+    pass (:meth:`score_pass`), and, when they need fitting, what to collect
+    (:meth:`fit_keep`) and how to read the result (:meth:`fit_from`).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net; it is used as is (its selection is restored after
+        every pass the detector makes).
+    layer : selector, optional
+        Anything :meth:`Recorder.record` takes, resolving to one call.
+    """
+
+    needs_fit: ClassVar[bool] = False
+    needs_target: ClassVar[bool] = False
+    edits: ClassVar[bool] = False
+    fit_passes: ClassVar[int] = 1
+    """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
+    own_passes: ClassVar[bool] = False
+    """Whether scoring needs passes of its own that no other detector can
+    share (ODIN's gradient with respect to the input, NAC's backward): see
+    :meth:`score_inputs`."""
+    own_fit: ClassVar[bool] = False
+    """Whether the detector overrides :meth:`fit` with a fit of its own (ViM's
+    two passes), so that :func:`~._passes.fit_detectors` fits it on its own
+    instead of in the pass it shares with the others. Set for each subclass
+    from whether it defines ``fit``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Set :attr:`own_fit` from whether the class overrides :meth:`fit`."""
+        super().__init_subclass__(**kwargs)
+        cls.own_fit = cls.fit is not Detector.fit
+
+    def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
+        """Keep the recorder; subclasses resolve their layers here."""
+        if not isinstance(rnet, Recorder):
+            msg = (
+                f"{type(self).__name__} takes a Recorder, got {type(rnet).__name__}: "
+                "wrap the net first, e.g. `Recorder(net, input_size=(1, 3, 32, 32))`."
+            )
+            raise TypeError(msg)
+        self.rnet = rnet
+        self.layer = layer
+        self._fitted = not self.needs_fit
+        self.num_classes: int | None = net_classes(rnet) if self.needs_target else None
+        """The classes the labels of the fit data must lie in, ``[0, C)``
+        (detectors taking labels: by default the net's logits)."""
+
+    # -- what a pass needs ---------------------------------------------------
+    def outputs(self) -> tuple[DepthIdx, ...]:
+        """Labels whose outputs :meth:`score_pass` reads."""
+        return ()
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        """Labels whose (first tensor) inputs :meth:`score_pass` reads."""
+        return ()
+
+    def edit_label(self) -> DepthIdx:
+        """Return the label whose output :meth:`edit` changes (edit detectors)."""
+        raise NotImplementedError
+
+    def edit(self, output: Tensor) -> Tensor:
+        """Return the edited output of :meth:`edit_label` (edit detectors)."""
+        raise NotImplementedError
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the scores ``[batch]`` of one pass."""
+        raise NotImplementedError
+
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return the scores of the net's inputs from passes of the detector's own.
+
+        For detectors whose passes no other detector can share
+        (:attr:`own_passes`: ODIN's gradient with respect to the input,
+        NAC's backward pass with autograd on).
+        """
+        raise NotImplementedError
+
+    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+        """Return one ``(label, edit)`` per pass an edit detector needs.
+
+        Default: the one pass editing :meth:`edit_label` with :meth:`edit`;
+        RankFeat at two blocks gives two.
+        """
+        return [(self.edit_label(), self.edit)]
+
+    def score_passes(self, results: Sequence[Pass]) -> Tensor:
+        """Return the scores from the passes of :meth:`edit_passes`, in order."""
+        return self.score_pass(results[0])
+
+    # -- fitting -----------------------------------------------------------
+    def fit_keep(self) -> dict[Any, Any]:
+        """Return what to collect on the fit data (``collect``'s ``keep``)."""
+        return {}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Set the fitted state from the collected results, by label."""
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the detector can score (always, for those needing no fit)."""
+        return self._fitted
+
+    def fit(
+        self,
+        batches: Iterable[Any],
+        *,
+        input: Any = 0,  # noqa: A002 (collect's name)
+        target: Any = None,
+        **options: Any,
+    ) -> Self:
+        """Fit on in-distribution batches with one ``collect`` pass.
+
+        A no-op for detectors that need no fitting.
+
+        Parameters
+        ----------
+        batches : iterable
+            In-distribution batches (a ``DataLoader``, a list, ...).
+        input, target
+            How to take the input and the class labels out of a batch, as
+            for :func:`~scio_recorder.collect.collect`; ``target`` is needed
+            by detectors with class statistics.
+        **options
+            Passed to :func:`~scio_recorder.collect.collect` (``device``,
+            ``memory_budget``, ``spill_dir`` to resume, ``progress``, ...).
+
+        Returns
+        -------
+        Detector
+            ``self``, fitted.
+
+        Raises
+        ------
+        TypeError
+            For ``batches`` given as a tensor or a mapping (not an iterable
+            of batches).
+        ValueError
+            For fit samples with a NaN or an infinity in what the detector
+            reads (naming the layer and their count), for labels that are
+            not class indices of the net, and as
+            :func:`~scio_recorder.collect.collect`.
+        """
+        name = type(self).__name__
+        check_batches(batches, f"{name}.fit")
+        keep = self.fit_keep()
+        if keep:
+            if self.needs_target and target is None:
+                msg = (
+                    f"{name}.fit needs class labels: pass `target=` "
+                    "(e.g. `target=1` for (input, label) batches)."
+                )
+                raise ValueError(msg)
+            found = fit_pass(
+                self.rnet,
+                keep,
+                batches,
+                who=dict.fromkeys(keep, name),
+                input=input,
+                target=checked_targets(target, input, [self])
+                if self.needs_target
+                else None,
+                **options,
+            )
+            self.fit_from(dict(found.values()))
+        self._fitted = True
+        return self
+
+    def _keep_key(self, label: DepthIdx, kind: str) -> Any:
+        return InputOf(label) if kind == "input" else label
+
+    # -- scoring -----------------------------------------------------------
+    def score(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Return the OoD scores ``[batch]`` of the net's inputs (higher: OoD).
+
+        Runs one pass of the net (under ``torch.no_grad()``); the recorder's
+        selection and its latest records are those of that pass during it,
+        and the selection is restored after. An empty batch gives an empty
+        ``[0]`` tensor; a sample with a NaN or an infinity in the inputs or
+        in what the detector reads scores NaN, and the others as without it.
+        """
+        self.check_fitted()
+        scores, _ = self.score_alone(args, kwargs)
+        return scores
+
+    @property
+    def shares_pass(self) -> bool:
+        """Whether one unedited pass serves it (no edit, no passes of its own)."""
+        return not (self.edits or self.own_passes)
+
+    def score_alone(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass | None]:
+        """Score one batch with passes for this detector alone.
+
+        One pass recording what it reads, or one per edit
+        (:meth:`edit_passes`), or the passes of its own
+        (:meth:`score_inputs`). Returns the scores and the pass they came
+        from (the first edit's; ``None`` for passes of its own or an empty
+        batch), whose logits ``evaluate`` reads for the closed-set accuracy.
+        The protocol's rules apply (the module's docstring): an empty batch
+        runs nothing; non-finite rows score NaN.
+        """
+        empty = empty_batch(args, kwargs)
+        if empty is not None:
+            return empty, None
+        bad = input_rows_non_finite(args, kwargs)
+        if self.edits:
+            results = [
+                run_pass(self.rnet, args, kwargs, edit=edit)
+                for edit in self.edit_passes()
+            ]
+            scores = score_finite_rows(self, results, self.score_passes, bad)
+            return scores, results[0]
+        if self.own_passes:
+            return self.score_own(args, kwargs, bad), None
+        result = run_pass(
+            self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
+        )
+        return self.score_shared(result, bad), result
+
+    def score_shared(self, result: Pass, bad_inputs: Tensor | None = None) -> Tensor:
+        """Score a pass that recorded what this detector reads, finite rows only."""
+        return score_finite_rows(
+            self, [result], lambda results: self.score_pass(results[0]), bad_inputs
+        )
+
+    def score_own(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        bad_inputs: Tensor | None = None,
+    ) -> Tensor:
+        """Score with passes of the detector's own; NaN for non-finite input rows.
+
+        :meth:`score_inputs` runs on the whole batch (its passes may need
+        the whole input); the rows ``bad_inputs`` marks get NaN after.
+        """
+        if bad_inputs is None or not bool(bad_inputs.any()):
+            return self.score_inputs(args, kwargs)
+        if bool(bad_inputs.all()):
+            return torch.full(bad_inputs.shape, float("nan"), device=bad_inputs.device)
+        scores = self.score_inputs(args, kwargs)
+        return scores.masked_fill(bad_inputs.to(scores.device), float("nan"))
+
+    __call__ = score
+
+    def check_fitted(self) -> None:
+        """Raise :class:`NotFittedError` if the detector cannot score yet."""
+        if not self._fitted:
+            msg = (
+                f"{type(self).__name__} must be fitted before scoring: call "
+                f"`detector.fit(batches{', target=1' if self.needs_target else ''})` "
+                "on in-distribution data, or `detector.load(path)`."
+            )
+            raise NotFittedError(msg)
+
+    # -- state -------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Return the hyperparameters and layers, JSON-able (checked on load)."""
+        return {}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the fitted state, a flat dict of tensors."""
+        return {}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries of :meth:`state`: shapes on this net, dtypes.
+
+        :meth:`load` checks a file against them (and against nothing else
+        the detector would have to repeat); :meth:`load_state` then gets
+        exactly these entries, of these shapes and dtypes.
+        """
+        return {}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the fitted state from :meth:`state`'s dict (checked by :meth:`load`)."""
+
+    def layers_read(self) -> list[tuple[DepthIdx, str]]:
+        """Return the ``(label, "output" | "input")`` pairs a pass reads or edits."""
+        read = [(label, "output") for label in self.outputs()]
+        read += [(label, "input") for label in self.inputs()]
+        if self.edits:
+            read += [(label, "output") for label, _ in self.edit_passes()]
+        return read
+
+    def _layer_shapes(self) -> dict[str, list[int]]:
+        shapes = {}
+        for label, kind in self.layers_read():
+            size = per_sample_size(self.rnet, label, kind)
+            if size is not None:
+                shapes[f"{label_str(label)} {kind}"] = size
+        return shapes
+
+    def save(self, path: str | Path) -> Path:
+        """Save the fitted state to a safetensors file (with the config).
+
+        The file holds :meth:`state`, the detector's class and config, and
+        the per-sample shapes of the layers it reads, all checked by
+        :meth:`load`.
+
+        Examples
+        --------
+        >>> import tempfile, torch
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> from scio_recorder.ood import KNN
+        >>> rnet = Recorder(
+        ...     nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), input_size=(1, 3)
+        ... )
+        >>> knn = KNN(rnet, k=2).fit([torch.randn(8, 3)], input=None)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = knn.save(folder + "/knn.safetensors")
+        ...     again = KNN(rnet, k=2).load(path)
+        >>> torch.equal(again(torch.ones(1, 3)), knn(torch.ones(1, 3)))
+        True
+
+        """
+        self.check_fitted()
+        meta = {
+            "ood.detector": type(self).__name__,
+            "ood.config": json.dumps(self.config(), sort_keys=True),
+            "ood.layers": json.dumps(self._layer_shapes(), sort_keys=True),
+        }
+        return save_records(path, self.state(), extra_metadata=meta)
+
+    def load(self, path: str | Path) -> Self:
+        """Load a state saved by :meth:`save` by a detector of the same config.
+
+        Everything is checked once, here, before the detector changes: the
+        file (as :func:`~scio_recorder.io.load_records` does), the detector
+        class and the config it was saved with, the per-sample shapes of the
+        layers it read against this recorder's layer table, and the state
+        against :meth:`state_entries`: no entry missing, none unexpected,
+        each a tensor of the declared shape (sizes fixed by the layer, or
+        the same in every entry), of a floating-point or integer dtype as
+        declared (converted to the declared dtype; another kind is refused),
+        with finite values.
+
+        Raises
+        ------
+        FileNotFoundError
+            If there is no such file.
+        ValueError
+            Naming the file and the bad entry, if any check fails.
+        """
+        records = load_records(path)
+        source = records.path
+        meta = records.metadata
+        name = meta.get("ood.detector")
+        if name != type(self).__name__:
+            msg = (
+                f"'{source}' holds the state of a {name or 'non-detector file'}, not "
+                f"of a {type(self).__name__}."
+            )
+            raise ValueError(msg)
+        saved = _metadata_json(source, meta, "ood.config", required=True)
+        mine = json.loads(json.dumps(self.config(), sort_keys=True))
+        if saved != mine:
+            diff = sorted(
+                k for k in saved.keys() | mine.keys() if saved.get(k) != mine.get(k)
+            )
+            was = [saved.get(k) for k in diff]
+            now = [mine.get(k) for k in diff]
+            msg = (
+                f"'{source}' was saved by a {name} configured otherwise "
+                f"({', '.join(diff)}: saved {was}, now {now}); make the detector "
+                "with the same arguments."
+            )
+            raise ValueError(msg)
+        self._check_layers(source, _metadata_json(source, meta, "ood.layers"))
+        self.load_state(self._checked_state(source, records))
+        self._fitted = True
+        return self
+
+    def _check_layers(self, source: Path, saved: dict[str, Any]) -> None:
+        """Compare the saved per-sample shapes of the layers read with this net's."""
+        for label, kind in self.layers_read():
+            was = saved.get(f"{label_str(label)} {kind}")
+            now = per_sample_size(self.rnet, label, kind)
+            if was is not None and now is not None and was != now:
+                msg = (
+                    f"'{source}' holds a {type(self).__name__} state fitted on layer "
+                    f"{label_str(label)} whose {kind} was {was} per sample, but in "
+                    f"this net layer {self.rnet.table[label].describe()} has the "
+                    f"{kind} {now}: the state does not fit this net. Load it into "
+                    "a detector on the net it was fitted on (same net and "
+                    "`input_size`), or fit this one again."
+                )
+                raise ValueError(msg)
+
+    def _checked_state(
+        self, source: Path, records: Mapping[Any, Any]
+    ) -> dict[str, Tensor]:
+        """Check the records against :meth:`state_entries`; convert dtypes."""
+        who = type(self).__name__
+        entries = self.state_entries()
+        found = {
+            k if isinstance(k, str) else label_str(k): v for k, v in records.items()
+        }
+        expected = ", ".join(map(repr, entries)) or "no entry"
+        missing = [k for k in entries if k not in found]
+        if missing:
+            msg = (
+                f"'{source}' holds an incomplete {who} state: entry "
+                f"{', '.join(map(repr, missing))} is missing (a {who} state has "
+                f"{expected}; the file has {', '.join(map(repr, found)) or 'none'}). "
+                "The file was cut or edited: save the fitted detector again."
+            )
+            raise ValueError(msg)
+        extra = [k for k in found if k not in entries]
+        if extra:
+            msg = (
+                f"'{source}' holds unexpected entries {', '.join(map(repr, extra))} "
+                f"besides the {who} state ({expected}): it was not written by "
+                f"{who}.save, or was edited. Save the fitted detector again."
+            )
+            raise ValueError(msg)
+        layer = self._layer_text()
+        sizes: dict[str, tuple[int, str]] = {}
+        state: dict[str, Tensor] = {}
+        for key, entry in entries.items():
+            value = found[key]
+            where = f"'{source}': entry {key!r} of the {who} state"
+            if not isinstance(value, Tensor):
+                msg = f"{where} is a {type(value).__name__}, not a tensor."
+                raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+            _check_shape(where, layer, value, entry, sizes=sizes, key=key)
+            state[key] = _checked_dtype(where, value, entry)
+        return state
+
+    def _layer_text(self) -> str:
+        read = self.layers_read()
+        if not read:
+            return "this net"
+        label, kind = read[0]
+        return f"layer {self.rnet.table[label].describe()} ({kind})"
+
+    def __repr__(self) -> str:
+        """Show the class, the config and whether it is fitted."""
+        config = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        fitted = (
+            ""
+            if not self.needs_fit
+            else (", fitted" if self._fitted else ", not fitted")
+        )
+        return f"{type(self).__name__}({config}{fitted})"
+
+
+def _metadata_json(
+    source: Path, meta: Mapping[str, str], key: str, *, required: bool = False
+) -> dict[str, Any]:
+    """Parse one JSON object of a detector file's metadata, naming what is bad."""
+    text = meta.get(key)
+    if text is None:
+        if not required:
+            return {}  # files saved before this entry existed
+        msg = (
+            f"'{source}' has no {key!r} metadata entry: it was not written by "
+            "`Detector.save`, or was edited. Save the fitted detector again."
+        )
+        raise ValueError(msg)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        msg = (
+            f"'{source}': its {key!r} metadata entry is not valid JSON ({error}); "
+            "the file was edited or damaged. Save the fitted detector again."
+        )
+        raise ValueError(msg) from error
+    if not isinstance(value, dict):
+        msg = (
+            f"'{source}': its {key!r} metadata entry is a JSON "
+            f"{type(value).__name__}, not an object; the file was edited or "
+            "damaged. Save the fitted detector again."
+        )
+        raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+    return value
+
+
+def _check_shape(  # noqa: PLR0913 (the entry, its context, the sizes seen)
+    where: str,
+    layer: str,
+    value: Tensor,
+    entry: StateEntry,
+    *,
+    sizes: dict[str, tuple[int, str]],
+    key: str,
+) -> None:
+    """Check one entry's shape against its declaration and the named sizes."""
+    shown = "[" + ", ".join("?" if n is None else str(n) for n in entry.shape) + "]"
+    got = list(value.shape)
+    bad = len(got) != len(entry.shape) or any(
+        isinstance(want, int) and have != want
+        for have, want in zip(got, entry.shape, strict=False)
+    )
+    if bad:
+        msg = (
+            f"{where} has shape {got}, but on {layer} it must be {shown}: the "
+            "state was saved from another net or layer. Load it into a "
+            "detector on the net it was fitted on, or fit this one again."
+        )
+        raise ValueError(msg)
+    for have, want in zip(got, entry.shape, strict=True):
+        if isinstance(want, str):
+            size, other = sizes.setdefault(want, (have, key))
+            if size != have:
+                msg = (
+                    f"{where} has shape {got} ({want}: {have}), but entry "
+                    f"{other!r} has {want}: {size}; the entries do not belong "
+                    "together. Save the fitted detector again."
+                )
+                raise ValueError(msg)
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "floating-point" if dtype.is_floating_point else "integer"
+
+
+def _checked_dtype(where: str, value: Tensor, entry: StateEntry) -> Tensor:
+    """Convert ``value`` to the declared dtype, or refuse another kind."""
+    have, want = _dtype_kind(value.dtype), _dtype_kind(entry.dtype)
+    if have != want:
+        msg = (
+            f"{where} is {value.dtype} ({have}), but it must be {want} "
+            f"({entry.dtype}): refused, as converting it would change what it "
+            "means. Save the fitted detector again."
+        )
+        raise ValueError(msg)
+    converted = value.to(entry.dtype)
+    if want == "floating-point":
+        bad = int((~torch.isfinite(converted)).sum())
+        if bad:
+            after = (
+                f", after conversion to {entry.dtype}"
+                if value.dtype != entry.dtype
+                else ""
+            )
+            msg = (
+                f"{where} holds {bad} non-finite values (NaN or Inf{after}): "
+                "scores would be NaN. Fit the detector again on finite data "
+                "and save it."
+            )
+            raise ValueError(msg)
+    return converted
