@@ -6,6 +6,11 @@ labelled ``depth-idx``, select labels (or names, types, predicates) with
 :attr:`Recorder.activations` — or edit them in flight with
 ``activation_postproc``.
 
+``import scio_recorder`` loads the recorder and what it needs; the tools
+built on it (:mod:`~scio_recorder.collect`, saved records, groups, the
+subpackages) load when first used, by any spelling
+(``scio_recorder.collect``, ``from scio_recorder import collect``).
+
 Examples
 --------
 >>> import torch
