@@ -27,9 +27,7 @@ __all__ = [
     "entry_problem",
     "fingerprint_of",
     "flat_states",
-    "is_count",
     "load_states",
-    "manifest_digest",
 ]
 
 import dataclasses
@@ -38,16 +36,19 @@ import json
 import logging
 import math
 import re
-from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import safetensors.torch
 import torch
 from torch import Tensor
 
 from scio_recorder._files import (
+    differences,
     fsync_file,
+    is_count,
     is_temporary,
     library_version,
+    manifest_digest,
     parse_dtype,
     write_atomic,
 )
@@ -256,22 +257,7 @@ class Checkpoints:
         saved = data.get("fingerprint")
         if saved == self.fingerprint:
             return
-        if not isinstance(saved, dict):
-            saved = {}
-        lines: list[str] = []
-        for key in sorted(set(saved) | set(self.fingerprint)):
-            old, new = saved.get(key), self.fingerprint.get(key)
-            if old == new:
-                continue
-            if isinstance(old, dict) and isinstance(new, dict):
-                lines.extend(
-                    f"- {key} of {sub}: saved {plain(old.get(sub))}, "
-                    f"now {plain(new.get(sub))}"
-                    for sub in sorted(set(old) | set(new))
-                    if old.get(sub) != new.get(sub)
-                )
-            else:
-                lines.append(f"- {key}: saved {plain(old)}, now {plain(new)}")
+        lines = differences(saved, self.fingerprint)
         msg = (
             f"'{self.folder}' holds a collect run with other arguments:\n"
             + "\n".join(lines)
@@ -448,21 +434,6 @@ class Checkpoints:
         )
         self.states = name
         self.saved = Saved(batches, samples, complete)
-
-
-def plain(value: object) -> str:
-    return value if isinstance(value, str) else repr(value)
-
-
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """Return a digest of a manifest's JSON content (the same after a round trip)."""
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def is_count(value: object) -> TypeGuard[int]:
-    """Return whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def entry_problem(entry: object, file_name: str) -> str | None:  # noqa: PLR0911 (one check per field)
