@@ -28,6 +28,7 @@ __all__ = [
     "fsync_file",
     "fsync_folder",
     "is_count",
+    "is_file_name",
     "is_temporary",
     "library_version",
     "manifest_digest",
@@ -241,6 +242,27 @@ def is_count(value: object) -> TypeGuard[int]:
 
     """
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_file_name(value: object) -> TypeGuard[str]:
+    """Return whether ``value`` names a file in a folder (no path, not ``.``/``..``).
+
+    What a manifest names is joined to its folder and may be deleted: an
+    edited name must not reach outside the folder, or be the folder itself.
+
+    Examples
+    --------
+    >>> [is_file_name(v) for v in ["a.bin", "", ".", "..", "a/b", 3]]
+    [True, False, False, False, False, False]
+
+    """
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\0" not in value
+    )
 
 
 def differences(saved: object, now: Mapping[str, Any]) -> list[str]:

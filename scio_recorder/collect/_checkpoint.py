@@ -21,9 +21,6 @@ __all__ = [
     "STATE_FILES",
     "Checkpoints",
     "Saved",
-    "describe_reducer",
-    "describe_spec",
-    "describe_value",
     "entry_problem",
     "fingerprint_of",
     "flat_states",
@@ -31,11 +28,9 @@ __all__ = [
 ]
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import re
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import safetensors.torch
@@ -46,16 +41,14 @@ from scio_recorder._files import (
     differences,
     fsync_file,
     is_count,
+    is_file_name,
     is_temporary,
     library_version,
     manifest_digest,
     parse_dtype,
     write_atomic,
 )
-from scio_recorder._public import public_module
-from scio_recorder.reduce import Reducer
-
-from ._specs import CONCAT
+from scio_recorder._fingerprint import describe_reducer, describe_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -70,60 +63,7 @@ MANIFEST = "collect-manifest.json"
 """The manifest file written in ``spill_dir``."""
 
 FORMAT = 1
-ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 STATE_FILES = ("states-0.safetensors", "states-1.safetensors")
-
-
-def describe_value(value: object, depth: int = 0) -> str:  # noqa: PLR0911 (one branch per kind)
-    """Describe a configuration value deterministically (no addresses)."""
-    if depth > 4:  # noqa: PLR2004 (enough for nested reducers)
-        return "..."
-    if isinstance(value, Tensor):
-        data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
-        return f"Tensor({list(value.shape)}, {value.dtype}, sha256:{digest})"
-    if isinstance(value, type):
-        return f"{public_module(value)}.{value.__qualname__}"
-    if isinstance(value, list | tuple):
-        items = ", ".join(describe_value(v, depth + 1) for v in value)
-        return f"[{items}]" if isinstance(value, list) else f"({items})"
-    if isinstance(value, dict):
-        items = ", ".join(
-            f"{k!r}: {describe_value(v, depth + 1)}"
-            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))
-        )
-        return "{" + items + "}"
-    if isinstance(value, Reducer):
-        return describe_reducer(value, depth + 1)
-    owner = getattr(value, "__self__", None)
-    if owner is not None and callable(value):  # a bound method
-        name = getattr(value, "__name__", "?")
-        return f"{describe_value(owner, depth + 1)}.{name}"
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"{public_module(value)}.{value.__qualname__}"
-    return ADDRESS.sub("", repr(value))
-
-
-def describe_reducer(reducer: Reducer | None, depth: int = 0) -> str:
-    """Describe a reducer's class and configuration, for the fingerprint."""
-    if reducer is None:
-        return CONCAT
-    cls = type(reducer)
-    fields = getattr(reducer, "__dict__", None)
-    if not isinstance(fields, dict):
-        return (
-            f"{public_module(cls)}.{cls.__qualname__}({ADDRESS.sub('', repr(reducer))})"
-        )
-    parts = ", ".join(
-        f"{k}={describe_value(v, depth)}" for k, v in sorted(fields.items())
-    )
-    return f"{public_module(cls)}.{cls.__qualname__}({parts})"
-
-
-def describe_spec(spec: BatchSpec) -> str:
-    if spec is None or isinstance(spec, int | str):
-        return repr(spec)
-    return describe_value(spec)
 
 
 def fingerprint_of(
@@ -383,7 +323,7 @@ class Checkpoints:
             if isinstance(concat, dict):
                 for entry in concat.values():
                     name = entry.get("file") if isinstance(entry, dict) else None
-                    if isinstance(name, str) and "/" not in name and "\\" not in name:
+                    if is_file_name(name):
                         (self.folder / name).unlink(missing_ok=True)
         for name in STATE_FILES:
             (self.folder / name).unlink(missing_ok=True)
