@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 import dataclasses
+import hashlib
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -208,7 +210,7 @@ def take(
         )
         raise ValueError(msg)
     rows = record[keep.to(record.device)]
-    rows = rows.reshape(rows.shape[0], -1)
+    rows = rows.reshape(rows.shape[0], math.prod(record.shape[2:]))
     if dtype is None or dtype == rows.dtype:
         return rows, rows
     if not rows.is_floating_point():
@@ -283,13 +285,40 @@ class Batches:
         self.padding_id = _padding_id(rnet)
 
     def arguments(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Return the net's positional and keyword arguments for ``batch`` (moved)."""
+        """Return the net's positional and keyword arguments for ``batch``."""
         value = self.get_input(batch)
         spread = self.spread or (self.input is None and isinstance(value, Mapping))
-        args, kwargs = as_arguments(value, spread=spread)
-        if self.device is not None:
-            args, kwargs = move_to(args, self.device), move_to(kwargs, self.device)
-        return args, kwargs
+        return as_arguments(value, spread=spread)
+
+    def move(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Return the arguments moved to ``device`` (as they are without one)."""
+        if self.device is None:
+            return args, kwargs
+        return move_to(args, self.device), move_to(kwargs, self.device)
+
+    @staticmethod
+    def digest(
+        previous: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mask: Tensor | None,
+    ) -> str:
+        """Return the digest of the batches so far, given the previous one.
+
+        It covers the tensors among the net's arguments and the mask (dtype,
+        shape, values): a resumed write checks that the batches it skips are
+        those it wrote.
+        """
+        hasher = hashlib.sha256(previous.encode())
+        values = [*args, *(kwargs[key] for key in sorted(kwargs)), mask]
+        for value in values:
+            if isinstance(value, Tensor):
+                flat = value.detach().to("cpu").contiguous().reshape(-1)
+                hasher.update(f"{value.dtype}{list(value.shape)}".encode())
+                hasher.update(flat.view(torch.uint8).numpy().tobytes())
+        return hasher.hexdigest()
 
     def padding_mask(self, batch: Any, index: int) -> Tensor | None:
         """Return the batch's ``[batch, positions]`` mask (``None``: ``mask=None``)."""
@@ -362,15 +391,6 @@ class Batches:
         if self.skip_bos:
             keep = keep & (keep.cumsum(1) != 1)
         return keep
-
-    def shape_of(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], mask: Tensor | None
-    ) -> tuple[int, int] | None:
-        """Return the batch's ``(rows, positions)`` without a pass, if known."""
-        if mask is not None:
-            return (int(mask.shape[0]), int(mask.shape[1]))
-        ids = _token_ids(args, kwargs)
-        return None if ids is None else (int(ids.shape[0]), int(ids.shape[1]))
 
 
 def pick(value: Any, spec: LayerSpec) -> Any:

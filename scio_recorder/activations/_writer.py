@@ -127,6 +127,7 @@ class RankWriter:
         # the first batch's.
         self.columns: dict[str, tuple[torch.dtype, list[int]]] | None = expected
         self.batches = self.rows = self.tokens_in = 0
+        self.digest = ""  # of the batches taken (see `Batches.digest`)
         self.saved_batches = 0
         self.since = 0  # tokens written to shards since the last checkpoint
         self.state_name: str | None = None
@@ -229,16 +230,16 @@ class RankWriter:
         if self.complete:
             return
         skip = self.saved_batches
-        skipped_rows = skipped_tokens = 0
+        skipped = ""
         index = -1
         try:
             for index, batch in enumerate(batches):
                 if index < skip:
-                    rows, kept = self._count(batch, index, source)
-                    skipped_rows += rows
-                    skipped_tokens += kept
+                    args, kwargs = source.arguments(batch)
+                    mask = source.padding_mask(batch, index)
+                    skipped = source.digest(skipped, args, kwargs, mask)
                     if index == skip - 1:
-                        self._check_skipped(skipped_rows, skipped_tokens)
+                        self._check_skipped(skipped)
                     continue
                 kept = self.step(rnet, batch, index, source)
                 if bar is not None:
@@ -282,24 +283,14 @@ class RankWriter:
             )
             raise ValueError(msg)
 
-    def _count(self, batch: Any, index: int, source: Batches) -> tuple[int, int]:
-        """Rows and kept tokens of a batch already written (no forward)."""
-        args, kwargs = source.arguments(batch)
-        mask = source.padding_mask(batch, index)
-        shape = source.shape_of(args, kwargs, mask)
-        if shape is None:
-            return -1, -1
-        return shape[0], int(source.kept(mask, shape, index).sum())
-
-    def _check_skipped(self, rows: int, tokens: int) -> None:
-        if rows < 0 or (rows, tokens) == (self.rows, self.tokens_in):
+    def _check_skipped(self, digest: str) -> None:
+        if digest == self.digest:
             return
         msg = (
-            f"The first {self.saved_batches} batches hold {rows} rows and "
-            f"{tokens} kept tokens, but the write saved in '{self.folder}' took "
-            f"{self.rows} rows and {self.tokens_in} tokens from them: the batches "
-            "differ (they must come in the same order). Resume with the same "
-            "batches, or pass `overwrite=True` to start over."
+            f"The first {self.saved_batches} batches are not those the write saved "
+            f"in '{self.folder}' took from them (their token ids or masks differ): "
+            "the batches differ, and must come in the same order. Resume with the "
+            "same batches, or pass `overwrite=True` to start over."
         )
         raise ValueError(msg)
 
@@ -308,6 +299,8 @@ class RankWriter:
         args, kwargs = source.arguments(batch)
         source.check_no_padding(args, kwargs, index)
         mask = source.padding_mask(batch, index)
+        digest = source.digest(self.digest, args, kwargs, mask)
+        args, kwargs = source.move(args, kwargs)
         with torch.no_grad():
             if EARLY_EXIT:
                 rnet(*args, early_exit=True, **kwargs)
@@ -340,6 +333,7 @@ class RankWriter:
         self.batches += 1
         self.rows += int(keep.shape[0])
         self.tokens_in += kept
+        self.digest = digest
         self.consistent = True
         return kept
 
@@ -376,6 +370,7 @@ class RankWriter:
             "batches": self.batches,
             "rows": self.rows,
             "tokens_in": self.tokens_in,
+            "digest": self.digest,
             "shards": list(self.shards),
             "columns": columns,
             "complete": self.complete,
@@ -464,6 +459,8 @@ class RankWriter:
         for field in ("batches", "rows", "tokens_in"):
             if not is_count(record.get(field)):
                 self._malformed(f"{field!r} is {record.get(field)!r}, not a count")
+        if not isinstance(record.get("digest"), str):
+            self._malformed(f"'digest' is {record.get('digest')!r}")
         if not isinstance(record.get("complete"), bool):
             self._malformed(f"'complete' is {record.get('complete')!r}")
         shards = record.get("shards")
@@ -512,6 +509,7 @@ class RankWriter:
         self.batches = self.saved_batches = int(record["batches"])
         self.rows = int(record["rows"])
         self.tokens_in = int(record["tokens_in"])
+        self.digest = str(record["digest"])
         self.complete = bool(record["complete"])
 
     def _load_state(self, record: dict[str, Any]) -> None:
