@@ -15,7 +15,6 @@ import json
 import math
 import re
 import socket
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import scio_recorder.activations as activations
-from scio_recorder import Recorder
-from scio_recorder.activations import ActivationDataset, write
-from scio_recorder.activations import _shuffle, _writer
+from scio_recorder import Recorder, activations
+from scio_recorder.activations import ActivationDataset, _shuffle, _writer, write
 from scio_recorder.collect import InputOf
 
 VOCAB = 50
@@ -542,7 +539,7 @@ def test_any_mask_keeps_exactly_its_tokens(
 # ------------------------------------------------------------------ resuming
 
 
-class Interrupt(RuntimeError):
+class InterruptError(RuntimeError):
     pass
 
 
@@ -590,12 +587,12 @@ def test_a_write_interrupted_after_some_shards_resumes_into_the_same_set(
     }
     whole = write(rnet, batches, tmp_path / "whole", **options)
     with monkeypatch.context() as patch:
-        interrupt_after(patch, when, Interrupt("stop"))
-        with pytest.raises(Interrupt, match="stop"):
+        interrupt_after(patch, when, InterruptError("stop"))
+        with pytest.raises(InterruptError, match="stop"):
             write(rnet, batches, tmp_path / "cut", **options)
     assert not (tmp_path / "cut" / "manifest.json").exists()
     if (tmp_path / "cut" / "progress-p0-r0.json").exists():
-        with pytest.raises(ValueError, match="is unfinished .* call `write` again"):
+        with pytest.raises(ValueError, match=r"is unfinished .* call `write` again"):
             ActivationDataset(tmp_path / "cut")
     resumed = write(rnet, batches, tmp_path / "cut", **options)
     assert_same_set(resumed, whole)
@@ -675,8 +672,8 @@ def test_other_batches_on_resume_are_refused(tmp_path, monkeypatch):
     batches = make_batches("left", 4)
     options: dict[str, Any] = {"layers": ["transformer.h.0"], "shard_size": 5}
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 6, Interrupt("stop"))  # in batch 2 of 4
-        with pytest.raises(Interrupt):
+        interrupt_after(patch, 6, InterruptError("stop"))  # in batch 2 of 4
+        with pytest.raises(InterruptError):
             write(rnet, batches, tmp_path, **options)
     other = make_batches("right", 4)
     with pytest.raises(
@@ -700,8 +697,8 @@ def test_a_damaged_progress_file_is_refused(tmp_path, monkeypatch):
     batches = make_batches("left", 4)
     options: dict[str, Any] = {"layers": ["transformer.h.0"], "shard_size": 5}
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 6, Interrupt("stop"))  # in batch 2 of 4
-        with pytest.raises(Interrupt):
+        interrupt_after(patch, 6, InterruptError("stop"))  # in batch 2 of 4
+        with pytest.raises(InterruptError):
             write(rnet, batches, tmp_path, **options)
     path = tmp_path / "progress-p0-r0.json"
     record = json.loads(path.read_text())
@@ -730,7 +727,7 @@ def test_a_finished_set_with_the_same_arguments_is_returned_as_it_is(tmp_path):
     stamp = (tmp_path / "manifest.json").stat().st_mtime_ns
 
     def untouched():
-        raise AssertionError("the batches were read")
+        pytest.fail("the batches were read")
         yield
 
     again = write(
@@ -956,7 +953,10 @@ def test_a_mask_named_but_absent_is_refused_naming_it(tmp_path):
     batch = {"input_ids": torch.randint(1, VOCAB, (2, 5))}
     with pytest.raises(
         KeyError,
-        match=r"`mask='attention_mask'`: batch 0 has no such entry \(its keys are \['input_ids'\]\)",
+        match=(
+            r"`mask='attention_mask'`: batch 0 has no such entry "
+            r"\(its keys are \['input_ids'\]\)"
+        ),
     ):
         write(recorder(gpt2()), [batch], tmp_path, layers=["transformer.h.0"])
 
@@ -997,7 +997,10 @@ def test_a_layer_called_several_times_per_forward_is_refused(tmp_path):
     ids = torch.randint(1, VOCAB, (2, 5))
     with pytest.raises(
         ValueError,
-        match=r"`layers`: layer 'block' selects 2 calls \(1-2, 1-3\); name one of them, e.g. `layers=\[\(1, 2\)\]`",
+        match=(
+            r"`layers`: layer 'block' selects 2 calls \(1-2, 1-3\); name one of "
+            r"them, e.g. `layers=\[\(1, 2\)\]`"
+        ),
     ):
         write(rnet, [ids], tmp_path, layers=["block"], mask=None)
     ds = write(rnet, [ids], tmp_path, layers=[("block", 1)], mask=None)
