@@ -471,7 +471,7 @@ def main() -> int:
         return 0
     size = QUICK if args.quick else FULL
     if args.quick:
-        args.batches, args.rounds, args.memory = 4, 2, "4,8"
+        args.batches, args.rounds, args.memory = 4, 2, "4"
     random.seed(args.seed)
     batches = make_batches(size, args.batches, args.seed)
     print(

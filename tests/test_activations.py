@@ -11,6 +11,7 @@ float64 two-pass computation written out here.
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import math
 import re
@@ -190,9 +191,24 @@ def everything(ds: ActivationDataset) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- the values
 
 
-@pytest.mark.parametrize("model_name", sorted(MODELS))
-@pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("dtype", [None, torch.float32, torch.bfloat16])
+def _matrix() -> list[Any]:
+    """Every model x padding side x dtype; two of them run by default."""
+    fast = {("gpt2", "left", None), ("llama", "right", torch.bfloat16)}
+    return [
+        pytest.param(
+            model,
+            side,
+            dtype,
+            marks=() if (model, side, dtype) in fast else pytest.mark.slow,
+            id=f"{model}-{side}-{dtype}",
+        )
+        for model in sorted(MODELS)
+        for side in ("left", "right")
+        for dtype in (None, torch.float32, torch.bfloat16)
+    ]
+
+
+@pytest.mark.parametrize(("model_name", "side", "dtype"), _matrix())
 def test_stored_tokens_equal_a_forward_hook(tmp_path, model_name, side, dtype):
     """Every kept token of every layer equals the hook's (float32: bit for bit;
     bfloat16: the hook's value cast), with its (row, column); padding is never
@@ -571,8 +587,16 @@ def assert_same_set(a: ActivationDataset, b: ActivationDataset) -> None:
     ]
 
 
-@pytest.mark.parametrize("buffer", [None, 23])
-@pytest.mark.parametrize("when", [0, 2, 5])
+@pytest.mark.parametrize(
+    ("buffer", "when"),
+    [
+        pytest.param(
+            buffer, when, marks=() if (buffer, when) == (23, 2) else pytest.mark.slow
+        )
+        for buffer in (None, 23)
+        for when in (0, 2, 5)
+    ],
+)
 def test_a_write_interrupted_after_some_shards_resumes_into_the_same_set(
     tmp_path, monkeypatch, buffer, when
 ):
@@ -692,6 +716,7 @@ def test_other_batches_on_resume_are_refused(tmp_path, monkeypatch):
         write(rnet, batches, tmp_path, **options, seed=1)
 
 
+@pytest.mark.slow
 def test_a_damaged_progress_file_is_refused(tmp_path, monkeypatch):
     rnet = recorder(gpt2())
     batches = make_batches("left", 4)
@@ -817,7 +842,9 @@ def test_append_adds_a_stream_and_equals_one_write_of_both(tmp_path):
 # ---------------------------------------------------------------- statistics
 
 
-@pytest.mark.parametrize("model_name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "model_name", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)]
+)
 def test_statistics_equal_a_float64_two_pass_computation(tmp_path, model_name):
     """Mean, population variance and mean norm, from the values before the cast."""
     build, spec = MODELS[model_name]
@@ -1099,6 +1126,55 @@ def test_the_progress_bar_counts_tokens(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "write 1 layer" in err
     assert "tok" in err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_arrow_export_opens_with_hugging_face_datasets(tmp_path, dtype):
+    """Each shard becomes an Arrow file `datasets` maps: the same tokens, rows
+    and columns in the same order (bfloat16 widened to float32, exactly)."""
+    datasets = pytest.importorskip("datasets")
+    ds = write(
+        recorder(gpt2()),
+        make_batches("left", 3),
+        tmp_path / "set",
+        layers=["transformer.h.0", "transformer.h.1"],
+        dtype=dtype,
+        shard_size=9,
+        shuffle_buffer=7,
+    )
+    paths = ds.to_arrow(tmp_path / "arrow")
+    assert [p.name for p in paths] == [
+        f"data-{k:05d}-of-{len(paths):05d}.arrow" for k in range(len(paths))
+    ]
+    table = datasets.concatenate_datasets(
+        [datasets.Dataset.from_file(str(p)) for p in paths]
+    ).with_format("torch")
+    assert len(table) == len(ds)
+    rows = table[:]  # every row, as tensors
+    whole = everything(ds)
+    for name in ds.layers:
+        assert torch.equal(rows[name], whole[name].float())
+    assert torch.equal(rows["row"], ds.index[:, 0])
+    assert torch.equal(rows["column"], ds.index[:, 1])
+
+
+def test_an_arrow_export_without_pyarrow_says_how_to_get_it(tmp_path, monkeypatch):
+    ds = write(
+        recorder(gpt2()), make_batches("left", 1), tmp_path, layers=["transformer.h.0"]
+    )
+    real = importlib.import_module
+
+    def refuse(name, *args, **kwargs):
+        if name.startswith("pyarrow"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", refuse)
+    with pytest.raises(
+        ImportError,
+        match=r"needs pyarrow, which is not installed: `pip install pyarrow`",
+    ):
+        ds.to_arrow(tmp_path / "arrow")
 
 
 def test_the_face_exports_its_names():

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from scio_recorder._files import parse_dtype
 
+from ._arrow import to_arrow
 from ._manifest import MANIFEST, load_moments, read_manifest
 from ._shards import ShardReader, check_shard
 from ._tokens import INDEX
@@ -309,6 +310,36 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
                 else:
                     out[name][where] = rows
         return out
+
+    def to_arrow(self, folder: str | _os.PathLike[str]) -> list[Path]:
+        """Export the set as Arrow files that Hugging Face ``datasets`` opens.
+
+        One Arrow IPC stream file per shard, ``folder/data-<k>-of-<n>.arrow``,
+        in the set's order: a column per layer (a fixed-size list of ``d``
+        floats; bfloat16 becomes float32, which Arrow has, and float16 stays),
+        then ``row`` and ``column`` (int64, as :attr:`index`). Open them with
+        ``datasets.concatenate_datasets([datasets.Dataset.from_file(str(p))
+        for p in paths])``. Memory holds 65,536 tokens at a time.
+
+        Returns
+        -------
+        list of Path
+            The files written, in order.
+
+        Raises
+        ------
+        ImportError
+            If pyarrow is not installed (the message says how to install it).
+        """
+        return to_arrow(
+            [self._reader(shard).columns for shard in range(len(self._files))],
+            offsets=self._offsets,
+            layers=self.layers,
+            dims=self.dims,
+            dtypes=self.dtypes,
+            manifest=self._manifest,
+            folder=Path(folder),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the maps (a worker maps the shards itself)."""
