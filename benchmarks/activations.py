@@ -26,14 +26,18 @@ set written is checked against the memmaps (equal bit for bit), and the
 hooks' and the plain model's logits are the same; a failed check prints
 ``CHECK FAILED`` and exits with status 1.
 
-Peak memory: the writer's process's peak resident memory
-(``ru_maxrss``, each run in a fresh process) for several numbers of batches,
-with a shard size of 8,192 tokens; flat means the number of tokens written
-does not show.
+Peak memory: how far a write raises its process's resident memory above
+what it was before the write (``VmHWM`` reset once the model is built,
+minus ``VmRSS`` then; each run in a fresh process, Linux), for several
+numbers of batches, with shards of 8,192 tokens (32 MiB); flat means the
+number of tokens written does not show.
 
-Reading: a ``DataLoader`` over the set (``batch_size=4096``,
-``shuffle=True``) with 0 and 2 workers, and ``ds[indices]`` with a
-``BatchSampler`` (``batch_size=None``), in tokens per second over one epoch.
+Reading: a set of four layers of width 256 over ``--read-batches`` batches
+(written by a 4-layer model of that width, which writes fast), read with a
+``DataLoader(ds, batch_size=4096, shuffle=True)`` and with
+``ds.loader(4096, shuffle=True)`` (a batch per gather), each with 0 and 2
+workers, in tokens per second over one epoch (starting the workers
+included).
 
 SAELens's ``CacheActivationsRunner`` is timed where ``sae_lens`` and
 ``datasets`` import (they are not dependencies; a virtual environment with
@@ -118,7 +122,8 @@ def make_batches(size: dict[str, int], count: int, seed: int) -> list[dict[str, 
 
 
 def stored_blocks(layers: int) -> list[int]:
-    return sorted({round(k * (layers - 1) / 3) for k in range(4)} | {layers - 1})[-4:]
+    """Four blocks evenly spaced, the last included (2, 5, 8, 11 of 12)."""
+    return sorted({max(0, (k + 1) * layers // 4 - 1) for k in range(4)})
 
 
 def hand_memmap(
@@ -267,20 +272,40 @@ def writing(
     return lines
 
 
+def _status(field: str) -> float:
+    """A field of ``/proc/self/status`` in MiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def memory_probe(size_name: str, count: int, folder: str) -> None:
-    """Write ``count`` batches in this process; print the peak RSS in MiB."""
+    """Write ``count`` batches in this process; print tokens and peak growth.
+
+    The growth is the peak resident memory during the write (``VmHWM``,
+    reset once the model, the recorder and the batches are built) minus the
+    resident memory before it (Linux); elsewhere, the process's peak.
+    """
     size = QUICK if size_name == "quick" else FULL
     batches = make_batches(size, count, seed=1)
     model = build(size)
     rnet = Recorder(model, input_data={"input_ids": batches[0]["input_ids"][:1]})
     names = [f"transformer.h.{i}" for i in stored_blocks(size["layers"])]
+    linux = Path("/proc/self/clear_refs").exists()
+    if linux:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = _status("VmRSS")
     ds = write(rnet, batches, folder, layers=names, shard_size=8192)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{len(ds)} {peak:.1f}")
+    if linux:
+        growth = _status("VmHWM") - before
+    else:
+        growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{len(ds)} {growth:.1f}")
 
 
 def memory(size_name: str, counts: list[int], root: Path) -> list[str]:
-    lines = ["| batches | tokens | peak RSS MiB |", "|---:|---:|---:|"]
+    lines = ["| batches | tokens | peak growth MiB |", "|---:|---:|---:|"]
     for count in counts:
         with tempfile.TemporaryDirectory(dir=root) as where:
             out = subprocess.run(  # noqa: S603 (this interpreter, this file)
@@ -299,44 +324,49 @@ def memory(size_name: str, counts: list[int], root: Path) -> list[str]:
     return lines
 
 
-def reading(
-    size: dict[str, int], batches: list[dict[str, Any]], rounds: int, root: Path
-) -> list[str]:
-    model = build(size)
-    names = [f"transformer.h.{i}" for i in stored_blocks(size["layers"])]
+def reading(size: dict[str, int], count: int, rounds: int, root: Path) -> list[str]:
+    """Tokens per second of the three ways to read a set, over an epoch each.
+
+    The set holds four layers of the model's width over ``count`` batches,
+    written by a 4-layer model of that width with a small vocabulary (the
+    reading does not depend on the model, and this one writes fast).
+    """
+    small = dict(size, layers=4, vocab=1000)
+    batches = make_batches(small, count, seed=3)
+    model = build(small)
+    names = [f"transformer.h.{i}" for i in range(4)]
     rnet = Recorder(model, input_data={"input_ids": batches[0]["input_ids"][:1]})
     lines = ["| reader | tokens/s |", "|---|---:|"]
     with tempfile.TemporaryDirectory(dir=root) as where:
         ds = write(rnet, batches, Path(where) / "set", layers=names, shard_size=8192)
         gen = torch.Generator().manual_seed(0)
         readers: dict[str, Callable[[], Any]] = {
-            f"DataLoader(batch_size=4096, shuffle=True, num_workers={w})": (
+            f"DataLoader(ds, batch_size=4096, shuffle=True, num_workers={w})": (
                 lambda w=w: torch.utils.data.DataLoader(
                     ds, batch_size=4096, shuffle=True, num_workers=w, generator=gen
                 )
             )
             for w in (0, 2)
         }
-        readers["ds[indices], BatchSampler(4096), num_workers=0"] = lambda: (
-            torch.utils.data.DataLoader(
-                ds,
-                batch_size=None,
-                sampler=torch.utils.data.BatchSampler(
-                    torch.utils.data.RandomSampler(ds, generator=gen), 4096, False
-                ),
+        readers |= {
+            f"ds.loader(4096, shuffle=True, num_workers={w})": (
+                lambda w=w: ds.loader(4096, shuffle=True, num_workers=w, generator=gen)
             )
-        )
+            for w in (0, 2)
+        }
         for name, make in readers.items():
             samples = []
             for _ in range(rounds):
                 start = time.perf_counter()
-                count = sum(batch[names[0]].shape[0] for batch in make())
+                count_read = sum(batch[names[0]].shape[0] for batch in make())
                 samples.append(time.perf_counter() - start)
-                check(count == len(ds), f"{name} reads every token")
+                check(count_read == len(ds), f"{name} reads every token")
             lines.append(f"| {name} | {len(ds) / statistics.median(samples):,.0f} |")
         lines.append(
             f"\n{len(ds):,} tokens of {len(names)} layers of width "
-            f"{ds.dims[names[0]]} (float32), {len(ds.manifest['shards'])} shards."
+            f"{ds.dims[names[0]]} (float32, {len(ds) * len(names) * ds.dims[names[0]] * 4 / 2**20:,.0f} MiB), "
+            f"{len(ds.manifest['shards'])} shards; an epoch includes starting the "
+            "workers."
         )
     return lines
 
@@ -459,6 +489,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=4, help="batches per run")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--memory", default="4,16,64", help="batch counts")
+    parser.add_argument(
+        "--read-batches", type=int, default=64, help="batches of the set read"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-probe", help=argparse.SUPPRESS)
@@ -471,7 +504,7 @@ def main() -> int:
         return 0
     size = QUICK if args.quick else FULL
     if args.quick:
-        args.batches, args.rounds, args.memory = 4, 2, "4"
+        args.batches, args.rounds, args.memory, args.read_batches = 4, 2, "4", 4
     random.seed(args.seed)
     batches = make_batches(size, args.batches, args.seed)
     print(
@@ -499,7 +532,7 @@ def main() -> int:
         counts = [int(n) for n in args.memory.split(",")]
         print("\n".join(memory("quick" if args.quick else "full", counts, Path(root))))
         print(f"\nReading, {args.rounds} epochs each:\n")
-        print("\n".join(reading(size, batches, args.rounds, Path(root))))
+        print("\n".join(reading(size, args.read_batches, args.rounds, Path(root))))
     if FAILED:
         print("\n" + "\n".join(f"CHECK FAILED: {what}" for what in FAILED))
         return 1

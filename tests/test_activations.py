@@ -916,6 +916,50 @@ def test_a_dataloader_with_two_workers_reads_the_set(tmp_path):
     assert sum(b["transformer.h.0"].shape[0] for b in shuffled) == len(ds)
 
 
+def test_the_loader_reads_batches_at_once_with_their_index(tmp_path):
+    ds = write(
+        recorder(gpt2()),
+        make_batches("right", 3),
+        tmp_path,
+        layers=["transformer.h.0", "transformer.h.1"],
+        shard_size=6,
+    )
+    whole = everything(ds)
+    batches = list(ds.loader(5, index=True))
+    assert [b["transformer.h.0"].shape[0] for b in batches[:-1]] == [5] * (
+        len(batches) - 1
+    )
+    for name in ds.layers:
+        assert torch.equal(torch.cat([b[name] for b in batches]), whole[name])
+    assert torch.equal(torch.cat([b["index"] for b in batches]), ds.index)
+    gen = torch.Generator().manual_seed(0)
+    shuffled = list(
+        ds.loader(4, shuffle=True, index=True, num_workers=2, generator=gen)
+    )
+    index = torch.cat([b["index"] for b in shuffled])
+    assert sorted(index.tolist()) == sorted(ds.index.tolist())
+    assert not torch.equal(index, ds.index)
+    position = {tuple(row): i for i, row in enumerate(ds.index.tolist())}
+    where = torch.tensor([position[tuple(row)] for row in index.tolist()])
+    got = torch.cat([b["transformer.h.1"] for b in shuffled])
+    assert torch.equal(got, whole["transformer.h.1"][where])  # rows keep their index
+    assert [len(b["transformer.h.0"]) for b in ds.loader(4, drop_last=True)] == [4] * (
+        len(ds) // 4
+    )
+
+
+def test_the_loader_refuses_an_index_key_that_names_a_layer(tmp_path):
+    ds = write(
+        recorder(gpt2()),
+        make_batches("right", 1),
+        tmp_path,
+        layers={"index": "transformer.h.0"},
+    )
+    with pytest.raises(ValueError, match=r"also the name of a layer of this set"):
+        ds.loader(4, index=True)
+    assert next(iter(ds.loader(4)))["index"].shape == (4, 16)
+
+
 def test_items_slices_and_lists_read_the_same_tokens(tmp_path):
     ds = write(
         recorder(gpt2()),

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 import safetensors.torch
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from scio_recorder._files import parse_dtype
 
@@ -278,11 +285,9 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     def __getitems__(self, indices: list[int]) -> list[dict[str, Tensor]]:
         """Return a batch of tokens (what a ``DataLoader`` asks), read in one go."""
         batch = self._gather(torch.as_tensor(indices, dtype=torch.int64))
-        values = [batch[name] for name in self.layers]
-        return [
-            dict(zip(self.layers, row, strict=True))
-            for row in zip(*values, strict=True)
-        ]
+        layers = self.layers
+        rows = zip(*(batch[name].unbind(0) for name in layers), strict=True)
+        return [dict(zip(layers, row, strict=True)) for row in rows]
 
     def _gather(self, indices: Tensor) -> dict[str, Tensor]:
         n = len(self)
@@ -310,6 +315,60 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
                 else:
                     out[name][where] = rows
         return out
+
+    def loader(  # noqa: PLR0913 (a DataLoader's options)
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        index: bool = False,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> DataLoader[dict[str, Tensor]]:
+        """Return a ``DataLoader`` of batches ``{layer: [n, d]}``, read at once.
+
+        The fast way to read: each batch is one ``ds[indices]`` (a gather
+        per shard and layer), not ``n`` items stacked. ``index=True`` adds
+        ``"index"``, the batch's rows of :attr:`index` (for labels);
+        ``shuffle``, ``drop_last``, ``num_workers`` and ``generator`` are the
+        ``DataLoader``'s (each worker maps the shards itself). A
+        ``DataLoader(ds, batch_size=...)`` gives the same batches, item by
+        item then stacked: several times slower.
+
+        Examples
+        --------
+        >>> import tempfile, torch
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> from scio_recorder.activations import write
+        >>> net = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))
+        >>> rnet = Recorder(net, input_data=torch.zeros(1, 2, dtype=torch.long))
+        >>> ids = torch.arange(10).reshape(2, 5)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     ds = write(rnet, [ids], folder, layers=["1"], mask=None)
+        ...     [tuple(b["1"].shape) for b in ds.loader(4, index=True)]
+        [(4, 3), (4, 3), (2, 3)]
+
+        """
+        if index and "index" in self.layers:
+            msg = (
+                "`index=True` adds the key 'index' to each batch, which is also "
+                "the name of a layer of this set: read the index with "
+                "`ds.index[indices]` instead."
+            )
+            raise ValueError(msg)
+        sampler: Sampler[int] = (
+            RandomSampler(self, generator=generator)
+            if shuffle
+            else SequentialSampler(self)
+        )
+        return DataLoader(
+            _Batches(self, index=index),
+            batch_size=None,
+            sampler=BatchSampler(sampler, batch_size, drop_last=drop_last),
+            num_workers=num_workers,
+        )
 
     def to_arrow(self, folder: str | _os.PathLike[str]) -> list[Path]:
         """Export the set as Arrow files that Hugging Face ``datasets`` opens.
@@ -347,6 +406,24 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         state["_readers"] = {}
         state["_index"] = None
         return state
+
+
+class _Batches(Dataset[dict[str, Tensor]]):
+    """A set read by batches of indices (what :meth:`ActivationDataset.loader` uses)."""
+
+    def __init__(self, data: ActivationDataset, *, index: bool) -> None:
+        self.data = data
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, indices: list[int]) -> dict[str, Tensor]:
+        where = torch.as_tensor(indices, dtype=torch.int64)
+        batch = self.data[where]
+        if self.index:
+            batch["index"] = self.data.index[where]
+        return batch
 
 
 def _layer_stats(states: Mapping[str, Tensor], layer: str) -> dict[str, Tensor]:
