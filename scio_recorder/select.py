@@ -402,7 +402,10 @@ def resolve_one(
     try:
         rows = resolve(table, net, [selector])
     except (KeyError, ValueError, TypeError) as error:
-        msg = f"{who}: layer {selector!r} is not a layer of this net: {error}"
+        # The reference's "Operation cancelled" ends `record`'s own messages;
+        # inside this one it would read as a second sentence.
+        why = str(error).removesuffix("Operation cancelled").rstrip()
+        msg = f"{who}: layer {selector!r} is not a layer of this net: {why}"
         raise ValueError(msg) from error
     if len(rows) != 1:
         labels = ", ".join(row.label_str for row in rows)

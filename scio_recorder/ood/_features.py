@@ -20,16 +20,14 @@ from torch import Tensor
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
 from ._checks import (
+    check_batches,
     check_feature_count,
-    check_finite_samples,
     feature_count,
-    finite_keep,
-    finite_result,
     last_linear,
     one_label,
 )
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry
+from ._protocol import Detector, Pass, StateEntry, fit_pass
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -233,7 +231,7 @@ class Mahalanobis(_Features):
         """Resolve the features' layer; find or check the number of classes."""
         super().__init__(rnet, layer)
         if num_classes is None:
-            num_classes = _net_classes(rnet)
+            num_classes = self.num_classes  # the net's logits
         elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
             msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
             raise TypeError(msg)
@@ -247,15 +245,12 @@ class Mahalanobis(_Features):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Per-class means and the shared covariance."""
-        return {
-            self._keep_key(self.label, self.kind): finite_keep(
-                SharedCovariance(self.num_classes)
-            )
-        }
+        stats = SharedCovariance(self.num_classes)
+        return {self._keep_key(self.label, self.kind): stats}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
-        self.fit_classes(finite_result(self, self.label, self.kind, result[self.label]))
+        self.fit_classes(result[self.label])
 
     def fit_classes(self, stats: Any) -> None:
         """Keep the seen classes' means and the precision of a shared covariance."""
@@ -355,8 +350,6 @@ class KNN(_Features):
         """Keep the normalised features."""
         rows = result[self.label]
         flat = rows.reshape(rows.shape[0], -1)
-        bad = int((~torch.isfinite(flat)).any(dim=1).sum())
-        check_finite_samples(self, self.label, self.kind, bad=bad, n=len(flat))
         bank = torch.nn.functional.normalize(flat.float(), dim=1)
         self._check_k(bank.shape[0])
         self.bank = bank
@@ -524,18 +517,20 @@ class ViM(Detector):
         """
         from scio_recorder.collect import InputOf, collect  # noqa: PLC0415 (as the base does)
 
+        check_batches(batches, "ViM.fit")
         passes = [("one for the principal subspace", 1), ("one for alpha", 1)]
         check_reiterable(batches, passes, "ViM.fit")
         key = InputOf(self.label)
         with all_or_nothing([self]):
-            moments = collect(
+            ((_, stats),) = fit_pass(
                 self.rnet,
+                {key: Covariance()},
                 batches,
-                {key: finite_keep(Covariance())},
+                who={key: "ViM"},
                 input=input,
+                target=None,
                 **in_subfolder(options, "pass-0"),
-            )
-            stats = finite_result(self, self.label, "input", moments[self.label])
+            ).values()
             centre = stats.mean.reshape(-1) - self.u
             second = stats.cov_population + torch.outer(centre, centre)
             values, vectors = torch.linalg.eigh(second)
@@ -589,22 +584,3 @@ class ViM(Detector):
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the residual basis and alpha."""
         self.residual, self.alpha = state["residual"], state["alpha"].reshape(())
-
-
-def _net_classes(rnet: Recorder) -> int | None:
-    """Return the net's number of logits: its output ``[1, C]``, or last Linear's."""
-    for row in rnet.table.values():
-        if row.label[0] == 0:
-            size = row.output_size
-            if (
-                isinstance(size, list)
-                and len(size) == 2  # noqa: PLR2004 (a batch of logit vectors)
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in size)
-            ):
-                return int(size[1])
-    linears = [
-        row.module
-        for row in rnet.table.values()
-        if row.recordable and isinstance(row.module, torch.nn.Linear)
-    ]
-    return int(linears[-1].out_features) if linears else None

@@ -43,15 +43,14 @@ from torch.nn import functional
 from scio_recorder.reduce import MinMax, PerClass, SharedCovariance
 
 from ._checks import (
+    check_batches,
     checked_targets,
-    finite_keep,
-    finite_result,
     one_label,
     per_sample_size,
 )
-from ._features import _net_classes, min_mahalanobis
+from ._features import min_mahalanobis
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry
+from ._protocol import Detector, Pass, StateEntry, fit_pass
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,6 +65,7 @@ _F64 = torch.float64
 _MAP, _TOKENS = 4, 3  # the ranks of a feature map and of a token sequence
 POOLS = ("mean", None)
 TOKENS = ("cls", "mean")
+_SUM = "sum"  # NAC's pooling of maps and tokens (OpenOOD's): a sum, not a mean
 
 
 def resolve_layers(
@@ -113,7 +113,9 @@ def pool_features(
     ``[B, T, D]`` sequence gives its first token (``token="cls"``) or the mean
     of the tokens where ``mask`` (``[B, T]``, nonzero = a real token) is set
     (``token="mean"``; every token without a mask); other shapes are
-    flattened. ``pool=None`` flattens every sample.
+    flattened. ``pool=None`` flattens every sample. ``pool="sum"`` and
+    ``token="sum"`` sum instead of averaging (NAC's option: OpenOOD's
+    pooling).
 
     Examples
     --------
@@ -129,14 +131,15 @@ def pool_features(
     if pool is None:
         return value.reshape(value.shape[0], -1)
     if value.dim() == _MAP:
-        return value.mean(dim=(2, 3))
+        return value.sum(dim=(2, 3)) if pool == _SUM else value.mean(dim=(2, 3))
     if value.dim() == _TOKENS:
         if token == "cls":  # noqa: S105 (not a password)
             return value[:, 0]
         if mask is None:
-            return value.mean(dim=1)
+            return value.sum(dim=1) if token == _SUM else value.mean(dim=1)
         keep = mask.to(device=value.device, dtype=_F64).reshape(*value.shape[:2], 1)
-        return (value * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        total = (value * keep).sum(dim=1)
+        return total if token == _SUM else total / keep.sum(dim=1).clamp(min=1.0)
     return value.reshape(value.shape[0], -1)
 
 
@@ -225,6 +228,11 @@ def _check_choice(who: str, name: str, value: Any, choices: Sequence[Any]) -> No
 class _MultiLayer(Detector):
     """A detector reading several layers' outputs in one pass."""
 
+    POOLS: ClassVar[tuple[str | None, ...]] = POOLS
+    """The values of ``pool=`` the detector takes."""
+    TOKENS: ClassVar[tuple[str, ...]] = TOKENS
+    """The values of ``token=`` the detector takes."""
+
     def __init__(
         self,
         rnet: Recorder,
@@ -236,8 +244,8 @@ class _MultiLayer(Detector):
     ) -> None:
         super().__init__(rnet)
         who = type(self).__name__
-        _check_choice(who, "pool", pool, POOLS)
-        _check_choice(who, "token", token, TOKENS)
+        _check_choice(who, "pool", pool, self.POOLS)
+        _check_choice(who, "token", token, self.TOKENS)
         if mask is not None and (
             isinstance(mask, bool) or not isinstance(mask, int | str)
         ):
@@ -257,8 +265,12 @@ class _MultiLayer(Detector):
     def outputs(self) -> tuple[DepthIdx, ...]:
         return tuple(self.labels)
 
-    def current_mask(self) -> Tensor | None:
-        """Return the mask the net received in its latest call (``mask=``)."""
+    def current_mask(self, rows: Tensor | None = None) -> Tensor | None:
+        """Return the mask the net received in its latest call (``mask=``).
+
+        ``rows``: those rows of it only (a :class:`~._protocol.Pass`
+        restricted to its finite rows holds their indices).
+        """
         if self.mask is None:
             return None
         if self._mask_value is None:
@@ -268,11 +280,17 @@ class _MultiLayer(Detector):
                 "that name, or drop `mask=`."
             )
             raise ValueError(msg)
+        if rows is not None:
+            return self._mask_value[rows.to(self._mask_value.device)]
         return self._mask_value
 
-    def features(self, value: Tensor) -> Tensor:
-        """Pool one layer's record into ``[B, F]`` float64 features."""
-        return pool_features(value, self.pool, self.token, self.current_mask())
+    def features(self, value: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Pool one layer's record into ``[B, F]`` float64 features.
+
+        ``rows``: the rows of the batch ``value`` holds (``Pass.rows``), for
+        the padding mask; ``None``: all of them.
+        """
+        return pool_features(value, self.pool, self.token, self.current_mask(rows))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -395,16 +413,13 @@ class MahalanobisEnsemble(_MultiLayer):
             raise ValueError(msg)
         self.weights = [float(w) for w in weights]
         self.shrinkage = float(shrinkage)
-        self.num_classes: int | None = _net_classes(rnet)
         self.means: list[Tensor] = []
         self.precisions: list[Tensor] = []
 
     def fit_keep(self) -> dict[Any, Any]:
         """One pooled shared covariance per layer (non-finite samples counted)."""
         return {
-            label: finite_keep(
-                Mapped(SharedCovariance(self.num_classes), self.features)
-            )
+            label: Mapped(SharedCovariance(self.num_classes), self.features)
             for label in self.labels
         }
 
@@ -412,7 +427,7 @@ class MahalanobisEnsemble(_MultiLayer):
         """Keep each layer's class means and precision matrix."""
         self.means, self.precisions = [], []
         for label in self.labels:
-            stats = finite_result(self, label, "output", result[label])
+            stats = result[label]
             seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
             if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
                 msg = (
@@ -428,7 +443,9 @@ class MahalanobisEnsemble(_MultiLayer):
         """Return ``M_l(x)`` per sample and layer, ``[B, L]``."""
         return torch.stack(
             [
-                min_mahalanobis(self.features(result.outputs[label]), mean, precision)
+                min_mahalanobis(
+                    self.features(result.outputs[label], result.rows), mean, precision
+                )
                 for label, mean, precision in zip(
                     self.labels, self.means, self.precisions, strict=True
                 )
@@ -688,7 +705,6 @@ class Gram(_MultiLayer):
             )
             raise ValueError(msg)
         self.poles = poles
-        self.num_classes: int | None = _net_classes(rnet)
         self.validation_fraction = float(validation_fraction)
         self.mins: list[Tensor] = []
         self.maxs: list[Tensor] = []
@@ -718,6 +734,7 @@ class Gram(_MultiLayer):
         """
         from scio_recorder.collect import collect  # noqa: PLC0415 (as ViM does)
 
+        check_batches(batches, "Gram.fit")
         if target is None:
             msg = "Gram.fit needs class labels: pass `target=` (e.g. `target=1`)."
             raise ValueError(msg)
@@ -727,22 +744,22 @@ class Gram(_MultiLayer):
             passes.append(("one for the held-out deviations", 1))
         check_reiterable(batches, passes, "Gram.fit")
         keep = {
-            label: finite_keep(_Part(PerClass(MinMax()), self.grams, f, held=False))
+            label: _Part(PerClass(MinMax()), self.grams, f, held=False)
             for label in self.labels
         }
         with all_or_nothing([self]):
-            bounds = collect(
+            bounds = fit_pass(
                 self.rnet,
-                batches,
                 keep,
+                batches,
+                who=dict.fromkeys(keep, "Gram"),
                 input=input,
                 target=checked_targets(target, input, [self]),
                 **in_subfolder(options, "pass-0"),
             )
             self.mins, self.maxs = [], []
             for label in self.labels:
-                per_class = finite_result(self, label, "output", bounds[label])
-                lo, hi = _class_bounds(per_class)
+                lo, hi = _class_bounds(bounds[label][1])
                 self.mins.append(lo)
                 self.maxs.append(hi)
             self.norms = torch.ones(len(self.labels), dtype=_F64)

@@ -9,6 +9,19 @@ passes of its edits, or passes of its own); :func:`run_pass` is that pass.
 Because a detector *declares* what it reads, the shared passes
 (:mod:`._passes`) can serve several detectors with one pass of the net.
 
+The data rules are the protocol's, the same for every detector (a detector
+states none of them):
+
+* an empty batch scores as an empty ``[0]`` tensor, without running the net
+  (:func:`empty_batch`);
+* a row that is not finite (a NaN or an infinity in the net's inputs, in the
+  logits or in a record the detector reads) scores NaN, and never changes
+  the others' scores: the detector scores the pass restricted to the finite
+  rows (:func:`score_finite_rows`, :meth:`Pass.take`), and an edit in flight
+  edits the finite rows only (:func:`run_pass`);
+* a fit refuses non-finite features with their count and layer
+  (:func:`fit_pass`), and checks class labels (:mod:`._checks`).
+
 Fitting goes through :func:`~scio_recorder.collect.collect` (streaming,
 bounded memory, resumable, ``torch.distributed``-aware); fitted state is a
 flat dict of tensors (:class:`StateEntry` declares each), saved and loaded
@@ -18,7 +31,17 @@ here.
 
 from __future__ import annotations
 
-__all__ = ["Detector", "NotFittedError", "Pass", "StateEntry", "run_pass"]
+__all__ = [
+    "Detector",
+    "NotFittedError",
+    "Pass",
+    "StateEntry",
+    "empty_batch",
+    "fit_pass",
+    "input_rows_non_finite",
+    "run_pass",
+    "score_finite_rows",
+]
 
 import dataclasses
 import json
@@ -27,17 +50,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from scio_recorder._batches import first_batch_size
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
+from scio_recorder._tree import iter_tensors
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import label_str
 from scio_recorder.recorder import Recorder
 
-from ._checks import checked_targets, per_sample_size
+from ._checks import (
+    check_batches,
+    checked_targets,
+    count_non_finite,
+    net_classes,
+    per_sample_size,
+    refuse_non_finite,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -52,11 +84,39 @@ class NotFittedError(RuntimeError):
 
 @dataclasses.dataclass
 class Pass:
-    """What one pass of the net gave the detectors: logits and records."""
+    """What one pass of the net gave the detectors: logits and records.
+
+    ``rows``: which rows of the batch it holds (``None``: all of them, in
+    order); a pass restricted to the finite rows (:meth:`take`) holds their
+    indices, so that a detector reading per-batch state from elsewhere (the
+    padding mask of a net's argument) takes the same rows.
+    """
 
     logits: Tensor
     outputs: Mapping[DepthIdx, Any]
     inputs: Mapping[DepthIdx, Tensor]
+    rows: Tensor | None = None
+
+    def take(self, rows: Tensor) -> Pass:
+        """Return this pass restricted to ``rows`` (indices into its batch).
+
+        Every tensor with the batch's rows (dim 0 as the logits') is indexed;
+        others are kept as they are.
+        """
+        n = self.logits.shape[0] if self.logits.dim() else None
+
+        def pick(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.dim() and value.shape[0] == n:
+                return value[rows.to(value.device)]
+            return value
+
+        before = self.rows
+        return Pass(
+            pick(self.logits),
+            {label: pick(v) for label, v in self.outputs.items()},
+            {label: pick(v) for label, v in self.inputs.items()},
+            rows if before is None else before[rows.to(before.device)],
+        )
 
 
 def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit)
@@ -73,12 +133,14 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     The pass records the outputs and the (first tensor) inputs of the given
     labels, or, with ``edit=(label, fn)``, edits that label's output with
     ``fn`` in flight (and records it); with neither, it records nothing.
-    The recorder's selection is restored after.
+    The edit sees the finite rows of the output only (an SVD or a batch
+    statistic of the edit is not spoiled by a NaN row); the others stay as
+    they are, non-finite. The recorder's selection is restored after.
     """
     if edit is not None:
         label, fn = edit
         with rnet.selecting(label), torch.no_grad():
-            out = rnet(*args, activation_postproc=fn, **kwargs)
+            out = rnet(*args, activation_postproc=_finite_rows_edit(fn), **kwargs)
             return _read(rnet, out)
     outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
     if not (outputs or inputs):
@@ -89,12 +151,152 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
         return _read(rnet, out)
 
 
+def _finite_rows_edit(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Return ``fn`` applied to the finite rows of a floating tensor only."""
+
+    def edit(output: Any) -> Any:
+        if not (
+            isinstance(output, Tensor)
+            and output.is_floating_point()
+            and output.dim()
+            and output.shape[0]
+        ):
+            return fn(output)
+        finite = torch.isfinite(output.reshape(output.shape[0], -1)).all(dim=1)
+        if bool(finite.all()):
+            return fn(output)
+        if not bool(finite.any()):
+            return output
+        edited = fn(output[finite])
+        full = torch.full_like(output, float("nan"), dtype=edited.dtype)
+        full[finite] = edited
+        return full
+
+    return edit
+
+
 def _read(rnet: Recorder, out: Any) -> Pass:
     inputs = {
         label: pick_argument(call, None, rnet.table[label].describe())
         for label, call in rnet.inputs.items()
     }
     return Pass(logits_of(out), dict(rnet.activations), inputs)
+
+
+def empty_batch(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor | None:
+    """Return the empty scores ``[0]`` of an empty batch; ``None`` for another batch.
+
+    An empty batch (dim 0 of its first tensor argument is 0) is not run
+    through the net: many nets and detectors cannot reshape 0 samples. The
+    scores are float32, on the input's device.
+    """
+    first = next((t for t in iter_tensors((args, dict(kwargs))) if t.dim()), None)
+    if first is None or first.shape[0] != 0:
+        return None
+    return torch.empty(0, device=first.device)
+
+
+def input_rows_non_finite(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Tensor | None:
+    """Return ``[batch]`` bools: a NaN or infinity in that row of the inputs.
+
+    Over the floating tensors among the net's arguments whose dim 0 is the
+    batch's (that of the first tensor argument); ``None`` without any.
+    """
+    n = first_batch_size(tuple(args), dict(kwargs))
+    if n is None:
+        return None
+    bad: Tensor | None = None
+    for t in iter_tensors((args, dict(kwargs))):
+        if t.dim() and t.shape[0] == n and (t.is_floating_point() or t.is_complex()):
+            rows = ~torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
+            bad = rows if bad is None else bad | rows.to(bad.device)
+    return bad
+
+
+def _pass_rows_non_finite(
+    result: Pass, outputs: Iterable[DepthIdx], inputs: Iterable[DepthIdx]
+) -> Tensor | None:
+    """``[batch]`` bools: a non-finite entry in that row of the logits or records."""
+    logits = result.logits
+    if logits.dim() == 0:
+        return None
+    n = logits.shape[0]
+    read = [logits, *(result.outputs[label] for label in outputs)]
+    read += [result.inputs[label] for label in inputs]
+    bad = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    for t in read:
+        if (
+            isinstance(t, Tensor)
+            and t.dim()
+            and t.shape[0] == n
+            and (t.is_floating_point() or t.is_complex())
+        ):
+            rows = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
+            bad = bad | rows.to(bad.device)
+    return bad
+
+
+def score_finite_rows(
+    detector: Detector,
+    results: Sequence[Pass],
+    score: Callable[[Sequence[Pass]], Tensor],
+    bad_inputs: Tensor | None = None,
+) -> Tensor:
+    """Score the finite rows of ``results`` with ``score``; NaN for the others.
+
+    A row is non-finite where ``bad_inputs`` says so (the net's inputs), or
+    where the logits or a record ``detector`` reads (:meth:`Detector.outputs`,
+    :meth:`Detector.inputs`) hold a NaN or an infinity, in any of the passes.
+    When every row is finite (one host read to know it), ``score`` gets the
+    passes as they are; otherwise the passes restricted to the finite rows
+    (:meth:`Pass.take`), so that nothing computed over the batch sees a bad
+    row, and the scores of the others are NaN.
+    """
+    bad = bad_inputs
+    for result in results:
+        rows = _pass_rows_non_finite(result, detector.outputs(), detector.inputs())
+        if rows is not None:
+            bad = rows if bad is None else bad | rows.to(bad.device)
+    if bad is None or not bool(bad.any()):
+        return score(results)
+    keep = torch.nonzero(~bad).reshape(-1)
+    if keep.numel() == 0:
+        return torch.full(bad.shape, float("nan"), device=bad.device)
+    scores = score([result.take(keep) for result in results])
+    out = torch.full(bad.shape, float("nan"), dtype=scores.dtype, device=scores.device)
+    out[keep.to(scores.device)] = scores
+    return out
+
+
+def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
+    rnet: Recorder,
+    keep: Mapping[Any, Any],
+    batches: Iterable[Any],
+    *,
+    who: Mapping[Any, str],
+    input: Any,  # noqa: A002 (collect's name)
+    target: Any,
+    **options: Any,
+) -> dict[Any, tuple[DepthIdx, Any]]:
+    """One ``collect`` pass of ``keep``; non-finite samples refused.
+
+    Every reducer is teed with a count of the samples holding a NaN or an
+    infinity (:func:`~._checks.count_non_finite`); any such sample refuses
+    the fit, naming ``who[key]`` (the detectors keeping that key), the
+    layer and the count. Returns each key's label and its result.
+    """
+    result = collect(
+        rnet, batches, count_non_finite(keep), input=input, target=target, **options
+    )
+    collected = {
+        key: (label, result[label])
+        for key in keep
+        for label in result.labels_of[key][:1]
+    }
+    values = refuse_non_finite(who, rnet, keep, collected)
+    return {key: (collected[key][0], values[key]) for key in keep}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +376,9 @@ class Detector:
         self.rnet = rnet
         self.layer = layer
         self._fitted = not self.needs_fit
+        self.num_classes: int | None = net_classes(rnet) if self.needs_target else None
+        """The classes the labels of the fit data must lie in, ``[0, C)``
+        (detectors taking labels: by default the net's logits)."""
 
     # -- what a pass needs ---------------------------------------------------
     def outputs(self) -> tuple[DepthIdx, ...]:
@@ -258,26 +463,40 @@ class Detector:
         -------
         Detector
             ``self``, fitted.
+
+        Raises
+        ------
+        TypeError
+            For ``batches`` given as a tensor or a mapping (not an iterable
+            of batches).
+        ValueError
+            For fit samples with a NaN or an infinity in what the detector
+            reads (naming the layer and their count), for labels that are
+            not class indices of the net, and as
+            :func:`~scio_recorder.collect.collect`.
         """
+        name = type(self).__name__
+        check_batches(batches, f"{name}.fit")
         keep = self.fit_keep()
         if keep:
             if self.needs_target and target is None:
                 msg = (
-                    f"{type(self).__name__}.fit needs class labels: pass `target=` "
+                    f"{name}.fit needs class labels: pass `target=` "
                     "(e.g. `target=1` for (input, label) batches)."
                 )
                 raise ValueError(msg)
-            result = collect(
+            found = fit_pass(
                 self.rnet,
-                batches,
                 keep,
+                batches,
+                who=dict.fromkeys(keep, name),
                 input=input,
                 target=checked_targets(target, input, [self])
                 if self.needs_target
                 else None,
                 **options,
             )
-            self.fit_from(result)
+            self.fit_from(dict(found.values()))
         self._fitted = True
         return self
 
@@ -290,7 +509,9 @@ class Detector:
 
         Runs one pass of the net (under ``torch.no_grad()``); the recorder's
         selection and its latest records are those of that pass during it,
-        and the selection is restored after.
+        and the selection is restored after. An empty batch gives an empty
+        ``[0]`` tensor; a sample with a NaN or an infinity in the inputs or
+        in what the detector reads scores NaN, and the others as without it.
         """
         self.check_fitted()
         scores, _ = self.score_alone(args, kwargs)
@@ -309,21 +530,52 @@ class Detector:
         One pass recording what it reads, or one per edit
         (:meth:`edit_passes`), or the passes of its own
         (:meth:`score_inputs`). Returns the scores and the pass they came
-        from (the first edit's; ``None`` for passes of its own), whose logits
-        ``evaluate`` reads for the closed-set accuracy.
+        from (the first edit's; ``None`` for passes of its own or an empty
+        batch), whose logits ``evaluate`` reads for the closed-set accuracy.
+        The protocol's rules apply (the module's docstring): an empty batch
+        runs nothing; non-finite rows score NaN.
         """
+        empty = empty_batch(args, kwargs)
+        if empty is not None:
+            return empty, None
+        bad = input_rows_non_finite(args, kwargs)
         if self.edits:
             results = [
                 run_pass(self.rnet, args, kwargs, edit=edit)
                 for edit in self.edit_passes()
             ]
-            return self.score_passes(results), results[0]
+            scores = score_finite_rows(self, results, self.score_passes, bad)
+            return scores, results[0]
         if self.own_passes:
-            return self.score_inputs(args, kwargs), None
+            return self.score_own(args, kwargs, bad), None
         result = run_pass(
             self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
         )
-        return self.score_pass(result), result
+        return self.score_shared(result, bad), result
+
+    def score_shared(self, result: Pass, bad_inputs: Tensor | None = None) -> Tensor:
+        """Score a pass that recorded what this detector reads, finite rows only."""
+        return score_finite_rows(
+            self, [result], lambda results: self.score_pass(results[0]), bad_inputs
+        )
+
+    def score_own(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        bad_inputs: Tensor | None = None,
+    ) -> Tensor:
+        """Score with passes of the detector's own; NaN for non-finite input rows.
+
+        :meth:`score_inputs` runs on the whole batch (its passes may need
+        the whole input); the rows ``bad_inputs`` marks get NaN after.
+        """
+        if bad_inputs is None or not bool(bad_inputs.any()):
+            return self.score_inputs(args, kwargs)
+        if bool(bad_inputs.all()):
+            return torch.full(bad_inputs.shape, float("nan"), device=bad_inputs.device)
+        scores = self.score_inputs(args, kwargs)
+        return scores.masked_fill(bad_inputs.to(scores.device), float("nan"))
 
     __call__ = score
 

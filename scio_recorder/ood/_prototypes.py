@@ -23,7 +23,7 @@ from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
 
-from ._checks import finite_keep, finite_result, last_linear
+from ._checks import last_linear
 from ._features import Mahalanobis, min_mahalanobis
 from ._logits import energy_score
 from ._probabilities import ClassSums
@@ -281,8 +281,9 @@ class SHE(_LastLayer):
     needs_target: ClassVar[bool] = True
 
     def __init__(self, rnet: Recorder, *, fc: Selector | None = None) -> None:
-        """Find ``fc``."""
+        """Find ``fc``; labels are its classes."""
         super().__init__(rnet, fc)
+        self.num_classes = self.linear.out_features
         self.patterns = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
@@ -477,12 +478,11 @@ class RMDS(Mahalanobis):
     def fit_keep(self) -> dict[Any, Any]:
         """Class statistics and the class-agnostic covariance of the same records."""
         both = Tee(SharedCovariance(self.num_classes), Covariance())
-        return {self._keep_key(self.label, self.kind): finite_keep(both)}
+        return {self._keep_key(self.label, self.kind): both}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the class and the background Gaussians."""
-        stats = finite_result(self, self.label, self.kind, result[self.label])
-        classes, background = stats
+        classes, background = result[self.label]
         self.fit_classes(classes)
         self.background_mean = background.mean.reshape(-1)
         self.background_precision = torch.linalg.pinv(

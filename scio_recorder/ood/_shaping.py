@@ -219,17 +219,7 @@ class ReAct(_Shaping):
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the quantile as the threshold."""
-        threshold = result[self.label].reshape(-1)[0].to(torch.float32)
-        if not torch.isfinite(threshold):
-            msg = (
-                f"ReAct: the fit activations of layer "
-                f"{self.rnet.table[self.label].describe()} hold non-finite values "
-                f"(NaN or Inf), so the clipping threshold is {float(threshold)}. "
-                "Drop or repair those samples before fitting (find them with "
-                "`torch.isfinite` on the inputs), or look for an overflow in the net."
-            )
-            raise ValueError(msg)
-        self.threshold = threshold
+        self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
 
     def shape(self, output: Tensor) -> Tensor:
         """Clip at the threshold."""
