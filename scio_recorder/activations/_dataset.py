@@ -289,31 +289,40 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         rows = zip(*(batch[name].unbind(0) for name in layers), strict=True)
         return [dict(zip(layers, row, strict=True)) for row in rows]
 
-    def _gather(self, indices: Tensor) -> dict[str, Tensor]:
+    def _gather(
+        self, indices: Tensor, *, index: str | None = None
+    ) -> dict[str, Tensor]:
+        """Read tokens ``indices`` of every layer (and, as ``index``, their index)."""
         n = len(self)
         if indices.numel() and not bool(((indices >= -n) & (indices < n)).all()):
             bad = indices[(indices < -n) | (indices >= n)][0]
             msg = f"index {int(bad)} is out of range for a set of {n} tokens"
             raise IndexError(msg)
         indices = indices % max(n, 1)
+        count = indices.shape[0]
+        sizes = {name: (self.dtypes[name], self.dims[name]) for name in self.layers}
+        columns = {name: name for name in self.layers}
+        if index is not None:
+            sizes[index] = (torch.int64, 2)
+            columns[index] = INDEX
         out = {
-            name: torch.empty(
-                (indices.shape[0], self.dims[name]), dtype=self.dtypes[name]
-            )
-            for name in self.layers
+            key: torch.empty((count, width), dtype=dtype)
+            for key, (dtype, width) in sizes.items()
         }
         shards = torch.searchsorted(self._starts_tensor, indices, right=True) - 1
         for shard in torch.unique(shards).tolist():
             where = (shards == shard).nonzero().squeeze(1)
             local = indices[where] - self._starts[shard]
-            columns = self._reader(shard).columns
-            whole = where.shape[0] == indices.shape[0]
-            for name in self.layers:
-                rows = columns[name].index_select(0, local)
+            stored = self._reader(shard).columns
+            whole = where.shape[0] == count
+            for key, column in columns.items():
+                rows = stored[column].index_select(0, local)
+                if column == INDEX:
+                    rows[:, 0] += self._offsets[shard]
                 if whole:
-                    out[name] = rows
+                    out[key] = rows
                 else:
-                    out[name][where] = rows
+                    out[key][where] = rows
         return out
 
     def loader(  # noqa: PLR0913 (a DataLoader's options)
@@ -420,10 +429,7 @@ class _Batches(Dataset[dict[str, Tensor]]):
 
     def __getitem__(self, indices: list[int]) -> dict[str, Tensor]:
         where = torch.as_tensor(indices, dtype=torch.int64)
-        batch = self.data[where]
-        if self.index:
-            batch["index"] = self.data.index[where]
-        return batch
+        return self.data._gather(where, index="index" if self.index else None)  # noqa: SLF001 (this module's own class)
 
 
 def _layer_stats(states: Mapping[str, Tensor], layer: str) -> dict[str, Tensor]:
