@@ -28,9 +28,10 @@ hooks' and the plain model's logits are the same; a failed check prints
 
 Peak memory: how far a write raises its process's resident memory above
 what it was before the write (``VmHWM`` reset once the model is built,
-minus ``VmRSS`` then; each run in a fresh process, Linux), for several
-numbers of batches, with shards of 8,192 tokens (32 MiB); flat means the
-number of tokens written does not show.
+minus ``VmRSS`` then; each run in a fresh process with glibc's malloc
+pinned to unmap freed blocks, Linux), for several numbers of batches, with
+shards of 8,192 tokens (32 MiB), next to a plain forward's own; flat means
+the number of tokens written does not show.
 
 Reading: a set of four layers of width 256 over ``--read-batches`` batches
 (written by a 4-layer model of that width, which writes fast), read with a
@@ -50,6 +51,7 @@ model of the same shape (see :func:`saelens`); otherwise the report says so.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as dt
 import gc
 import platform
@@ -273,22 +275,44 @@ def writing(
 
 
 def _status(field: str) -> float:
-    """A field of ``/proc/self/status`` in MiB (Linux)."""
+    """Return a field of ``/proc/self/status`` in MiB (Linux)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
+def pin_malloc() -> bool:
+    """Map every block of 128 KiB or more, unmapped when freed (mallopt(3)).
+
+    Then the resident memory follows the memory in use, whatever ran before
+    (as ``benchmarks/calibration.py`` does); glibc only.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    threshold = 128 * 1024
+    # M_MMAP_THRESHOLD is -3, M_TRIM_THRESHOLD -1 (<malloc.h>)
+    return mallopt(-3, threshold) == 1 and mallopt(-1, threshold) == 1
+
+
 def memory_probe(size_name: str, count: int, folder: str) -> None:
     """Write ``count`` batches in this process; print tokens and peak growth.
 
-    The growth is the peak resident memory during the write (``VmHWM``,
-    reset once the model, the recorder and the batches are built) minus the
-    resident memory before it (Linux); elsewhere, the process's peak.
+    ``count`` 0 runs a plain forward over 4 batches instead (the model's
+    own share). The growth is the peak resident memory during the run
+    (``VmHWM``, reset once the model, the recorder and the batches are
+    built) minus the resident memory before it (Linux); elsewhere, the
+    process's peak.
     """
+    pin_malloc()
     size = QUICK if size_name == "quick" else FULL
-    batches = make_batches(size, count, seed=1)
+    batches = make_batches(size, count or 4, seed=1)
     model = build(size)
     rnet = Recorder(model, input_data={"input_ids": batches[0]["input_ids"][:1]})
     names = [f"transformer.h.{i}" for i in stored_blocks(size["layers"])]
@@ -296,17 +320,23 @@ def memory_probe(size_name: str, count: int, folder: str) -> None:
     if linux:
         Path("/proc/self/clear_refs").write_text("5")
         before = _status("VmRSS")
-    ds = write(rnet, batches, folder, layers=names, shard_size=8192)
+    if count:
+        tokens = len(write(rnet, batches, folder, layers=names, shard_size=8192))
+    else:
+        with torch.no_grad():
+            for batch in batches:
+                model(**batch)
+        tokens = 0
     if linux:
         growth = _status("VmHWM") - before
     else:
         growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{len(ds)} {growth:.1f}")
+    print(f"{tokens} {growth:.1f}")
 
 
 def memory(size_name: str, counts: list[int], root: Path) -> list[str]:
-    lines = ["| batches | tokens | peak growth MiB |", "|---:|---:|---:|"]
-    for count in counts:
+    lines = ["| run | tokens | peak growth MiB |", "|---|---:|---:|"]
+    for count in [0, *counts]:
         with tempfile.TemporaryDirectory(dir=root) as where:
             out = subprocess.run(  # noqa: S603 (this interpreter, this file)
                 [
@@ -320,7 +350,8 @@ def memory(size_name: str, counts: list[int], root: Path) -> list[str]:
                 check=True,
             ).stdout.split()
         tokens, peak = int(out[-2]), float(out[-1])
-        lines.append(f"| {count} | {tokens:,} | {peak:.0f} |")
+        what = f"write, {count} batches" if count else "plain forward, 4 batches"
+        lines.append(f"| {what} | {tokens:,} | {peak:.0f} |")
     return lines
 
 
