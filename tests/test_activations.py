@@ -353,6 +353,23 @@ def test_a_tensor_batch_with_mask_none_keeps_every_token(tmp_path):
     assert torch.equal(everything(ds)["transformer.h.0"], want.reshape(10, -1))
 
 
+def test_a_tokenizers_batch_encoding_is_a_batch(tmp_path):
+    """A `BatchEncoding` (what a tokenizer returns) passes as keyword inputs,
+    its attention mask found by name; `device=` moves it first."""
+    model = gpt2()
+    batches = make_batches("left", 2)
+    encodings = [transformers.BatchEncoding(dict(b)) for b in batches]
+    ds = write(
+        recorder(model),
+        encodings,
+        tmp_path,
+        layers=["transformer.h.1"],
+        device="cpu",
+    )
+    want = hooked(model, {"transformer.h.1": "output"}, batches)["transformer.h.1"]
+    assert torch.equal(everything(ds)["transformer.h.1"], kept_rows(want, batches))
+
+
 def test_input_by_key_and_the_mask_by_callable(tmp_path):
     """`input=` and `mask=` take collect's forms: a key, an index, a callable."""
     model = gpt2()
