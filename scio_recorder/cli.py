@@ -434,6 +434,9 @@ def _model(args: argparse.Namespace) -> tuple[nn.Module, _Inputs]:
             msg = f"--kwarg takes KEY=VALUE, got {item!r}"
             raise CLIError(msg)
         keywords[key] = _literal(value)
+    # a fixed seed: the same initial weights and random inputs at every run,
+    # so the printed shapes and statistics repeat (and docs/cli.md's hold)
+    torch.manual_seed(0)
     net = factory(*positional, **keywords)
     if not isinstance(net, nn.Module):
         msg = f"{args.target!r} returned a {type(net).__name__}, not a torch.nn.Module"

@@ -151,12 +151,13 @@ class Spy(Count):
 
 
 def count_calls(net: nn.Module) -> list[int]:
+    """Count the passes that start (an early exit never ends the root call)."""
     calls = [0]
 
     def hook(*_):
         calls[0] += 1
 
-    net.register_forward_hook(hook)
+    net.register_forward_pre_hook(hook)
     return calls
 
 
@@ -568,6 +569,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_in_a_locked_spill_dir_is_refused(tmp_path):
     """A real second process holds the folder: the run is refused, naming the
     folder, the owner's pid and what to do; once it has ended, the folder is
@@ -742,6 +744,7 @@ def same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     field=st.sampled_from(FIELDS),
@@ -923,8 +926,12 @@ def test_clone_keeps_outputs_modified_in_place_later():
     with torch.no_grad():
         assert torch.equal(result[(1, 1)], net[0](x))
     assert (result[(1, 1)] < 0).any()
-    with pytest.warns(InPlaceWarning):
-        collect(rnet, [x], {(1, 1): "concat"}, input=None)
+    with pytest.warns(InPlaceWarning):  # full passes run the in-place ReLU
+        collect(rnet, [x], {(1, 1): "concat"}, input=None, early_exit=False)
+    # By default the pass stops after the Linear: the ReLU never runs.
+    result = collect(rnet, [x], {(1, 1): "concat"}, input=None)
+    with torch.no_grad():
+        assert torch.equal(result[(1, 1)], net[0](x))
 
 
 # ---------------------------------------------------------------- errors

@@ -76,10 +76,10 @@ def _eager_records(rnet: Recorder, *args: Any, **kwargs: Any) -> dict[Any, Any]:
 @pytest.mark.parametrize(
     ("make", "size"),
     [
-        (SharedActNet, (1, 4)),
-        (ListNet, (1, 4)),
-        (reused_relu_seq, (1, 4)),
-        (_mlp, (1, 64)),
+        pytest.param(SharedActNet, (1, 4), marks=pytest.mark.slow),
+        pytest.param(ListNet, (1, 4), marks=pytest.mark.slow),
+        pytest.param(reused_relu_seq, (1, 4), marks=pytest.mark.slow),
+        (_mlp, (1, 64)),  # the fast representative
     ],
 )
 @settings(max_examples=6, deadline=None)
@@ -109,6 +109,7 @@ def test_compile_without_fullgraph_has_no_graph_break():
     assert explanation.graph_count == 1
 
 
+@pytest.mark.slow
 def test_every_layer_of_a_resnet_records_as_eager_does():
     net = resnet18_cifar().eval()
     rnet = Recorder(net, input_size=(1, 3, 32, 32))
@@ -125,6 +126,7 @@ def test_every_layer_of_a_resnet_records_as_eager_does():
         assert torch.equal(rnet.activations[label], record), label
 
 
+@pytest.mark.slow
 def test_inductor_records_match_eager_and_output_matches_compiled_plain_net():
     net = _mlp()
     rnet = Recorder(net, input_size=(1, 64))
@@ -284,6 +286,7 @@ def test_two_compiled_passes_then_one_backward_keep_the_latest_pass_gradients():
     assert _close(rnet.gradients[(1, 2)], eager)
 
 
+@pytest.mark.slow
 def test_gradients_without_grad_mode_are_not_recorded_when_traced():
     # As in eager mode: a pass under no_grad records no gradient, and the
     # same selection serves passes with gradients.
@@ -346,6 +349,7 @@ class _TrainTwice(nn.Module):
 
 # Dynamo compiles the frames of the eager fallback too, and its inspection
 # of their tensors warns (torch's warning, not ours).
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not")
 def test_call_plan_is_checked_when_the_graph_is_traced():
     net = _TrainTwice().eval()
@@ -531,6 +535,7 @@ def test_recompile_limit_counts_one_recorders_selections_not_all_recorders():
             assert torch.equal(rnet.activations[(1, 1)], net[0](x))
 
 
+@pytest.mark.slow
 def test_compile_in_place_records_and_counts_per_recorder():
     x = torch.randn(2, 4)
     with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():

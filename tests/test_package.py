@@ -188,6 +188,7 @@ def test_reduce_and_collect_are_subpackages_that_import_nothing_above_them():
     assert is_package(f"{ROOT}.collect")
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """Each module imports on its own (no import-order dependence)."""
     code = (
@@ -228,7 +229,9 @@ def test_all_of_each_public_module_is_honest(name):
     assert sorted(namespace) == sorted(names)
 
 
-@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+@pytest.mark.parametrize(
+    "name", [f"{ROOT}.reduce", f"{ROOT}.collect", f"{ROOT}.explain"]
+)
 def test_subpackage_faces_export_every_public_name(name):
     """No public, non-module attribute of a face is missing from `__all__`."""
     module = importlib.import_module(name)
@@ -242,7 +245,9 @@ def test_subpackage_faces_export_every_public_name(name):
     assert public == set(module.__all__)
 
 
-@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+@pytest.mark.parametrize(
+    "name", [f"{ROOT}.reduce", f"{ROOT}.collect", f"{ROOT}.explain"]
+)
 def test_reexports_keep_their_defining_module(name):
     """Re-exported classes and functions keep `__module__`: getsource works."""
     module = importlib.import_module(name)
