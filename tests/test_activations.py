@@ -242,6 +242,27 @@ def test_stored_tokens_equal_a_forward_hook(tmp_path, model_name, side, dtype):
     assert len(ds.manifest["shards"]) == -(-len(ds) // 17)
 
 
+def test_the_pass_stops_after_the_last_stored_layer(tmp_path, monkeypatch):
+    """The layers after the last stored one do not run (early exit), and the
+    set equals the one a full pass writes."""
+    model = gpt2()
+    rnet = recorder(model)
+    batches = make_batches("left", 2)
+    calls = {"lm_head": 0, "h.1": 0}
+    model.lm_head.register_forward_hook(
+        lambda *_: calls.__setitem__("lm_head", calls["lm_head"] + 1)
+    )
+    model.transformer.h[1].register_forward_hook(
+        lambda *_: calls.__setitem__("h.1", calls["h.1"] + 1)
+    )
+    early = write(rnet, batches, tmp_path / "early", layers=["transformer.h.0"])
+    assert calls == {"lm_head": 0, "h.1": 0}
+    monkeypatch.setattr(_writer, "EARLY_EXIT", False)
+    full = write(rnet, batches, tmp_path / "full", layers=["transformer.h.0"])
+    assert calls == {"lm_head": 2, "h.1": 2}
+    assert_same_set(early, full)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_skip_bos_drops_the_first_kept_token_of_each_row(tmp_path, side):
     model = gpt2()

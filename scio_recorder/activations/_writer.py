@@ -1,7 +1,8 @@
 """One rank's part of a write: the batch loop, the shards, the checkpoints.
 
 Holds :class:`RankWriter`: it runs the recorder over the batches (one
-forward per batch for every layer), takes the kept tokens of each layer
+forward per batch for every layer, stopped after the last layer stored),
+takes the kept tokens of each layer
 (``_tokens``), feeds them through the shuffle buffer (``_shuffle``) into
 pending rows, cuts full shards (``_shards``), keeps the running statistics
 (:class:`scio_recorder.reduce.Moments`, in float64, before the cast), and
@@ -59,8 +60,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("scio_recorder.activations")
 
-EARLY_EXIT = False
-"""Whether passes stop after the last stored layer (once the engine can)."""
+EARLY_EXIT = True
+"""Whether passes stop after the last stored call (``rnet(..., early_exit=True)``).
+
+The layers after it do not run (the final norm and the unembedding of a
+language model, when the last block is the last layer stored); the records
+are those of a full pass. Off only to measure what it saves
+(``benchmarks/activations.py``).
+"""
 
 PROGRESS_FORMAT = "scio_recorder.activations.progress/1"
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
