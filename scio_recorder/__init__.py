@@ -21,7 +21,7 @@ torch.Size([2, 4])
 
 import typing
 
-from ._engine.plan import CallPlanError, Postprocessor
+from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
 from .calls import CallRecorder
 from .collect import CollectResult, Estimate, estimate
@@ -65,6 +65,7 @@ __all__ = [
     "load_records",
     "make_reducer",
     "modules",
+    "reshaping",
     "save_records",
 ]
 

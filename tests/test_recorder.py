@@ -1281,3 +1281,31 @@ def test_an_edit_is_accepted_exactly_when_shape_and_dtype_match(rows, cols, dtyp
     else:
         with pytest.raises(ValueError, match=r"^The edit `test_an_edit_is_accepted"):
             rnet(x, activation_postproc=edit)
+
+
+def test_a_reshaping_edit_may_change_shapes_and_keeps_its_name():
+    """`reshaping(fn)` skips the fit check; unwrapped, the same edit is refused."""
+    from scio_recorder import reshaping  # noqa: PLC0415 (the public name is the point)
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    x = torch.rand(5, 3)
+
+    def keep_two(t):
+        return t[:2]
+
+    out = rnet(x, input_postproc={"2": reshaping(keep_two)})
+    assert torch.equal(out, net(x)[:2])  # rows are independent: the same values
+    rnet.record((1, 1))
+    out = rnet(x, activation_postproc={(1, 1): reshaping(keep_two)})
+    assert out.shape == (2, 2)
+    assert rnet.activations[(1, 1)].shape == (5, 3)  # the layer's own output
+    with pytest.raises(
+        ValueError, match=r"^The edit `test_a_reshaping_edit.*keep_two`"
+    ):
+        rnet(x, input_postproc={"2": keep_two})
+    assert repr(reshaping(keep_two)).startswith("reshaping(<function")
+    with pytest.raises(
+        TypeError, match=r"^reshaping takes an edit \(a callable\), got int"
+    ):
+        reshaping(3)  # type: ignore[arg-type]

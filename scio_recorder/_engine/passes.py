@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
+
 from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
 from .early import EarlyExit, EarlyExitState, early_plan
 from .hooks import ACTIVE, HookSet, RootHook, enter_trace, exit_trace, new_token
@@ -93,6 +95,8 @@ class Passes:
         self.traced_key = 0
         self.early_cache: tuple[CallPlan, CallPlan, Needs] | None = None
         """The latest plan run with early exit, its twin and needs."""
+        self.placed: bool | None = None
+        """Whether accelerate placed the net (found at the first stopped pass)."""
         self.select(plan)
 
     # -- the selection -----------------------------------------------------
@@ -183,15 +187,29 @@ class Passes:
         try:
             out = net(*args, **kwargs)
         except EarlyExit as stop:
+            self.settle(net)
             if stop.state is not state:  # not this pass's: it fails this pass too
                 self.close(state, outer, completed=False)
                 raise
             out = None  # every recorded call happened; the rest did not run
         except BaseException:  # KeyboardInterrupt included
+            self.settle(net)
             self.close(state, outer, completed=False)
             raise
         self.close(state, outer, completed=True)
         return out
+
+    def settle(self, net: nn.Module) -> None:
+        """Offload again the weights a stopped pass left loaded (accelerate).
+
+        A pass that stops inside an offloaded module skips the ``post_forward``
+        of its accelerate hook (:func:`~scio_recorder._preserve.unload_offloaded`
+        runs it); a net that accelerate did not place costs one look, once.
+        """
+        if self.placed is None:
+            self.placed = placed_by_accelerate(net)
+        if self.placed:
+            unload_offloaded(net)
 
     def early_state(
         self,
