@@ -26,7 +26,7 @@ torch.Size([2, 4])
 
 from typing import TYPE_CHECKING
 
-from ._engine.plan import CallPlanError, Postprocessor
+from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
 from ._lazy import lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
@@ -87,6 +87,7 @@ __all__ = [
     "load_records",
     "make_reducer",
     "modules",
+    "reshaping",
     "save_records",
 ]
 

@@ -46,6 +46,7 @@ __all__ = [
     "label_str",
     "nested_size",
     "parse_label",
+    "reference_kwargs",
 ]
 
 import contextlib
@@ -68,7 +69,7 @@ from torchinfo.layer_info import LayerInfo, prod
 from torchinfo.model_statistics import ModelStatistics
 
 from . import _render
-from ._preserve import preserved
+from ._preserve import placed_by_accelerate, preserved
 
 if TYPE_CHECKING:
     from torch import nn
@@ -1053,21 +1054,98 @@ def example_inputs(
     ([torch.Size([3, 4])], {})
 
     """
-    device = summary_kwargs.get("device")
-    if device is None:
-        param = next(net.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
     x, _ = _torchinfo_impl.process_input(
         summary_kwargs.get("input_data"),
         summary_kwargs.get("input_size"),
         summary_kwargs.get("batch_dim"),
-        torch.device(device),
+        _input_device(net, summary_kwargs),
         summary_kwargs.get("dtypes"),
     )
     kwargs = {k: v for k, v in summary_kwargs.items() if k not in _SUMMARY_OPTIONS}
     if isinstance(x, Mapping):
         return (), {**x, **kwargs}
     return tuple(x or ()), kwargs
+
+
+def _input_device(net: nn.Module, summary_kwargs: Mapping[str, Any]) -> torch.device:
+    """Return where ``input_size`` makes the example inputs.
+
+    ``device`` if given, else the device of the net's first parameter or
+    buffer that is not on the ``meta`` device (an offloaded one is), else CPU.
+    """
+    device = summary_kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    for tensor in (*net.parameters(), *net.buffers()):
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def reference_kwargs(net: nn.Module, summary_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return torchinfo's arguments for a reference pass that leaves ``net`` in place.
+
+    torchinfo moves the net to ``device`` when given and, when only
+    ``input_size`` is, to the first parameter's CUDA device, or CUDA if
+    available, or CPU. For a net placed by accelerate (``dispatch_model``,
+    ``cpu_offload``, ``disk_offload``, ``from_pretrained(...,
+    device_map=...)``) that would undo its device map, and it fails on
+    offloaded parameters (on the ``meta`` device). For such a net,
+    ``input_size`` becomes ``input_data`` made as torchinfo makes it, on the
+    device of the first parameter or buffer not on ``meta`` (else CPU), which
+    accelerate's hooks move to each module's execution device; ``device`` is
+    refused. Any other net's arguments are returned as they are.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        The network.
+    summary_kwargs : dict
+        Keyword arguments for :func:`torchinfo.summary`.
+
+    Returns
+    -------
+    dict
+        The arguments to give :func:`torchinfo.summary`.
+
+    Raises
+    ------
+    ValueError
+        If ``device`` is given for a net placed by accelerate.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> reference_kwargs(nn.Linear(3, 2), {"input_size": (1, 3)})
+    {'input_size': (1, 3)}
+
+    """
+    kwargs = summary_kwargs
+    if not placed_by_accelerate(net):
+        return kwargs
+    device = kwargs.get("device")
+    if device is not None:
+        msg = (
+            f"`device={device!r}` makes torchinfo move the net, which would undo "
+            "accelerate's placement of this model (its modules have accelerate "
+            "hooks, from `dispatch_model`, `cpu_offload`, `disk_offload` or "
+            "`from_pretrained(..., device_map=...)`). Drop `device`: the "
+            "reference pass leaves the model where it is (accelerate's hooks "
+            "move the inputs to each module's execution device), or pass "
+            "`input_data` on the device you want."
+        )
+        raise ValueError(msg)
+    if kwargs.get("input_data") is not None or kwargs.get("input_size") is None:
+        return kwargs
+    kwargs = dict(kwargs)
+    kwargs["input_data"], _ = _torchinfo_impl.process_input(
+        None,
+        kwargs.pop("input_size"),
+        kwargs.get("batch_dim"),
+        _input_device(net, kwargs),
+        kwargs.pop("dtypes", None),
+    )
+    return kwargs
 
 
 def build_table(
@@ -1120,7 +1198,7 @@ def build_table(
     if not {"input_size", "input_data"} & summary_kwargs.keys():
         msg = "You must provide `input_data` or `input_size`"
         raise ValueError(msg)
-    kwargs = dict(summary_kwargs)
+    kwargs = dict(reference_kwargs(net, summary_kwargs))
     if kwargs.get("cache_forward_pass"):
         warnings.warn(
             "`cache_forward_pass=True` is ignored by `Recorder`: torchinfo keys "

@@ -63,6 +63,7 @@ from ._engine.plan import (
 )
 from ._engine.state import CallInputs, InPlaceWarning
 from ._flow import table_of
+from ._tree import iter_tensors
 from ._views import RecorderViews, labels_text
 from .scope import Scope
 from .select import (
@@ -270,6 +271,11 @@ class Recorder(RecorderViews):
             or self.__dict__.get("_compiled_call_impl") is not None
             or torch._C._get_tracing_state()  # noqa: SLF001 (what torch checks)
         ):
+            if (
+                kwargs.get("early_exit")
+                and self.__dict__.get("_compiled_call_impl") is not None
+            ):  # said here: Dynamo would hide the message of `forward`'s refusal
+                raise RuntimeError(_EARLY_EXIT_COMPILED)
             # Looked up now: `torch.fx` tracing patches `nn.Module.__call__`.
             return nn.Module.__call__(self, *args, **kwargs)
         if not kwargs and not self._own_forward:  # no option to read: one frame less
@@ -404,6 +410,7 @@ class Recorder(RecorderViews):
         | None = None,
         dont_record: bool = False,
         input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        early_exit: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Call the net, recording the selected layers and editing them.
@@ -432,11 +439,22 @@ class Recorder(RecorderViews):
             runs (e.g. the input of an attention's output projection, to edit
             heads: see :mod:`scio_recorder.heads`); recorded inputs are taken
             before the edit.
+        early_exit : bool, default False
+            Stop the pass once every recorded call has happened (the calls
+            whose outputs or inputs are recorded): the layers after the last
+            one do not run, and the pass returns ``None``. The records are
+            those of a full pass; the call-plan check holds for the calls
+            that ran. Refused when nothing is recorded (or ``dont_record``),
+            when gradients are selected (``record(grads=...)``), or when an
+            input requires grad with autograd on: a backward needs the
+            output. Eager passes only. The keyword is the recorder's own,
+            never passed to the net.
 
         Returns
         -------
         Any
-            What ``net(*args, **kwargs)`` returns.
+            What ``net(*args, **kwargs)`` returns; ``None`` with
+            ``early_exit=True``.
 
         Raises
         ------
@@ -444,7 +462,11 @@ class Recorder(RecorderViews):
             If a recorded module is called more or fewer times than in the
             reference pass (labels would be wrong); no activations are kept.
         ValueError
-            If ``activation_postproc`` is a list with too few items.
+            If ``activation_postproc`` is a list with too few items, or an
+            edit returns a replacement whose tensors differ, in place, shape
+            or dtype, from what it replaces (the message names the edit and
+            the layer).
+            Or if ``early_exit=True`` cannot apply (see above).
 
         Warns
         -----
@@ -468,6 +490,8 @@ class Recorder(RecorderViews):
         net = self._net_direct
         edits = self._edits(activation_postproc, input_postproc)
         if torch.compiler.is_compiling():
+            if early_exit:
+                raise RuntimeError(_EARLY_EXIT_COMPILED)
             if edits is not None:
                 msg = (
                     "Edits given by selector (`activation_postproc` as a dict, "
@@ -478,9 +502,46 @@ class Recorder(RecorderViews):
             return self._passes.run_traced(
                 net, args, kwargs, activation_postproc, dont_record
             )
+        if early_exit:
+            self._check_early_exit(args, kwargs, dont_record=dont_record)
         return self._passes.run(
-            net, args, kwargs, activation_postproc, dont_record, edits
+            net, args, kwargs, activation_postproc, dont_record, edits, early_exit
         )
+
+    def _check_early_exit(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, dont_record: bool
+    ) -> None:
+        """Raise if ``early_exit=True`` cannot apply to this pass."""
+        selection = self._selection
+        if dont_record or not (selection.outputs or selection.inputs):
+            why = (
+                "`dont_record=True` records nothing"
+                if dont_record
+                else "nothing is recorded"
+            )
+            msg = (
+                "`early_exit=True` stops the pass after the last recorded call, "
+                f"and {why}: select layers with `rnet.record(...)`, or drop "
+                "`early_exit`."
+            )
+            raise ValueError(msg)
+        if selection.grads:
+            msg = (
+                "`early_exit=True` returns no output, and the gradients of "
+                f"{labels_text(selection.grads)} (`record(grads=...)`) need a "
+                "backward from it: record without `grads=`, or drop `early_exit`."
+            )
+            raise ValueError(msg)
+        if torch.is_grad_enabled() and any(
+            t.requires_grad for t in iter_tensors((args, kwargs))
+        ):
+            msg = (
+                "`early_exit=True` returns no output, and an input requires grad: "
+                "its gradient needs a backward from the output. Pass inputs that "
+                "do not require grad (`x.detach()`), run under `torch.no_grad()`, "
+                "or drop `early_exit`."
+            )
+            raise ValueError(msg)
 
     def _edits(self, postproc: Any, input_postproc: Any) -> Edits | None:
         """Resolve edits given by selector to labels (``None``: none given)."""
@@ -501,6 +562,7 @@ class Recorder(RecorderViews):
         activation_postproc: Any = None,
         dont_record: bool = False,
         input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        early_exit: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Run :meth:`forward` outside Dynamo (``__call__``'s fast path calls it).
@@ -511,8 +573,16 @@ class Recorder(RecorderViews):
         edits = None
         if input_postproc is not None or isinstance(activation_postproc, Mapping):
             edits = self._edits(activation_postproc, input_postproc)
+        if early_exit:
+            self._check_early_exit(args, kwargs, dont_record=dont_record)
         return self._passes.run(
-            self._net_direct, args, kwargs, activation_postproc, dont_record, edits
+            self._net_direct,
+            args,
+            kwargs,
+            activation_postproc,
+            dont_record,
+            edits,
+            early_exit,
         )
 
     _fast_forward = _eager_forward
@@ -524,6 +594,7 @@ class Recorder(RecorderViews):
         activation_postproc: Any = None,
         dont_record: bool = False,
         input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        early_exit: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Run the net's own ``generate``, recording and editing every forward step.
@@ -546,6 +617,9 @@ class Recorder(RecorderViews):
         CallPlanError
             Naming the forward step, if a recorded module is called more or
             fewer times in a step than in the reference pass.
+        ValueError
+            With ``early_exit=True``: generation needs the logits of every
+            step (refused, never passed to ``generate``).
 
         Examples
         --------
@@ -568,6 +642,7 @@ class Recorder(RecorderViews):
             activation_postproc=activation_postproc,
             dont_record=dont_record,
             input_postproc=input_postproc,
+            early_exit=early_exit,
             **kwargs,
         )
 
@@ -579,6 +654,7 @@ class Recorder(RecorderViews):
         activation_postproc: Any = None,
         dont_record: bool = False,
         input_postproc: Mapping[Selector, Postprocessor] | None = None,
+        early_exit: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Run a method of the net that calls its forward, one pass per call.
@@ -590,6 +666,10 @@ class Recorder(RecorderViews):
         ------
         AttributeError
             If the net has no such method.
+        ValueError
+            With ``early_exit=True``: the method needs the output of every
+            forward step (``generate``: the logits), so no step may stop
+            early. The keyword is refused, never passed to the method.
 
         Examples
         --------
@@ -605,6 +685,14 @@ class Recorder(RecorderViews):
         2
 
         """
+        if early_exit:
+            msg = (
+                f"`rnet.{name}(..., early_exit=True)` is refused: `{name}` "
+                "needs the output of every forward step it makes (`generate`: "
+                "the logits of each step), so no step may stop early. Drop "
+                "`early_exit`."
+            )
+            raise ValueError(msg)
         method = getattr(self._net, name, None)
         if not callable(method):
             msg = (
@@ -873,15 +961,24 @@ class Recorder(RecorderViews):
         """Rebuild an unpickled recorder: its own token, hooks and entry point."""
         plan = state.pop("_plan")
         super().__setstate__(state)  # type: ignore[no-untyped-call]
-        # The pickled hooks came back as inert ones: this recorder places its own.
-        drop_copied_hooks(self._net)
         self._renew(plan)
 
     def _renew(self, plan: CallPlan) -> None:
-        """Give a copy its own passes (token, hooks, records) and entry point."""
+        """Give a copy its own passes (token, hooks, records) and entry point.
+
+        The copied net's hooks came as inert ones (those of an open scope
+        or ``generate`` too): the copy drops them, carries no open pass, and
+        places its own.
+        """
+        drop_copied_hooks(self._net)
         object.__setattr__(self, "_passes", Passes(self, self._table, plan))
         self._enter(self._compiler)
 
+
+_EARLY_EXIT_COMPILED = (
+    "`early_exit=True` runs in eager passes only (a compiled graph runs "
+    "whole): call the recorder uncompiled to stop after the last recorded call."
+)
 
 _MODULE_CALL = nn.Module.__call__
 _GLOBAL_HOOKS = (

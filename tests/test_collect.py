@@ -151,12 +151,13 @@ class Spy(Count):
 
 
 def count_calls(net: nn.Module) -> list[int]:
+    """Count the passes that start (an early exit never ends the root call)."""
     calls = [0]
 
     def hook(*_):
         calls[0] += 1
 
-    net.register_forward_hook(hook)
+    net.register_forward_pre_hook(hook)
     return calls
 
 
@@ -925,8 +926,12 @@ def test_clone_keeps_outputs_modified_in_place_later():
     with torch.no_grad():
         assert torch.equal(result[(1, 1)], net[0](x))
     assert (result[(1, 1)] < 0).any()
-    with pytest.warns(InPlaceWarning):
-        collect(rnet, [x], {(1, 1): "concat"}, input=None)
+    with pytest.warns(InPlaceWarning):  # full passes run the in-place ReLU
+        collect(rnet, [x], {(1, 1): "concat"}, input=None, early_exit=False)
+    # By default the pass stops after the Linear: the ReLU never runs.
+    result = collect(rnet, [x], {(1, 1): "concat"}, input=None)
+    with torch.no_grad():
+        assert torch.equal(result[(1, 1)], net[0](x))
 
 
 # ---------------------------------------------------------------- errors

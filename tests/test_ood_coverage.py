@@ -32,16 +32,6 @@ from scio_recorder.ood import NAC, MahalanobisEnsemble
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a small shared machine, the default threads of
-    torch contend and make these tiny nets many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def openood_thresholds(m: int) -> torch.Tensor:
     """OpenOOD's ``logspace(1e3, M)``: log-spaced near 0, mirrored near 1."""
     num = m // 2

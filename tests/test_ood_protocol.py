@@ -43,16 +43,6 @@ from scio_recorder.ood.benchmark import catalogue
 N_FIT = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a small shared machine, the default threads of
-    torch contend and make these tiny nets many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def trained_like(dtype: torch.dtype = torch.float32):
     """digits_cnn(3) whose logits are standardised: it predicts every class."""
     torch.manual_seed(0)
@@ -119,8 +109,9 @@ def test_every_fit_refuses_non_finite_features_naming_count_and_layer(model, nam
     detector = catalogue(rnet)[name]
     label, kind = first_layer_read(detector)
     layer = re.escape(f"{rnet.table[label].describe()} ({kind})")
+    cls = type(detector).__name__  # Mahalanobis++ is a Mahalanobis
     pattern = (
-        rf"^{name}: 2 of the {N_FIT} fit samples have non-finite features "
+        rf"^{cls}: 2 of the {N_FIT} fit samples have non-finite features "
         rf"\(NaN or Inf\) at layer {layer}, so the fitted state would be NaN\."
     )
     with pytest.raises(ValueError, match=pattern):
@@ -135,10 +126,10 @@ def test_fit_detectors_refuses_non_finite_features_naming_the_readers(model):
     x[7] = float("nan")
     detectors = catalogue(rnet)
     # The first key of the shared pass with a bad sample: the net's output,
-    # kept by KLMatching and TempScale (ViM, Gram and NAC fit on their own).
+    # kept by JTLA, KLMatching and TempScale (ViM and NAC fit on their own).
     with pytest.raises(
         ValueError,
-        match=r"^KLMatching, TempScale: 1 of the 96 fit samples have non-finite "
+        match=r"^JTLA, KLMatching, TempScale: 1 of the 96 fit samples have non-finite "
         r"features \(NaN or Inf\) at layer 0-1 \(Sequential \(the whole net\)\) ",
     ):
         fit_detectors(detectors, [(x, y), train[1]], target=1)
@@ -246,11 +237,12 @@ def test_every_labelled_fit_checks_labels_against_the_classes(model, name):
     y = y.clone()
     y[5] = 3  # the net has 3 classes
     detector = catalogue(rnet)[name]
+    cls = type(detector).__name__  # Mahalanobis++ is a Mahalanobis
     hint = (
-        ", or pass `num_classes=` covering every class" if name == "Mahalanobis" else ""
+        ", or pass `num_classes=` covering every class" if cls == "Mahalanobis" else ""
     )
     msg = (
-        f"{name}.fit: class label 3 in batch 1 of the fit data is outside [0, 3) "
+        f"{cls}.fit: class label 3 in batch 1 of the fit data is outside [0, 3) "
         "(the 3 classes of the net); labels must be class indices: drop those "
         f"samples, or fix `target=`{hint}."
     )
@@ -265,8 +257,7 @@ def test_fit_detectors_checks_labels_once_for_every_labelled_detector(model):
     rnet, train = model
     x, y = train[0]
     detectors = catalogue(rnet)
-    names = ", ".join(sorted(n for n in LABELLED_NAMES if n != "Gram"))
-    # Gram fits on its own (its own passes); the shared pass is checked first.
+    names = ", ".join(sorted({type(detectors[n]).__name__ for n in LABELLED_NAMES}))
     with pytest.raises(
         ValueError, match=f"^{re.escape(names)}.fit: class label 3 in batch 0"
     ):
@@ -351,3 +342,66 @@ def test_a_layer_typo_reads_as_one_sentence(model):
         ReAct(rnet, layer="classifier.9")
     with pytest.raises(ValueError, match=r"not found: \{\(9, 9\)\}\.$"):
         KNN(rnet, layer=(9, 9))
+
+
+# ------------------------------------------------------- one pass for all fits
+class CountingLoader:
+    """An iterable of batches that counts how often it is read."""
+
+    def __init__(self, batches):
+        self.batches, self.iterations, self.reads = batches, 0, 0
+
+    def __iter__(self):
+        self.iterations += 1
+        for batch in self.batches:
+            self.reads += 1
+            yield batch
+
+
+STATISTICS_FITS = [
+    "TempScale",
+    "KLMatching",
+    "DICE",
+    "SHE",
+    "NNGuide",
+    "RMDS",
+    "fDBD",
+    "NCI",
+    "NECO",
+    "Residual",
+    "VRA",
+    "Gram",
+    "MahalanobisEnsemble",
+    "Mahalanobis",
+    "KNN",
+]
+
+
+def test_fit_detectors_reads_the_data_once_for_every_fit_by_statistics(model):
+    rnet, train = model
+    six = [(x[i : i + 16], y[i : i + 16]) for x, y in train for i in (0, 16, 32)]
+    catalogued = catalogue(rnet)
+    detectors = {name: catalogued[name] for name in STATISTICS_FITS}
+    loader = CountingLoader(six)
+    fit_detectors(detectors, loader, target=1)
+    assert (loader.iterations, loader.reads) == (1, 6)  # was 3 and 18 (Gram: 2)
+    assert all(d.fitted for d in detectors.values())
+    # The same states as each fitted alone.
+    x = train[0][0][:5]
+    for name in STATISTICS_FITS:
+        alone = catalogue(rnet)[name].fit(six, target=1)
+        torch.testing.assert_close(alone(x), detectors[name](x), rtol=0, atol=0)
+
+
+def test_evaluate_refuses_nan_scores_naming_the_detector_and_the_set(fitted):
+    detectors, x, _ = fitted
+    hostile = x.clone()
+    hostile[[1, 3]] = float("inf")
+    msg = (
+        "evaluate: 'MSP' scored 2 of the 5 samples of the OoD set 'far' NaN: "
+        "those samples hold a NaN or an infinity"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        evaluate({"MSP": detectors["MSP"]}, [x], {"far": [hostile]}, input=None)
+    with pytest.raises(ValueError, match=r"samples of the in-distribution data NaN"):
+        evaluate({"MSP": detectors["MSP"]}, [hostile], [x], input=None)

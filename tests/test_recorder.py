@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual alias)
 import torchinfo
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torchinfo.model_statistics import ModelStatistics
 
@@ -1091,3 +1093,219 @@ def test_edits_by_selector_from_several_threads_count_each_call_once():
         thread.join()
     assert errors == []
     assert not net[2]._forward_hooks
+
+
+# -- edits that cannot replace what they edit ------------------------------------
+
+
+def widen(t):
+    """An edit that doubles the last dimension (a wrong shape)."""
+    return torch.cat([t, t], dim=-1)
+
+
+def to_double(t):
+    """An edit that returns float64 (a wrong dtype)."""
+    return t.double()
+
+
+EDIT_TAIL = (
+    r"\. An edit returns `None` \(to keep the value, e\.g\. after changing it in "
+    r"place\) or a replacement with the same tensors, of the same shapes and "
+    r"dtypes\.$"
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (
+            {"activation_postproc": {"0": widen}},
+            (
+                "`widen` (`activation_postproc`) of call 1-1 of module `0` (Linear, "
+                "label 1-1) returned a tensor of shape [3, 8] and dtype torch.float32, "
+                "where the output is a tensor of shape [3, 4] and dtype torch.float32"
+            ),
+        ),
+        (
+            {"activation_postproc": {(1, 3): to_double}},
+            (
+                "`to_double` (`activation_postproc`) of call 1-3 of module `2` "
+                "(Linear, label 1-3) returned a tensor of shape [3, 3] and dtype "
+                "torch.float64, where the output is a tensor of shape [3, 3] and "
+                "dtype torch.float32"
+            ),
+        ),
+        (
+            {"input_postproc": {"2": widen}},
+            (
+                "`widen` (`input_postproc`) of call 1-3 of module `2` (Linear, label "
+                "1-3) returned a tensor of shape [3, 8] and dtype torch.float32, where "
+                "the first positional input is a tensor of shape [3, 4] and dtype "
+                "torch.float32"
+            ),
+        ),
+    ],
+    ids=["output shape", "output dtype", "input shape"],
+)
+def test_an_edit_by_selector_of_the_wrong_kind_names_the_layer_and_the_edit(
+    rnet, x, options, problem
+):
+    """A wrong shape or dtype fails where the edit is made, naming both.
+
+    It used to fail later, inside the next module, naming neither.
+    """
+    rnet.record((1, 1))
+    rnet(x)
+    with pytest.raises(ValueError, match="^The edit " + re.escape(problem) + EDIT_TAIL):
+        rnet(x, **options)
+    assert dict(rnet.activations) == {}  # the failed pass kept nothing
+
+
+@pytest.mark.parametrize("form", ["callable", "list"])
+def test_a_plain_postprocessor_of_the_wrong_shape_names_the_layer(rnet, x, form):
+    """The same check for a callable or a list of postprocessors."""
+    rnet.record((1, 1), (1, 3))
+    postproc = widen if form == "callable" else [clamp, widen]
+    label, name, width = ((1, 1), "0", 4) if form == "callable" else ((1, 3), "2", 3)
+    problem = (
+        f"`widen` (`activation_postproc`) of call {label[0]}-{label[1]} of module "
+        f"`{name}` (Linear, label {label[0]}-{label[1]}) returned a tensor of shape "
+        f"[3, {2 * width}]"
+    )
+    with pytest.raises(ValueError, match="^The edit " + re.escape(problem)):
+        rnet(x, activation_postproc=postproc)
+
+
+class TupleOut(nn.Module):
+    """A block that returns ``(hidden, extra)``, as many Hugging Face blocks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h, {"aux": h.sum(dim=-1)}
+
+
+class TupleNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = TupleOut()
+
+    def forward(self, x):
+        h, extra = self.block(x)
+        return h + extra["aux"][:, None]
+
+
+def _double_in_place(out):
+    out[0].mul_(2)
+
+
+@pytest.mark.parametrize(
+    ("edit", "oracle"),
+    [
+        (lambda out: None, lambda h: h + h.sum(-1, keepdim=True)),
+        (_double_in_place, lambda h: 2 * h + h.sum(-1, keepdim=True)),
+        (lambda out: (out[0] * 2, out[1]), lambda h: 2 * h + h.sum(-1, keepdim=True)),
+        (
+            lambda out: [out[0], {"aux": out[1]["aux"] + 1}],
+            lambda h: h + (h.sum(-1, keepdim=True) + 1),
+        ),
+    ],
+    ids=["None", "in place", "a tuple", "a list with a dict"],
+)
+def test_legal_edits_of_a_nested_output_stay_legal(edit, oracle):
+    """``None``, in-place edits, the same tensors in another container: accepted.
+
+    The output is the net's computation with the edit written out by hand
+    (the same float32 ops on the same tensors: equal bit for bit).
+    """
+    net = TupleNet()
+    rnet = Recorder(net, input_size=(2, 4))
+    x = torch.rand(2, 4)
+    out = rnet(x, activation_postproc={"block": edit})
+    assert torch.equal(out, oracle(net.block.lin(x)))
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (
+            lambda out: out[0],
+            (
+                "tensors at the top (a tensor), where the output has tensors at [0], "
+                "[1]['aux']"
+            ),
+        ),
+        (
+            lambda out: (out[0], {"aux": out[1]["aux"][:1]}),
+            (
+                "a tensor of shape [1] and dtype torch.float32 at [1]['aux'], "
+                "where the output is a tensor of shape [2] and dtype torch.float32"
+            ),
+        ),
+    ],
+    ids=["a tensor for a tuple", "a wrong shape inside"],
+)
+def test_an_edit_of_a_nested_output_that_does_not_fit_names_the_place(edit, problem):
+    """A tensor for a tuple, or a wrong shape inside: named with its place."""
+    rnet = Recorder(TupleNet(), input_size=(2, 4))
+    with pytest.raises(ValueError, match=re.escape(f"returned {problem}.")):
+        rnet(torch.rand(2, 4), activation_postproc={"block": edit})
+
+
+def test_an_edit_may_change_the_dtype_under_autocast(rnet, toynet, x):
+    """Under autocast the next operation casts its inputs: a dtype change is legal."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = rnet(x, activation_postproc={"0": lambda t: t.float() * 2})
+        expected = toynet[2:](toynet[1](toynet[0](x).float() * 2))
+    assert torch.equal(out, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    cols=st.integers(1, 6),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]),
+)
+def test_an_edit_is_accepted_exactly_when_shape_and_dtype_match(rows, cols, dtype):
+    """Over shapes and dtypes: refused iff the replacement is not ``[3, 4]`` f32."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.ReLU())
+    rnet = Recorder(net, input_size=(1, 5))
+    x = torch.rand(3, 5)
+    edit = {"0": lambda _t: torch.zeros(rows, cols, dtype=dtype)}
+    if (rows, cols, dtype) == (3, 4, torch.float32):
+        assert torch.equal(rnet(x, activation_postproc=edit), torch.zeros(3, 4))
+    else:
+        with pytest.raises(ValueError, match=r"^The edit `test_an_edit_is_accepted"):
+            rnet(x, activation_postproc=edit)
+
+
+def test_a_reshaping_edit_may_change_shapes_and_keeps_its_name():
+    """`reshaping(fn)` skips the fit check; unwrapped, the same edit is refused."""
+    from scio_recorder import reshaping  # noqa: PLC0415 (the public name is the point)
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    x = torch.rand(5, 3)
+
+    def keep_two(t):
+        return t[:2]
+
+    out = rnet(x, input_postproc={"2": reshaping(keep_two)})
+    assert torch.equal(out, net(x)[:2])  # rows are independent: the same values
+    rnet.record((1, 1))
+    out = rnet(x, activation_postproc={(1, 1): reshaping(keep_two)})
+    assert out.shape == (2, 2)
+    assert rnet.activations[(1, 1)].shape == (5, 3)  # the layer's own output
+    with pytest.raises(
+        ValueError, match=r"^The edit `test_a_reshaping_edit.*keep_two`"
+    ):
+        rnet(x, input_postproc={"2": keep_two})
+    assert repr(reshaping(keep_two)).startswith("reshaping(<function")
+    with pytest.raises(
+        TypeError, match=r"^reshaping takes an edit \(a callable\), got int"
+    ):
+        reshaping(3)  # type: ignore[arg-type]

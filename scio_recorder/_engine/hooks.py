@@ -13,9 +13,10 @@ Why it is built this way:
   a :func:`weakref.finalize` then removes them.
 * **The user's net stays savable.** Hooks are objects of a module-level class
   that pickle and deep-copy to a :class:`DroppedHook`: ``torch.save(net)``,
-  ``pickle`` and ``copy.deepcopy`` of a recorded net work, and the copy is
-  the plain net (it records nothing, and drops those hooks on its first
-  pass).
+  ``pickle`` and ``copy.deepcopy`` of a recorded net work, also while a
+  scope or ``generate`` is open (their hooks on the net are
+  :class:`RootHook` objects), and the copy is the plain net (it records
+  nothing, carries no open pass, and drops those hooks on its first pass).
 * **State local to the pass.** A :class:`PassState` lives for one pass. Each
   thread sees its own mapping, so concurrent passes never mix, and a call of
   the net that did not go through the recorder (or an open
@@ -32,6 +33,7 @@ __all__ = [
     "TRACING",
     "DroppedHook",
     "HookSet",
+    "RootHook",
     "drop_copied_hooks",
     "enter_trace",
     "exit_trace",
@@ -47,6 +49,8 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch.utils.hooks import RemovableHandle
 
     from .plan import CallPlan, EndSpec
@@ -241,6 +245,29 @@ class _PostHook(_RecorderHook):
         return state.end_call(module, self.specs[k], output)
 
 
+class RootHook(_RecorderHook):
+    """A hook that a scope or ``generate`` puts on the net for its block.
+
+    It calls ``call`` (a method of :class:`~.passes.RootPasses`, which opens
+    and closes the passes of direct calls). Like every hook of a recorder it
+    is copied (``pickle``, ``torch.save``, ``copy.deepcopy`` of the net or
+    the recorder while the block is open) as a :class:`DroppedHook`: the copy
+    carries no open pass, and its first call drops the copied hook.
+    """
+
+    __slots__ = ("call",)
+
+    def __init__(self, token: int, call: Callable[..., Any]) -> None:
+        super().__init__(token)
+        self.call = call
+
+    def fire(self, module: nn.Module, *args: Any) -> Any:
+        """Call ``call``; in a copy (see :meth:`_RecorderHook.fire`), drop itself."""
+        if self.token == _DROPPED:  # a deep copy keeps this function
+            return _RecorderHook.fire(self, module)
+        return self.call(module, *args)
+
+
 class DroppedHook(_PostHook):
     """What a recorder's hook becomes in a pickled or deep-copied net.
 
@@ -279,6 +306,7 @@ def drop_copied_hooks(net: nn.Module, *, recurse: bool = True) -> None:
                 # removing both while a pass runs the hooks is safe.
                 del hooks[key]
                 with_kwargs.pop(key, None)
+                module._forward_hooks_always_called.pop(key, None)  # noqa: SLF001
 
 
 def _is_dropped(hook: object) -> bool:

@@ -10,16 +10,20 @@ once:
 * :meth:`run`: a pass through ``rnet(x)`` (``Recorder.forward``), eager;
 * :meth:`run_traced`: the same pass as Dynamo traces it (``torch.compile``,
   ``torch.export``);
-* :meth:`open_direct` / :meth:`close_direct`: a pass made by calling the net
-  directly while a scope is open (the scope's hooks on the net call them);
+* :meth:`open_direct`: a pass made by calling the net directly while a
+  scope is open (the scope's hooks on the net call it);
 * :meth:`listen` / :meth:`unlisten`: a scope registers its listener, which
   receives every completed pass (:meth:`Listener.feed <.state.Listener.feed>`).
 
 Opening a pass registers a fresh :class:`~.state.PassState` under the token
 (remembering what was registered before: a scope's listener, or an outer
-pass of the same recorder), closing puts back what was there; a pass that
-completes is checked against the call plan, then published as the latest
-records (and fed to the listener); one that fails clears the latest records.
+pass of the same recorder). Every pass ends in :meth:`Passes.close`, however
+it ends (returned, raised, or interrupted by a ``KeyboardInterrupt``, for
+which torch runs no ``always_call`` hook: a scope's or ``generate``'s
+:class:`RootPasses` then closes it at the next root call or when its block
+ends): the registry gets back what it held, a pass that completed is checked
+against the call plan, then published as the latest records (and fed to the
+listener); one that failed clears the latest records.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
+
 from .compiled import GradDeposits, run_traced, traced_key
-from .hooks import ACTIVE, HookSet, new_token
+from .early import EarlyExit, EarlyExitState, early_plan
+from .hooks import ACTIVE, HookSet, RootHook, new_token
 from .plan import CallPlanError, Edits, with_edits
 from .state import (
     CallInputs,
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx, LayerTable
 
+    from .early import Needs
     from .plan import CallPlan
 
 
@@ -85,6 +93,10 @@ class Passes:
         """id of an extended plan -> [passes using it, its extra hooks]."""
         self.plan = plan
         self.traced_key = 0
+        self.early_cache: tuple[CallPlan, CallPlan, Needs] | None = None
+        """The latest plan run with early exit, its twin and needs."""
+        self.placed: bool | None = None
+        """Whether accelerate placed the net (found at the first stopped pass)."""
         self.select(plan)
 
     # -- the selection -----------------------------------------------------
@@ -119,12 +131,16 @@ class Passes:
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (positional: called on every pass)
         edits: Edits | None = None,
+        early_exit: bool = False,  # noqa: FBT001, FBT002 (positional, as the others)
     ) -> Any:
         """Run ``net(*args, **kwargs)`` as one recording pass; return its output.
 
         ``edits`` (``activation_postproc`` or ``input_postproc`` given by
         selector, resolved to labels) replaces ``postproc``; calls that are
-        edited but not recorded get hooks for this pass only.
+        edited but not recorded get hooks for this pass only. With
+        ``early_exit`` the pass stops after the last recorded call and
+        returns ``None`` (see :mod:`.early`; the recorder checked that
+        something is recorded).
         """
         states = ACTIVE.states
         key = self.token
@@ -142,8 +158,12 @@ class Passes:
             return net(*args, **kwargs)
         if edits is not None:
             with self.editing(edits) as plan:
-                return self._run(net, args, kwargs, plan, edits, dont_record, outer)
-        return self._run(net, args, kwargs, plan, postproc, dont_record, outer)
+                return self._run(
+                    net, args, kwargs, plan, edits, dont_record, outer, early_exit
+                )
+        return self._run(
+            net, args, kwargs, plan, postproc, dont_record, outer, early_exit
+        )
 
     def _run(  # noqa: PLR0913, PLR0917 (run's, resolved)
         self,
@@ -154,42 +174,82 @@ class Passes:
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (run's)
         outer: Any,
+        early_exit: bool,  # noqa: FBT001 (run's)
     ) -> Any:
-        states = ACTIVE.states
-        key = self.token
         listener = outer if isinstance(outer, Listener) else None
-        state = self.new_state(plan, postproc, dont_record, net.training, listener)
-        states[key] = state
+        if early_exit:
+            state = self.early_state(
+                plan, postproc, dont_record, net.training, listener
+            )
+        else:
+            state = self.new_state(plan, postproc, dont_record, net.training, listener)
+        ACTIVE.states[self.token] = state
         try:
             out = net(*args, **kwargs)
-            state.check_counts()
-        except BaseException:
-            self.clear()
+        except EarlyExit as stop:
+            self.settle(net)
+            if stop.state is not state:  # not this pass's: it fails this pass too
+                self.close(state, outer, completed=False)
+                raise
+            out = None  # every recorded call happened; the rest did not run
+        except BaseException:  # KeyboardInterrupt included
+            self.settle(net)
+            self.close(state, outer, completed=False)
             raise
-        finally:
-            if outer is None:
-                del states[key]
-            else:
-                states[key] = outer
-        self.publish(state)
-        if listener is not None:
-            listener.feed(state)
+        self.close(state, outer, completed=True)
         return out
 
-    @staticmethod
-    def new_state(
+    def settle(self, net: nn.Module) -> None:
+        """Offload again the weights a stopped pass left loaded (accelerate).
+
+        A pass that stops inside an offloaded module skips the ``post_forward``
+        of its accelerate hook (:func:`~scio_recorder._preserve.unload_offloaded`
+        runs it); a net that accelerate did not place costs one look, once.
+        """
+        if self.placed is None:
+            self.placed = placed_by_accelerate(net)
+        if self.placed:
+            unload_offloaded(net)
+
+    def early_state(
+        self,
         plan: CallPlan,
         postproc: Any,
         dont_record: bool,  # noqa: FBT001 (the pass's flag)
         training: bool,  # noqa: FBT001 (the net's flag)
         listener: Listener | None,
     ) -> PassState:
-        """Return the state of a pass; ``postproc`` may be :class:`Edits`."""
+        """Return the state of an early-exit pass (see :mod:`.early`)."""
+        cached = self.early_cache
+        if cached is None or cached[0] is not plan:
+            cached = self.early_cache = (plan, *early_plan(plan))
+        _, twin, needs = cached
+        return self.new_state(twin, postproc, dont_record, training, listener, needs)
+
+    @staticmethod
+    def new_state(  # noqa: PLR0913, PLR0917 (a pass's options)
+        plan: CallPlan,
+        postproc: Any,
+        dont_record: bool,  # noqa: FBT001 (the pass's flag)
+        training: bool,  # noqa: FBT001 (the net's flag)
+        listener: Listener | None,
+        needs: Needs | None = None,
+    ) -> PassState:
+        """Return the state of a pass; ``postproc`` may be :class:`Edits`.
+
+        With ``needs``, that of an early-exit pass (``plan`` is then a twin
+        from :func:`~.early.early_plan`).
+        """
         edits = postproc if isinstance(postproc, Edits) else None
         if edits is not None:
             postproc = edits.outputs or None
         grad_sink = None if listener is None else listener.grad_sink
-        state = PassState(plan, postproc, dont_record, training, grad_sink)
+        if needs is None:
+            state = PassState(plan, postproc, dont_record, training, grad_sink)
+        else:
+            state = EarlyExitState(
+                plan, needs, postproc, dont_record, training, grad_sink
+            )
         if edits is not None and edits.inputs:
             state.input_postproc = edits.inputs
         return state
@@ -386,34 +446,48 @@ class Passes:
         ACTIVE.states[self.token] = state
         return state
 
-    def close_direct(
+    def close(
         self,
-        listener: Listener,
         state: PassState,
-        completed: bool,  # noqa: FBT001 (whether the call returned)
+        outer: Any,
+        *,
+        completed: bool,
     ) -> bool:
-        """Close a direct pass; return whether it completed and was published.
+        """End the pass ``state``; return whether it completed and was published.
 
-        ``listener`` is registered again. A pass whose call raised is
-        dropped; one that completed is checked against the call plan (which
-        raises on a mismatch), published and fed to ``listener``.
+        The one end of every pass (``rnet(x)``, a scope's direct passes, the
+        steps of ``generate``), whatever ended it: the registry gets back
+        ``outer``, what it held when the pass opened (a scope's listener, an
+        outer pass, or nothing). A pass that did not complete (its call
+        raised anything, ``KeyboardInterrupt`` included) is dropped: the
+        latest records are cleared and the listener is told. One that
+        completed is checked against the call plan (which raises on a
+        mismatch, dropping it), published and fed to the listener.
         """
         states = ACTIVE.states
-        if states.get(self.token) is state:
-            states[self.token] = listener
-        if not completed:
-            self.clear()
+        if outer is None:
+            states.pop(self.token, None)
+        else:
+            states[self.token] = outer
+        listener = outer if isinstance(outer, Listener) else None
+        if completed:
+            try:
+                state.check_counts()
+            except BaseException:
+                self.drop(listener)
+                raise
+            self.publish(state)
+            if listener is not None:
+                listener.feed(state)
+            return True
+        self.drop(listener)
+        return False
+
+    def drop(self, listener: Listener | None) -> None:
+        """Forget a pass that failed: clear the latest records, tell ``listener``."""
+        self.clear()
+        if listener is not None:
             listener.dropped()
-            return False
-        try:
-            state.check_counts()
-        except BaseException:
-            self.clear()
-            listener.dropped()
-            raise
-        self.publish(state)
-        listener.feed(state)
-        return True
 
     def is_open(self, state: PassState) -> bool:
         """Whether ``state`` is this thread's open pass of this recorder."""
@@ -513,7 +587,7 @@ class RootPasses:
     scope, the forward steps of ``generate``. Three hooks on the net delimit
     each pass: a pre-hook (first of all) opens it, a forward hook marks that
     the call returned, a last forward hook with ``always_call=True`` closes
-    it (see :meth:`Passes.close_direct`). Only the thread that opened the
+    it (see :meth:`Passes.close`). Only the thread that opened the
     block is recorded, and only while ``listener`` is what the registry
     holds (an explicit ``rnet(x)`` inside runs as usual).
 
@@ -543,30 +617,50 @@ class RootPasses:
     def __enter__(self) -> Self:
         """Register the listener and the three hooks on the net."""
         self._previous = self.passes.listen(self.listener)
-        net = self.net
+        net, token = self.net, self.passes.token
+        # Copyable hooks: the net can be saved or copied while the block is open.
         self._handles = [
-            net.register_forward_pre_hook(self._open, prepend=True),
-            net.register_forward_hook(self._mark_completed),
-            net.register_forward_hook(self._close, always_call=True),
+            net.register_forward_pre_hook(
+                RootHook(token, self._open).fire, prepend=True
+            ),
+            net.register_forward_hook(RootHook(token, self._mark_completed).fire),
+            net.register_forward_hook(
+                RootHook(token, self._close).fire, always_call=True
+            ),
         ]
         return self
 
     def __exit__(self, *_: object) -> None:
-        """Remove the hooks; put back what the registry held."""
+        """Drop a pass left open; remove the hooks; put back what the registry held."""
+        self._drop_stale()
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.passes.unlisten(self.listener, self._previous)
         self._previous = None
 
+    def _drop_stale(self) -> None:
+        """Drop this thread's pass that a ``BaseException`` left open.
+
+        torch runs ``always_call`` hooks after an ``Exception`` only: after
+        a ``KeyboardInterrupt`` (or ``SystemExit``) raised inside the net,
+        :meth:`_close` never ran, and the pass would stay registered, seen
+        by every later call of a hooked module. It is dropped (as any failed
+        pass, by :meth:`Passes.close`) when the next root call opens, and
+        when the block closes. A pass open in another thread is not this
+        thread's to drop.
+        """
+        current = self.current
+        if current is not None and self.passes.is_open(current):
+            self.current = None
+            self.passes.close(current, self.listener, completed=False)
+
     def _open(self, module: nn.Module, _args: Any) -> None:
         passes, listener = self.passes, self.listener
-        if self.current is not None and passes.is_open(self.current):
-            # A pass left open by a `KeyboardInterrupt` (torch runs no hook
-            # then) is dropped here. A net calling itself at the root is not
-            # supported: its inner call restarts the pass, which then fails
-            # the call-plan check, loudly.
-            passes.listen(listener)
+        # A net calling itself at the root is not supported: its inner call
+        # drops the pass of the outer one and opens its own, whose call-plan
+        # check then fails, loudly.
+        self._drop_stale()
         if not passes.listening(listener):  # an explicit pass, or another thread
             return
         self.current = passes.open_direct(
@@ -585,7 +679,7 @@ class RootPasses:
         completed = self.completed
         self.current, self.completed = None, False
         try:
-            passes.close_direct(self.listener, current, completed)
+            passes.close(current, self.listener, completed=completed)
         except BaseException as error:
             if self.failed is None:
                 raise

@@ -23,6 +23,8 @@ __all__ = [
     "Listener",
     "PassState",
     "Records",
+    "check_edit",
+    "edit_name",
     "missing_record",
     "pick_argument",
     "user_stacklevel",
@@ -40,7 +42,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 
-from scio_recorder._tree import iter_tensors, map_leaves, map_tensors
+from scio_recorder._tree import iter_tensors, map_leaves, map_tensors, tensor_items
+
+from .plan import reshaping
 
 if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx, LayerTable
@@ -274,7 +278,19 @@ class PassState:
             )
             raise ValueError(msg)
         new = edit(args[0])
-        return None if new is None else ((new, *args[1:]), kwargs)
+        if new is None:
+            return None
+        if new is not args[0] and not isinstance(edit, reshaping):
+            check_edit(
+                new,
+                args[0],
+                "first positional input",
+                lambda: (
+                    f"{edit_name(edit)} (`input_postproc`) of call "
+                    f"{label[0]}-{label[1]} of {plan.describe[module]}"
+                ),
+            )
+        return (new, *args[1:]), kwargs
 
     def record_inputs(self, label: DepthIdx, args: Any, kwargs: Any) -> None:
         """Record the inputs of ``label``'s call (with their version counters)."""
@@ -344,7 +360,9 @@ class PassState:
         if not self.dont_record and label not in self.plan.unrecorded:
             record = options.apply(output) if options.transforms else output
             self.records[label] = record
-        result = None if self.postproc is None else self.postprocess(label, output)
+        result = (
+            None if self.postproc is None else self.postprocess(label, output, module)
+        )
         if record is not None and not options.clone:
             if isinstance(record, Tensor):
                 try:
@@ -359,28 +377,46 @@ class PassState:
             self.watch_grad(module, label, output if result is None else result)
         return result
 
-    def postprocess(self, label: DepthIdx, output: Any) -> Any:
+    def postprocess(
+        self, label: DepthIdx, output: Any, module: nn.Module | None = None
+    ) -> Any:
         """Run the postprocessor of ``label``'s call on ``output``; return its result.
 
         One callable edits every call; a dict (label -> callable, resolved
         from the selectors of ``activation_postproc``) edits its labels only;
-        a list is consumed one item per recorded call.
+        a list is consumed one item per recorded call. A result that is not
+        ``None`` nor ``output`` itself must match ``output`` (see
+        :func:`check_edit`; ``module`` names the layer, eager passes only).
         """
         postproc = self.postproc
         if callable(postproc):
-            result = postproc(output)
+            func = postproc
         elif isinstance(postproc, dict):
             func = postproc.get(label)
             if func is None:
                 return None
-            result = func(output)
         else:
             assert postproc is not None  # noqa: S101 (checked by the caller)
             if self.post_index >= len(postproc):
                 raise ValueError(self.too_few_message(len(postproc)))
             func = postproc[self.post_index]
             self.post_index += 1
-            result = func(output)
+        result = func(output)
+        if (
+            result is not None
+            and result is not output
+            and module is not None
+            and not isinstance(func, reshaping)
+        ):
+            check_edit(
+                result,
+                output,
+                "output",
+                lambda: (
+                    f"{edit_name(func)} (`activation_postproc`) of call "
+                    f"{label[0]}-{label[1]} of {self.plan.describe[module]}"
+                ),
+            )
         if self.versions:  # in-place edits by postprocessors are the user's
             self.versions = [
                 (label, kind, t, t._version)  # noqa: SLF001 (version counter)
@@ -479,6 +515,84 @@ class PassState:
             if missing:
                 error.args = (f"Missing {missing} activations. {error.args[0]}",)
             raise error
+
+
+def edit_name(func: Callable[..., Any]) -> str:
+    """Return how a message names an edit: its ``__qualname__`` (else its repr)."""
+    name = getattr(func, "__qualname__", None)
+    return f"`{name}`" if isinstance(name, str) else repr(func)
+
+
+def check_edit(result: Any, original: Any, what: str, where: Callable[[], str]) -> None:
+    """Raise unless an edit's ``result`` can replace ``original``.
+
+    The same tensors at the same places (the containers may differ: a list
+    for a tuple), each of the same shape and dtype. Under autocast a dtype
+    may change (autocast casts the next operation's inputs anyway).
+    ``where()`` names the edit and the layer, for the message; it runs only
+    when the check fails.
+    """
+    if (
+        isinstance(original, Tensor)
+        and isinstance(result, Tensor)
+        and result.shape == original.shape
+        and result.dtype == original.dtype
+    ):
+        return  # the common case
+    got: list[tuple[tuple[Any, ...], Tensor]] = list(tensor_items(result))
+    want: list[tuple[tuple[Any, ...], Tensor]] = list(tensor_items(original))
+    problem = _mismatch(got, want, what)
+    if problem is None:
+        return
+    msg = (
+        f"The edit {where()} returned {problem}. An edit returns `None` (to "
+        "keep the value, e.g. after changing it in place) or a replacement "
+        "with the same tensors, of the same shapes and dtypes."
+    )
+    raise ValueError(msg)
+
+
+def _mismatch(
+    got: list[tuple[tuple[Any, ...], Tensor]],
+    want: list[tuple[tuple[Any, ...], Tensor]],
+    what: str,
+) -> str | None:
+    """Say how the tensors ``got`` differ from those ``want``, ``None`` if they fit."""
+    if [path for path, _ in got] != [path for path, _ in want]:
+        return (
+            f"tensors at {_paths(got)}, where the {what} has tensors at {_paths(want)}"
+        )
+    for (path, new), (_, old) in zip(got, want, strict=True):
+        if new.shape != old.shape or (
+            new.dtype != old.dtype and not _autocasting(old.device.type)
+        ):
+            at = f" at {_path(path)}" if path else ""
+            return f"{_describe(new)}{at}, where the {what} is {_describe(old)}"
+    return None
+
+
+def _describe(tensor: Tensor) -> str:
+    return f"a tensor of shape {list(tensor.shape)} and dtype {tensor.dtype}"
+
+
+def _path(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def _paths(items: list[tuple[tuple[Any, ...], Tensor]]) -> str:
+    if not items:
+        return "no place (no tensor)"
+    return ", ".join(_path(path) or "the top (a tensor)" for path, _ in items)
+
+
+def _autocasting(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))  # type: ignore[call-arg,unused-ignore]
+    except TypeError:  # torch < 2.4 takes no device type
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
 
 
 def _versions(

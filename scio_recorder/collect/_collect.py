@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from scio_recorder._batches import batch_getter
+from scio_recorder._ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
-from ._distributed import Merged, concat_reducer, merge_across_ranks, rank_and_world
+from ._distributed import Merged, concat_reducer, merge_across_ranks
 from ._estimate import Estimate, estimate_slots, human
 from ._loop import Run, total_samples
 from ._progress import bar_description, make_bar
@@ -38,7 +39,7 @@ from ._specs import (
     plan,
     short_name,
 )
-from ._spill import ConcatStore, SpillFolder, SpillLock
+from ._spill import ConcatStore, SpillFolder, spill_lock
 
 if TYPE_CHECKING:
     import os
@@ -102,13 +103,14 @@ def estimate(
     return estimate_slots(slots, rnet.table, num_samples)
 
 
-def _check_options(
+def _check_options(  # noqa: PLR0913 (the options it checks)
     *,
     memory_budget: int | None,
     checkpoint_every: int | None,
     spill_dir: object,
     gather: object,
     progress: object,
+    early_exit: object,
 ) -> None:
     if memory_budget is not None and (
         isinstance(memory_budget, bool)
@@ -134,9 +136,10 @@ def _check_options(
     if isinstance(gather, bool) or gather not in ("all", 0, None):
         msg = f"`gather` must be 'all', 0 or None, got {gather!r}"
         raise ValueError(msg)
-    if progress is not None and not isinstance(progress, bool):
-        msg = f"`progress` must be None, True or False, got {progress!r}"
-        raise TypeError(msg)
+    for name, value in (("progress", progress), ("early_exit", early_exit)):
+        if value is not None and not isinstance(value, bool):
+            msg = f"`{name}` must be None, True or False, got {value!r}"
+            raise TypeError(msg)
 
 
 def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
@@ -157,6 +160,7 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     gather: Gather = "all",
     clone: bool = False,
     durable: bool = False,
+    early_exit: bool | None = None,
 ) -> CollectResult:
     """Run the recorder over every batch and reduce the chosen layers' outputs.
 
@@ -251,6 +255,16 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         a power loss or an operating-system crash (an exception, a
         ``KeyboardInterrupt`` or a killed process never lose one). Costs a
         few milliseconds per checkpoint on most disks.
+    early_exit : bool, optional
+        Stop each pass once every kept layer has been recorded (see
+        ``rnet(x, early_exit=True)``): the layers after the last kept one do
+        not run, and the results are those of full passes. ``None`` (the
+        default): stop early when the kept layers do not include the net's
+        output (the root row, depth 0) and ``grad=False``. ``True``: always
+        (refused as by the recorder, e.g. for inputs that require grad with
+        ``grad=True``). ``False``: full passes. Layers that do not run have
+        no side effect either (a ``BatchNorm`` after the last kept layer
+        does not update its running statistics in train mode).
 
     Returns
     -------
@@ -304,8 +318,13 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         spill_dir=spill_dir,
         gather=gather,
         progress=progress,
+        early_exit=early_exit,
     )
     slots, labels_of = plan(rnet, keep)
+    if early_exit is None:  # stop early unless the output or gradients are needed
+        early_exit = not grad and all(
+            slot.of_input or slot.label[0] != 0 for slot in slots
+        )
     if target is None:
         for slot in slots:
             if needs_target(slot.template):
@@ -362,10 +381,11 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         budget=memory_budget,
         checkpoints=checkpoints,
         every=checkpoint_every or 1,
+        early_exit=early_exit,
     )
     # One run per folder (per rank folder under torch.distributed): a second
     # run would truncate and append the same files. Released in `finally`.
-    lock = None if folder_path is None else SpillLock(folder_path)
+    lock = None if folder_path is None else spill_lock(folder_path)
     if lock is not None:
         lock.acquire()
     try:

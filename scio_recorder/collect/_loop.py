@@ -73,6 +73,7 @@ class Run:
         budget: int | None,
         checkpoints: Checkpoints | None,
         every: int,
+        early_exit: bool = False,
     ) -> None:
         self.rnet = rnet
         self.slots = slots
@@ -85,6 +86,8 @@ class Run:
         self.budget = budget
         self.checkpoints = checkpoints
         self.every = every
+        self.options = {"early_exit": True} if early_exit else {}
+        """The recorder's own options of every pass (none: the fast path)."""
         self.bar: Bar | None = None
         self.samples = 0
         self.batches = 0
@@ -179,7 +182,7 @@ class Run:
     def step(self, batch: Any) -> None:
         args, kwargs, target = self._inputs(batch)
         with torch.set_grad_enabled(self.grad):
-            self.rnet(*args, **kwargs)
+            self.rnet(*args, **kwargs, **self.options)
         records, inputs = self.rnet.activations, self.rnet.inputs
         size = first_batch_size(args, kwargs)
         self.consistent = False

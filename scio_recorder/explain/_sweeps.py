@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from scio_recorder._engine.plan import reshaping
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._tree import map_tensors
 
@@ -278,7 +279,7 @@ def _reading(
         check_positions(read_at, length, "read_at", "patch_sweep", where)
         return hidden[:, index.to(hidden.device)]
 
-    return {calls[0].label: cut}
+    return {calls[0].label: reshaping(cut)}  # fewer positions: on purpose
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._checks import first_float_input
 from ._probabilities import as_logits, output_label
 from ._protocol import Detector, StateEntry
 
@@ -282,16 +283,7 @@ class ODIN(Detector):
 
     def perturb(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
-        x = args[0] if args else None
-        if not (isinstance(x, Tensor) and x.is_floating_point()):
-            got = (
-                type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
-            )
-            msg = (
-                f"ODIN perturbs the net's first positional input, which must be a "
-                f"floating tensor; got {got}. Pass the input first, as a tensor."
-            )
-            raise TypeError(msg)
+        x = first_float_input(args, "ODIN")
         with (
             torch.inference_mode(mode=False),
             torch.enable_grad(),

@@ -30,11 +30,14 @@ __all__ = [
     "checked_targets",
     "count_non_finite",
     "feature_count",
+    "first_float_input",
     "last_linear",
     "net_classes",
     "one_label",
+    "one_tensor",
     "per_sample_size",
     "refuse_non_finite",
+    "rows_not_finite",
 ]
 
 import dataclasses
@@ -143,6 +146,28 @@ def check_batches(batches: object, who: str, name: str = "batches") -> None:
         raise TypeError(msg)
 
 
+def rows_not_finite(t: Tensor) -> Tensor:
+    """Return ``[batch]`` bools: the rows (dim 0) of ``t`` with a NaN or an infinity.
+
+    A row's sum is non-finite exactly when the row holds a NaN or an
+    infinity, as long as the sum cannot overflow: summed in float64 for
+    narrower floats (one pass, no tensor of ``t``'s size); float64 rows are
+    tested entry by entry.
+
+    Examples
+    --------
+    >>> import torch
+    >>> rows_not_finite(torch.tensor([[1.0, float("inf")], [3e38, 3e38]])).tolist()
+    [True, False]
+
+    """
+    flat = t.detach().reshape(t.shape[0], -1)
+    if flat.dtype in {torch.float64, torch.complex128}:
+        return ~torch.isfinite(flat).all(dim=1)
+    wide = torch.complex128 if flat.is_complex() else torch.float64
+    return ~torch.isfinite(flat.sum(dim=1, dtype=wide))
+
+
 def _rows_non_finite(value: Any) -> tuple[Tensor, int] | None:
     """``([batch]`` bools: a non-finite entry in the row, ``batch)``, or ``None``.
 
@@ -156,8 +181,7 @@ def _rows_non_finite(value: Any) -> tuple[Tensor, int] | None:
     bad = torch.zeros(n, dtype=torch.bool, device=tensors[0].device)
     for t in tensors:
         if t.shape[0] == n and n and (t.is_floating_point() or t.is_complex()):
-            rows = ~torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
-            bad = bad | rows.to(bad.device)
+            bad = bad | rows_not_finite(t).to(bad.device)
     return bad, n
 
 
@@ -425,6 +449,34 @@ def net_classes(rnet: Recorder) -> int | None:
         if row.recordable and isinstance(row.module, nn.Linear)
     ]
     return int(linears[-1].out_features) if linears else None
+
+
+def first_float_input(args: tuple[Any, ...], who: str) -> Tensor:
+    """Return the net's first positional argument, refused unless a floating tensor.
+
+    For the detectors that move the input along a gradient (ODIN, AdaScale).
+    """
+    x = args[0] if args else None
+    if not (isinstance(x, Tensor) and x.is_floating_point()):
+        got = type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
+        msg = (
+            f"{who} perturbs the net's first positional input, which must be a "
+            f"floating tensor; got {got}. Pass the input first, as a tensor."
+        )
+        raise TypeError(msg)
+    return x
+
+
+def one_tensor(value: Any, rnet: Recorder, label: DepthIdx, who: str) -> Tensor:
+    """Return a layer's output, refused unless it is one tensor (naming the layer)."""
+    if not isinstance(value, Tensor):
+        msg = (
+            f"{who}: layer {rnet.table[label].describe()} outputs a "
+            f"{type(value).__name__}, not one tensor; choose a layer whose "
+            "output is a tensor."
+        )
+        raise TypeError(msg)
+    return value
 
 
 def one_label(rnet: Recorder, layer: Selector, who: str) -> DepthIdx:

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._outputs import logits_of
 
-from ._checks import check_batches, check_finite_samples
+from ._checks import check_finite_samples
 from ._multilayer import _check_choice, _MultiLayer, pool_features, pooled_size
 from ._passes import all_or_nothing
-from ._protocol import StateEntry, empty_batch
+from ._protocol import StateEntry, gradient_fit_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -272,27 +271,19 @@ class NAC(_MultiLayer):
         fails (e.g. a sample with non-finite states), the detector is left
         as it was.
         """
-        if options:
-            msg = (
-                f"NAC.fit runs its own gradient loop and takes no "
-                f"{', '.join(sorted(options))}; its state is a histogram per "
-                "neuron, whatever the data. Drop them (fit NAC apart from "
-                "fit_detectors when sharing a spill_dir)."
-            )
-            raise TypeError(msg)
-        check_batches(batches, "NAC.fit")
-        take = batch_getter(input, "input")
-        where = None if device is None else torch.device(device)
+        found = gradient_fit_inputs(
+            batches,
+            input=input,
+            device=device,
+            options=options,
+            who="NAC",
+            state="a histogram per neuron, whatever the data",
+        )
         with all_or_nothing([self]):
             counts: list[Tensor] | None = None
             bad = [torch.zeros((), dtype=torch.int64) for _ in self.labels]
             seen = 0
-            for batch in batches:
-                args, kwargs = as_arguments(take(batch), spread=callable(input))
-                if empty_batch(args, kwargs) is not None:
-                    continue
-                if where is not None:
-                    args, kwargs = move_to(args, where), move_to(kwargs, where)
+            for args, kwargs in found:
                 states = self.states(*args, **kwargs)
                 for i, s in enumerate(states):
                     rows = (~torch.isfinite(s)).any(dim=1).sum()

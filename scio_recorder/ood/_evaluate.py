@@ -109,6 +109,9 @@ class Evaluation(Mapping[str, dict[str, float]]):
         self.ood_scores = ood_scores
         self.name = name
         self.accuracy = dict(accuracy or {})
+        for key, scores in id_scores.items():
+            _refuse_nan(key, scores, "the in-distribution data")
+            _refuse_nan(key, ood_scores[key], f"the OoD set {name!r}")
         self._metrics = {
             key: ood_metrics(id_scores[key], ood_scores[key], names=ALL_METRICS)
             for key in id_scores
@@ -449,6 +452,21 @@ class OoDResults(Mapping[str, Evaluation]):
         """Show the sets, the groups and the detectors."""
         groups = f", groups={self.groups}" if self.groups else ""
         return f"OoDResults(sets={self.sets}{groups}, detectors={self.detectors})"
+
+
+def _refuse_nan(key: str, scores: Tensor, where: str) -> None:
+    """Refuse NaN scores, naming the detector, the data and the count."""
+    scores = torch.as_tensor(scores)
+    bad = int(torch.isnan(scores).sum()) if scores.is_floating_point() else 0
+    if bad:
+        msg = (
+            f"evaluate: {key!r} scored {bad} of the {scores.numel()} samples of "
+            f"{where} NaN: those samples hold a NaN or an infinity (in the "
+            "inputs, or in what the detector reads: look for an overflow). "
+            "Drop them (e.g. keep `torch.isfinite(x).flatten(1).all(1)`), then "
+            "evaluate again."
+        )
+        raise ValueError(msg)
 
 
 def _checked_groups(

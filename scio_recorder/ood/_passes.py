@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from scio_recorder.reduce import Tee
 
 from ._checks import check_batches, checked_targets
-from ._protocol import empty_batch, fit_pass, input_rows_non_finite, run_pass
+from ._protocol import fit_pass, run_pass
+from ._rows import empty_batch, input_rows_non_finite
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterable, Sequence

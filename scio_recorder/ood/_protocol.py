@@ -10,17 +10,11 @@ Because a detector *declares* what it reads, the shared passes
 (:mod:`._passes`) can serve several detectors with one pass of the net.
 
 The data rules are the protocol's, the same for every detector (a detector
-states none of them):
-
-* an empty batch scores as an empty ``[0]`` tensor, without running the net
-  (:func:`empty_batch`);
-* a row that is not finite (a NaN or an infinity in the net's inputs, in the
-  logits or in a record the detector reads) scores NaN, and never changes
-  the others' scores: the detector scores the pass restricted to the finite
-  rows (:func:`score_finite_rows`, :meth:`Pass.take`), and an edit in flight
-  edits the finite rows only (:func:`run_pass`);
-* a fit refuses non-finite features with their count and layer
-  (:func:`fit_pass`), and checks class labels (:mod:`._checks`).
+states none of them): at scoring, an empty batch scores ``[0]`` and a
+non-finite row scores NaN without touching the others (:mod:`._rows`; a
+pass restricted to the finite rows is :meth:`Pass.take`); at fit,
+non-finite features are refused with their count and layer
+(:func:`fit_pass`), and class labels are checked (:mod:`._checks`).
 
 Fitting goes through :func:`~scio_recorder.collect.collect` (streaming,
 bounded memory, resumable, ``torch.distributed``-aware); fitted state is a
@@ -36,11 +30,9 @@ __all__ = [
     "NotFittedError",
     "Pass",
     "StateEntry",
-    "empty_batch",
     "fit_pass",
-    "input_rows_non_finite",
+    "gradient_fit_inputs",
     "run_pass",
-    "score_finite_rows",
 ]
 
 import dataclasses
@@ -50,10 +42,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import first_batch_size
+from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
-from scio_recorder._tree import iter_tensors
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import label_str
@@ -67,9 +58,15 @@ from ._checks import (
     per_sample_size,
     refuse_non_finite,
 )
+from ._rows import (
+    empty_batch,
+    finite_rows_edit,
+    input_rows_non_finite,
+    score_finite_rows,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -140,7 +137,7 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     if edit is not None:
         label, fn = edit
         with rnet.selecting(label), torch.no_grad():
-            out = rnet(*args, activation_postproc=_finite_rows_edit(fn), **kwargs)
+            out = rnet(*args, activation_postproc=finite_rows_edit(fn), **kwargs)
             return _read(rnet, out)
     outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
     if not (outputs or inputs):
@@ -151,123 +148,12 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
         return _read(rnet, out)
 
 
-def _finite_rows_edit(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Return ``fn`` applied to the finite rows of a floating tensor only."""
-
-    def edit(output: Any) -> Any:
-        if not (
-            isinstance(output, Tensor)
-            and output.is_floating_point()
-            and output.dim()
-            and output.shape[0]
-        ):
-            return fn(output)
-        finite = torch.isfinite(output.reshape(output.shape[0], -1)).all(dim=1)
-        if bool(finite.all()):
-            return fn(output)
-        if not bool(finite.any()):
-            return output
-        edited = fn(output[finite])
-        full = torch.full_like(output, float("nan"), dtype=edited.dtype)
-        full[finite] = edited
-        return full
-
-    return edit
-
-
 def _read(rnet: Recorder, out: Any) -> Pass:
     inputs = {
         label: pick_argument(call, None, rnet.table[label].describe())
         for label, call in rnet.inputs.items()
     }
     return Pass(logits_of(out), dict(rnet.activations), inputs)
-
-
-def empty_batch(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor | None:
-    """Return the empty scores ``[0]`` of an empty batch; ``None`` for another batch.
-
-    An empty batch (dim 0 of its first tensor argument is 0) is not run
-    through the net: many nets and detectors cannot reshape 0 samples. The
-    scores are float32, on the input's device.
-    """
-    first = next((t for t in iter_tensors((args, dict(kwargs))) if t.dim()), None)
-    if first is None or first.shape[0] != 0:
-        return None
-    return torch.empty(0, device=first.device)
-
-
-def input_rows_non_finite(
-    args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> Tensor | None:
-    """Return ``[batch]`` bools: a NaN or infinity in that row of the inputs.
-
-    Over the floating tensors among the net's arguments whose dim 0 is the
-    batch's (that of the first tensor argument); ``None`` without any.
-    """
-    n = first_batch_size(tuple(args), dict(kwargs))
-    if n is None:
-        return None
-    bad: Tensor | None = None
-    for t in iter_tensors((args, dict(kwargs))):
-        if t.dim() and t.shape[0] == n and (t.is_floating_point() or t.is_complex()):
-            rows = ~torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
-            bad = rows if bad is None else bad | rows.to(bad.device)
-    return bad
-
-
-def _pass_rows_non_finite(
-    result: Pass, outputs: Iterable[DepthIdx], inputs: Iterable[DepthIdx]
-) -> Tensor | None:
-    """``[batch]`` bools: a non-finite entry in that row of the logits or records."""
-    logits = result.logits
-    if logits.dim() == 0:
-        return None
-    n = logits.shape[0]
-    read = [logits, *(result.outputs[label] for label in outputs)]
-    read += [result.inputs[label] for label in inputs]
-    bad = torch.zeros(n, dtype=torch.bool, device=logits.device)
-    for t in read:
-        if (
-            isinstance(t, Tensor)
-            and t.dim()
-            and t.shape[0] == n
-            and (t.is_floating_point() or t.is_complex())
-        ):
-            rows = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
-            bad = bad | rows.to(bad.device)
-    return bad
-
-
-def score_finite_rows(
-    detector: Detector,
-    results: Sequence[Pass],
-    score: Callable[[Sequence[Pass]], Tensor],
-    bad_inputs: Tensor | None = None,
-) -> Tensor:
-    """Score the finite rows of ``results`` with ``score``; NaN for the others.
-
-    A row is non-finite where ``bad_inputs`` says so (the net's inputs), or
-    where the logits or a record ``detector`` reads (:meth:`Detector.outputs`,
-    :meth:`Detector.inputs`) hold a NaN or an infinity, in any of the passes.
-    When every row is finite (one host read to know it), ``score`` gets the
-    passes as they are; otherwise the passes restricted to the finite rows
-    (:meth:`Pass.take`), so that nothing computed over the batch sees a bad
-    row, and the scores of the others are NaN.
-    """
-    bad = bad_inputs
-    for result in results:
-        rows = _pass_rows_non_finite(result, detector.outputs(), detector.inputs())
-        if rows is not None:
-            bad = rows if bad is None else bad | rows.to(bad.device)
-    if bad is None or not bool(bad.any()):
-        return score(results)
-    keep = torch.nonzero(~bad).reshape(-1)
-    if keep.numel() == 0:
-        return torch.full(bad.shape, float("nan"), device=bad.device)
-    scores = score([result.take(keep) for result in results])
-    out = torch.full(bad.shape, float("nan"), dtype=scores.dtype, device=scores.device)
-    out[keep.to(scores.device)] = scores
-    return out
 
 
 def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
@@ -297,6 +183,46 @@ def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
     }
     values = refuse_non_finite(who, rnet, keep, collected)
     return {key: (collected[key][0], values[key]) for key in keep}
+
+
+def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
+    batches: Iterable[Any],
+    *,
+    input: Any,  # noqa: A002 (collect's name)
+    device: torch.device | str | None,
+    options: Mapping[str, Any],
+    who: str,
+    state: str,
+) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Return the net's arguments of each batch, for a fit with its own gradient loop.
+
+    For the detectors whose fit needs autograd (NAC, AdaScale), which
+    ``collect`` does not give: ``input`` as for ``collect``, ``device`` moves
+    each batch's input, empty batches are skipped. Refused at once (before
+    any batch): ``collect``'s options (``state`` says what the detector
+    keeps instead), and batches given as a tensor or a mapping.
+    """
+    if options:
+        msg = (
+            f"{who}.fit runs its own gradient loop and takes no "
+            f"{', '.join(sorted(options))}; its state is {state}. Drop them "
+            f"(fit {who} apart from fit_detectors when sharing a spill_dir)."
+        )
+        raise TypeError(msg)
+    check_batches(batches, f"{who}.fit")
+    take = batch_getter(input, "input")
+    where = None if device is None else torch.device(device)
+
+    def inputs() -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+        for batch in batches:
+            args, kwargs = as_arguments(take(batch), spread=callable(input))
+            if empty_batch(args, kwargs) is not None:
+                continue
+            if where is not None:
+                args, kwargs = move_to(args, where), move_to(kwargs, where)
+            yield args, kwargs
+
+    return inputs()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,7 +470,13 @@ class Detector:
                 run_pass(self.rnet, args, kwargs, edit=edit)
                 for edit in self.edit_passes()
             ]
-            scores = score_finite_rows(self, results, self.score_passes, bad)
+            scores = score_finite_rows(
+                results,
+                self.score_passes,
+                outputs=self.outputs(),
+                inputs=self.inputs(),
+                bad_inputs=bad,
+            )
             return scores, results[0]
         if self.own_passes:
             return self.score_own(args, kwargs, bad), None
@@ -556,7 +488,11 @@ class Detector:
     def score_shared(self, result: Pass, bad_inputs: Tensor | None = None) -> Tensor:
         """Score a pass that recorded what this detector reads, finite rows only."""
         return score_finite_rows(
-            self, [result], lambda results: self.score_pass(results[0]), bad_inputs
+            [result],
+            lambda results: self.score_pass(results[0]),
+            outputs=self.outputs(),
+            inputs=self.inputs(),
+            bad_inputs=bad_inputs,
         )
 
     def score_own(

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._checks import one_label
+from ._checks import one_label, one_tensor
 from ._logits import energy_score
 from ._protocol import Detector, StateEntry
 
@@ -139,15 +139,8 @@ class _Shaping(Detector):
 
     def edit(self, output: Tensor) -> Tensor:
         """Return the shaped output; refuse an output that is not one tensor."""
-        if not isinstance(output, Tensor):
-            row = self.rnet.table[self.label]
-            msg = (
-                f"{type(self).__name__}: layer {row.describe()} outputs a "
-                f"{type(output).__name__}, not one tensor; choose a layer whose "
-                "output is a tensor."
-            )
-            raise TypeError(msg)
-        return self.shape(output)
+        who = type(self).__name__
+        return self.shape(one_tensor(output, self.rnet, self.label, who))
 
     def shape(self, output: Tensor) -> Tensor:
         """Return the edited activations."""
