@@ -24,11 +24,11 @@ torch.Size([2, 4])
 
 """
 
-from typing import TYPE_CHECKING
+import typing
 
 from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
-from ._lazy import lazy_attributes
+from ._lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
 from .recorder import InPlaceWarning, Recorder, Selection
 from .reduce import Reducer, make_reducer
@@ -37,7 +37,7 @@ from .select import children, modules
 
 # Imported when first used (see `scio_recorder._lazy`): what a plain
 # recorder does not need.
-__getattr__, __dir__ = lazy_attributes(
+__getattr__, __dir__ = _lazy_attributes(
     __name__,
     {
         "CallRecorder": ".calls",
@@ -53,7 +53,7 @@ __getattr__, __dir__ = lazy_attributes(
     },
 )
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     # `scio_recorder.collect` is the subpackage, callable: calling it calls
     # the function `collect` (see `scio_recorder.collect._collect.
     # CollectModule`). Type checkers are told it is the function, which is
