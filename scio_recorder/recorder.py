@@ -545,7 +545,9 @@ class Recorder(RecorderViews):
 
     def _edits(self, postproc: Any, input_postproc: Any) -> Edits | None:
         """Resolve edits given by selector to labels (``None``: none given)."""
-        if input_postproc is None and not isinstance(postproc, Mapping):
+        if input_postproc is None and (
+            postproc is None or not isinstance(postproc, Mapping)
+        ):  # `postproc is None` first: a compiled pass then guards no `Mapping`
             return None
         table, net = self._table, self._net
         outputs = postproc

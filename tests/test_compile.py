@@ -335,6 +335,67 @@ def test_same_selection_recorded_again_does_not_recompile():
     assert counter.frame_count == 1
 
 
+class _ScaledRecorder(Recorder):
+    """A subclass with its own `forward`: the compiled entry must call it."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return 2 * super().forward(*args, **kwargs)
+
+
+# torch warns that a global hook also fires for `torch.compile`'s wrapper
+# module (our hook counts the recorder's calls only).
+@pytest.mark.filterwarnings(
+    "ignore:Using `torch.compile.module.` when there are global"
+)
+@pytest.mark.parametrize("hooked", ["recorder hook", "global hook", "subclass"])
+def test_the_compiled_entry_runs_what_calling_the_recorder_runs(hooked):
+    """Hooks on the recorder, global module hooks and a subclass's `forward` run.
+
+    The compiled entry skips `_call_impl` and `forward` only when they would
+    just pass the call on; here each one does more, as in eager mode.
+    """
+    make = _ScaledRecorder if hooked == "subclass" else Recorder
+    rnet = make(_mlp(), input_size=(1, 64))
+    rnet.record((1, 2))
+    calls: list[str] = []
+    if hooked == "recorder hook":
+        handle = rnet.register_forward_hook(lambda *_: calls.append("hook"))
+    elif hooked == "global hook":
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda module, *_: calls.append("hook") if module is rnet else None
+        )
+    x = torch.randn(2, 64)
+    try:
+        with torch.no_grad():
+            expected = rnet(x)
+            eager_calls = list(calls)
+            out = _compiled(rnet)(x)
+    finally:
+        if hooked != "subclass":
+            handle.remove()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)  # same kernels
+    assert calls == eager_calls * 2
+    assert sorted(rnet.activations) == [(1, 2)]
+
+
+def test_the_plan_lookup_carries_the_mark_of_torchs_constant_decorator():
+    """`traced_plan` is marked as `torch.compiler.assume_constant_result` marks.
+
+    The package sets Dynamo's mark itself: the decorator imports
+    `torch._dynamo` (seconds, at every `import scio_recorder`). A torch that
+    marks another way fails here; the test above shows that the mark works
+    (a selection that comes back finds its graph).
+    """
+    from scio_recorder._engine.compiled import traced_plan  # noqa: PLC0415
+
+    def probe() -> int:
+        return 0
+
+    marks = vars(torch.compiler.assume_constant_result(probe))
+    assert marks  # the decorator marks the function itself
+    assert {name: vars(traced_plan).get(name) for name in marks} == marks
+
+
 class _TrainTwice(nn.Module):
     """Calls ``lin`` twice in train mode, once in eval mode."""
 

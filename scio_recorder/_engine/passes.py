@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
 
-from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
+from .compiled import GradDeposits, run_traced, traced_key
 from .early import EarlyExit, EarlyExitState, early_plan
-from .hooks import ACTIVE, HookSet, RootHook, enter_trace, exit_trace, new_token
+from .hooks import ACTIVE, HookSet, RootHook, new_token
 from .plan import CallPlanError, Edits, with_edits
 from .state import (
     CallInputs,
@@ -313,35 +313,9 @@ class Passes:
         outputs that Dynamo stores into the latest records after every call
         (see :mod:`.compiled`).
         """
-        if self.listeners:
-            msg = (
-                "`rnet.scope()` (and `collect`, which uses it) runs eagerly: "
-                "its reducers keep Python state that a compiled graph cannot "
-                "update. Call the recorder uncompiled inside the scope, or "
-                "compile the net and read `rnet.activations` after each call."
-            )
-            raise RuntimeError(msg)
-        latest = self.latest
-        # The one guard on the selection (see TracedPlan).
-        traced = traced_plan(self.traced_key)
-        if not traced.ends and not traced.starts:  # nothing recorded
-            latest.activations, latest.inputs, latest.grads = {}, {}, {}
-            latest.traced_grads = {}
-            return net(*args, **kwargs)
-        state = TracedPass(traced, self.plan, postproc, dont_record, net.training)
-        enter_trace(state)
-        try:
-            out = net(*args, **kwargs)
-        finally:
-            exit_trace(state)
-        state.check_counts()
-        if state.grad_targets:
-            self.deposits.grads = {}  # replaced after every call of the graph
-        latest.activations = state.records
-        latest.inputs = state.inputs
-        latest.grads = {}
-        latest.traced_grads = state.grad_targets
-        return out
+        return run_traced(
+            self, net, args, kwargs, postproc=postproc, dont_record=dont_record
+        )
 
     # -- methods that call the net repeatedly (generate) -------------------
     def run_steps(  # noqa: PLR0913, PLR0917 (a pass's options, and the method)

@@ -122,23 +122,85 @@ __all__ = [
     "score_sets",
 ]
 
-from ._adascale import AdaScale
-from ._calibration import ODIN, TempScale
-from ._classes import ClassConditional
-from ._collapse import NCI, NECO, Residual
-from ._coverage import NAC
-from ._edits import VRA, RankFeat
-from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
-from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
-from ._gradient import GradNorm
-from ._isomax import IsoMax
-from ._jtla import JTLA
-from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
-from ._neighbours import LID, DkNN, Trust
-from ._passes import fit_detectors
-from ._perturbation import FeatureSqueezing, Odds
-from ._probabilities import GEN, KLMatching
-from ._protocol import Detector, NotFittedError, Pass, StateEntry
-from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
-from ._shaping import ASH, ReAct, Scale
+from typing import TYPE_CHECKING
+
+from scio_recorder._lazy import lazy_attributes
+
+# Each public name -> the module that defines it, imported when the name is
+# first used (see `scio_recorder._lazy`); the imports under `TYPE_CHECKING`
+# say the same to type checkers and the docs.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "ASH": "._shaping",
+        "AdaScale": "._adascale",
+        "ClassConditional": "._classes",
+        "DICE": "._prototypes",
+        "Detector": "._protocol",
+        "DkNN": "._neighbours",
+        "Energy": "._logits",
+        "Entropy": "._logits",
+        "Evaluation": "._evaluate",
+        "FeatureSqueezing": "._perturbation",
+        "GEN": "._probabilities",
+        "GradNorm": "._gradient",
+        "Gram": "._multilayer",
+        "IsoMax": "._isomax",
+        "JTLA": "._jtla",
+        "JointEnergy": "._logits",
+        "KLMatching": "._probabilities",
+        "KNN": "._features",
+        "LID": "._neighbours",
+        "MSP": "._logits",
+        "Mahalanobis": "._features",
+        "MahalanobisEnsemble": "._multilayer",
+        "MaxLogit": "._logits",
+        "NAC": "._coverage",
+        "NCI": "._collapse",
+        "NECO": "._collapse",
+        "NNGuide": "._prototypes",
+        "NotFittedError": "._protocol",
+        "ODIN": "._calibration",
+        "Odds": "._perturbation",
+        "OoDResults": "._evaluate",
+        "Pass": "._protocol",
+        "RMDS": "._prototypes",
+        "RankFeat": "._edits",
+        "ReAct": "._shaping",
+        "Residual": "._collapse",
+        "SHE": "._prototypes",
+        "Scale": "._shaping",
+        "StateEntry": "._protocol",
+        "TempScale": "._calibration",
+        "Trust": "._neighbours",
+        "VRA": "._edits",
+        "ViM": "._features",
+        "evaluate": "._evaluate",
+        "fDBD": "._prototypes",
+        "fit_detectors": "._passes",
+        "mahalanobis_scores": "._features",
+        "score_sets": "._evaluate",
+    },
+)
+
+if TYPE_CHECKING:
+    from ._adascale import AdaScale
+    from ._calibration import ODIN, TempScale
+    from ._classes import ClassConditional
+    from ._collapse import NCI, NECO, Residual
+    from ._coverage import NAC
+    from ._edits import VRA, RankFeat
+    from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
+    from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
+    from ._gradient import GradNorm
+    from ._isomax import IsoMax
+    from ._jtla import JTLA
+    from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
+    from ._multilayer import Gram, MahalanobisEnsemble
+    from ._neighbours import LID, DkNN, Trust
+    from ._passes import fit_detectors
+    from ._perturbation import FeatureSqueezing, Odds
+    from ._probabilities import GEN, KLMatching
+    from ._protocol import Detector, NotFittedError, Pass, StateEntry
+    from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
+    from ._shaping import ASH, ReAct, Scale
