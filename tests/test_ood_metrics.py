@@ -533,3 +533,17 @@ def test_results_tables_compute_new_metrics_on_request():
     with pytest.raises(KeyError, match=r"unknown metric 'MCC2'; choose among"):
         results.value("A", "far", "MCC2")
     assert "MCC" not in far["A"]  # the eager dict stays ALL_METRICS
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([-math.inf, 0.0, 1.0, math.inf]), min_size=1, max_size=12),
+    st.lists(st.sampled_from([-math.inf, 0.0, 1.0, math.inf]), min_size=1, max_size=12),
+)
+def test_infinite_scores_tie_with_their_equals(id_scores, ood_scores):
+    """Equal infinities are ties: AUROC is the pair count, as for finite scores."""
+    above = sum(o > i for o in ood_scores for i in id_scores)
+    tied = sum(o == i for o in ood_scores for i in id_scores)
+    expected = (above + tied / 2) / (len(id_scores) * len(ood_scores))
+    assert math.isclose(auroc(id_scores, ood_scores), expected, abs_tol=TOL)
+    assert auroc([math.inf] * 3, [math.inf] * 2) == 0.5

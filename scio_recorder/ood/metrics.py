@@ -136,7 +136,9 @@ def _counts(
     labels = np.concatenate([np.ones(positives.size), np.zeros(negatives.size)])
     order = np.argsort(-scores, kind="mergesort")
     scores, labels = scores[order], labels[order]
-    last = np.r_[np.flatnonzero(np.diff(scores)), scores.size - 1]  # ties grouped
+    # ties grouped (`!=`, not `np.diff`: inf - inf is NaN, and equal
+    # infinities are tied)
+    last = np.r_[np.flatnonzero(scores[1:] != scores[:-1]), scores.size - 1]
     tps = np.cumsum(labels)[last]
     fps = (last + 1) - tps
     return tps, fps
