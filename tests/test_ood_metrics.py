@@ -35,11 +35,17 @@ from scio_recorder.ood.metrics import (
     aupr_in,
     aupr_out,
     auroc,
+    convex_hull_auroc,
     fpr_at_id_recall,
     fpr_at_ood_recall,
     fpr_at_tpr,
+    mcc,
+    metric_function,
     ood_metrics,
+    partial_auroc,
     roc_curve,
+    tnr_at_tpr,
+    tpr_at_fpr,
 )
 
 TOL = 1e-12
@@ -363,3 +369,165 @@ def test_plots_accept_the_results_object(results, tmp_path):
     plot.roc_curves(results, sets=["far"], ax=ax)
     with pytest.raises(KeyError, match=r"no OoD set named \['mid'\]"):
         plot.roc_curves(results, sets=["mid"])
+
+
+# -- scio's measures: partial and convex-hull AUROC, MCC, rates at a rate ----
+rates = st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.3, 0.5, 0.75, 1.0]) | st.floats(0, 1)
+
+
+def pairs_above(ood: list[float], threshold: float, *, strict: bool) -> int:
+    return sum(o > threshold if strict else o >= threshold for o in ood)
+
+
+@settings(max_examples=150, deadline=None)
+@given(score_lists, score_lists, st.floats(0.01, 1.0))
+def test_partial_auroc_equals_scikit_learn_before_mcclish(id_scores, ood_scores, high):
+    """Ties count one half, from 0: scikit-learn's area, its correction undone."""
+    labels = [0] * len(id_scores) + [1] * len(ood_scores)
+    if len(set(labels)) < 2:
+        return
+    mcclish = sk.roc_auc_score(labels, id_scores + ood_scores, max_fpr=high)
+    # scikit-learn: 0.5 * (1 + (area - high**2 / 2) / (high - high**2 / 2))
+    area = (2 * mcclish - 1) * (high - high**2 / 2) + high**2 / 2
+    got = partial_auroc(id_scores, ood_scores, max_fpr=high)
+    assert math.isclose(got, area / high, abs_tol=1e-9)  # area / high: ~1e-16 / high
+
+
+@settings(max_examples=150, deadline=None)
+@given(score_lists, score_lists, rates, rates)
+def test_pessimistic_partial_auroc_is_the_staircase_of_strict_pairs(
+    id_scores, ood_scores, a, b
+):
+    """On FPR ((k-1)/N, k/N] the lower staircase flags the OoD above the k-th ID."""
+    low, high = sorted((a, b))
+    if high - low < 1e-3:
+        return
+    n, p = len(id_scores), len(ood_scores)
+    ranked = sorted(id_scores, reverse=True)
+    area = 0.0
+    for k, kth in enumerate(ranked, start=1):
+        overlap = max(0.0, min(k / n, high) - max((k - 1) / n, low))
+        area += overlap * pairs_above(ood_scores, kth, strict=True) / p
+    got = partial_auroc(ood_scores=ood_scores, id_scores=id_scores, max_fpr=high,
+                        min_fpr=low, ties="pessimistic")  # fmt: skip
+    assert math.isclose(got, area / (high - low), abs_tol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(score_lists, score_lists)
+def test_whole_range_partial_aurocs_are_the_pair_counts(id_scores, ood_scores):
+    """From 0 to 1: ties one half is `auroc`; pessimistic counts only strict pairs."""
+    strict = sum(o > i for o in ood_scores for i in id_scores)
+    total = len(id_scores) * len(ood_scores)
+    assert math.isclose(
+        partial_auroc(id_scores, ood_scores, max_fpr=1.0, ties="pessimistic"),
+        strict / total,
+        abs_tol=TOL,
+    )
+    assert math.isclose(
+        partial_auroc(id_scores, ood_scores, max_fpr=1.0),
+        auroc(id_scores, ood_scores),
+        abs_tol=TOL,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(score_lists, score_lists)
+def test_convex_hull_auroc_is_the_area_of_scipys_hull(id_scores, ood_scores):
+    """The hull of the ROC points and (1, 0) has the area under the upper hull."""
+    from scipy.spatial import ConvexHull, QhullError  # noqa: PLC0415 (a test oracle)
+
+    fpr, tpr = roc_curve(id_scores, ood_scores)
+    points = [*zip(fpr, tpr, strict=True), (1.0, 1.0), (1.0, 0.0)]
+    got = convex_hull_auroc(id_scores, ood_scores)
+    try:
+        expected = ConvexHull(points).volume  # a 2-D hull's "volume" is its area
+    except QhullError:  # all points on a line: (0,0)-(1,0)-(1,1) has area 0.5
+        expected = 0.5
+    assert math.isclose(got, expected, abs_tol=1e-9)
+    assert got >= auroc(id_scores, ood_scores) - TOL
+
+
+@settings(max_examples=150, deadline=None)
+@given(score_lists, score_lists)
+def test_mcc_is_the_best_of_scikit_learns_over_every_threshold(id_scores, ood_scores):
+    """Every distinct score as a threshold (flag at or above), degenerate ones 0."""
+    labels = [0] * len(id_scores) + [1] * len(ood_scores)
+    scores = id_scores + ood_scores
+    best = max(
+        [0.0]
+        + [
+            sk.matthews_corrcoef(labels, [int(s >= t) for s in scores])
+            for t in set(scores)
+        ]
+    )
+    assert math.isclose(mcc(id_scores, ood_scores), best, abs_tol=1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(score_lists, score_lists, rates)
+def test_rates_at_a_rate_are_the_best_thresholds(id_scores, ood_scores, rate):
+    """TPR at FPR <= x, and TNR at TPR >= x, by trying every threshold."""
+    n, p = len(id_scores), len(ood_scores)
+    thresholds = [*set(id_scores + ood_scores), math.inf]
+    points = [
+        (pairs_above(id_scores, t, strict=False) / n,
+         pairs_above(ood_scores, t, strict=False) / p)
+        for t in thresholds
+    ]  # fmt: skip
+    best_tpr = max(t for f, t in points if f <= rate + 1e-12)
+    best_tnr = max(1 - f for f, t in points if t >= rate - 1e-12)
+    assert tpr_at_fpr(id_scores, ood_scores, rate) == best_tpr
+    assert tnr_at_tpr(id_scores, ood_scores, rate) == best_tnr
+
+
+def test_new_metrics_by_name_and_their_messages():
+    """Named forms reach the functions; bad names and rates say what is allowed."""
+    ind, ood = [0.1, 0.2, 0.6, 0.7], [0.5, 0.9]
+    got = ood_metrics(ind, ood, names=["MCC", "AUROC-CH", "pAUROC@0.5", "TPR@FPR0.25",
+                                       "TNR@TPR0.95"])  # fmt: skip
+    assert got == {
+        "MCC": mcc(ind, ood),
+        "AUROC-CH": convex_hull_auroc(ind, ood),
+        "pAUROC@0.5": partial_auroc(ind, ood, max_fpr=0.5),
+        "TPR@FPR0.25": 0.5,
+        "TNR@TPR0.95": 0.5,
+    }
+    for bad in ["pAUROC@1.5", "TPR@FPR", "MCC2", "pAUROC0.1"]:
+        with pytest.raises(
+            ValueError, match=rf"^unknown metric {re.escape(repr(bad))};"
+        ):
+            metric_function(bad)
+    with pytest.raises(ValueError, match=r"^max_fpr must be a rate in \[0, 1\], got 2"):
+        partial_auroc(ind, ood, max_fpr=2)
+    with pytest.raises(
+        ValueError, match=r"^partial_auroc needs min_fpr < max_fpr, got 0.5 and 0.5"
+    ):
+        partial_auroc(ind, ood, max_fpr=0.5, min_fpr=0.5)
+    with pytest.raises(
+        ValueError, match=r"^ties must be 'half' or 'pessimistic', got 'low'"
+    ):
+        partial_auroc(ind, ood, max_fpr=0.5, ties="low")
+    with pytest.raises(ValueError, match=r"^fpr must be a rate in \[0, 1\], got -0.1"):
+        tpr_at_fpr(ind, ood, -0.1)
+
+
+def test_results_tables_compute_new_metrics_on_request():
+    """OoDResults and Evaluation compute a metric outside ALL_METRICS when asked."""
+    inside = {"A": torch.arange(10.0), "B": -torch.arange(10.0)}
+    far = Evaluation(inside, {"A": torch.arange(10.0) + 9, "B": torch.zeros(3)}, "far")
+    near = Evaluation(inside, {"A": torch.arange(10.0) + 5, "B": torch.ones(3)}, "near")
+    results = OoDResults({"far": far, "near": near}, groups={"all": ["far", "near"]})
+    for name in ["MCC", "pAUROC@0.2", "TNR@TPR0.9"]:
+        for column, ev in [("far", far), ("near", near)]:
+            expected = metric_function(name)(inside["A"], ev.ood_scores["A"])
+            assert results.value("A", column, name) == expected
+        mean = (results.value("A", "far", name) + results.value("A", "near", name)) / 2
+        assert math.isclose(results.value("A", "all", name), mean, abs_tol=TOL)
+    text = results.to_text(["MCC", "pAUROC@0.2"])
+    assert "MCC: the best Matthews correlation over thresholds" in text
+    assert "pAUROC@0.2: the ROC area for FPR in [0, 0.2], normalised" in text
+    assert "MCC2" not in ALL_METRICS
+    with pytest.raises(KeyError, match=r"unknown metric 'MCC2'; choose among"):
+        results.value("A", "far", "MCC2")
+    assert "MCC" not in far["A"]  # the eager dict stays ALL_METRICS

@@ -151,7 +151,7 @@ def test_no_module_imports_another_subpackages_private_module():
 def test_the_private_import_check_is_not_vacuous(monkeypatch, tmp_path):
     """It sees the import that `ood` made of `collect._loop` before the fix."""
     fake = tmp_path / "fake.py"
-    fake.write_text("from ._base import Detector\n")
+    fake.write_text("from ._protocol import Detector\n")
     real = source_of
     monkeypatch.setitem(
         globals(),

@@ -34,8 +34,9 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``), the protocol and
-the shared passes in ``_base``, :func:`evaluate` in ``_evaluate``.
+``_collapse``, ``_edits``, ``_coverage``), the protocol in
+``_protocol``, the shared passes in ``_passes``, the checks every
+detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
 
 Examples
 --------
@@ -96,7 +97,6 @@ __all__ = [
     "score_sets",
 ]
 
-from ._base import Detector, NotFittedError, Pass, StateEntry, fit_detectors
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
@@ -106,6 +106,8 @@ from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
+from ._protocol import Detector, NotFittedError, Pass, StateEntry
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale

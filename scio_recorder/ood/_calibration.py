@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._base import Detector, Pass, StateEntry
 from ._probabilities import as_logits, output_label
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
+
+    from ._protocol import Pass
 
 _F64 = torch.float64
 

@@ -19,15 +19,8 @@ from torch import Tensor, nn
 from scio_recorder.collect import InputOf
 from scio_recorder.reduce import Covariance, Moments
 
-from ._base import (
-    Detector,
-    Pass,
-    StateEntry,
-    check_feature_count,
-    finite_keep,
-    finite_result,
-    last_linear,
-)
+from ._checks import check_feature_count, finite_keep, finite_result, last_linear
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -35,6 +28,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 _F64 = torch.float64
 

@@ -22,8 +22,10 @@ from torch import Tensor
 from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._outputs import logits_of
 
-from ._base import StateEntry, all_or_nothing, check_finite_samples
+from ._checks import check_finite_samples
 from ._multilayer import _MultiLayer, pooled_size
+from ._passes import all_or_nothing
+from ._protocol import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence

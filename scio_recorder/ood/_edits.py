@@ -18,8 +18,9 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._base import Pass, StateEntry, finite_keep, finite_result, per_sample_size
+from ._checks import finite_keep, finite_result, per_sample_size
 from ._multilayer import resolve_layers
+from ._protocol import StateEntry
 from ._shaping import _Shaping
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 _MIN_RANK = 3  # a batch of matrices
 

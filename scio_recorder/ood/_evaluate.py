@@ -26,12 +26,15 @@ from torch import Tensor
 
 from scio_recorder._batches import as_arguments, batch_getter
 
-from ._base import Detector, run_passes
+from ._passes import run_passes
+from ._protocol import Detector
 from .metrics import (
     ALL_METRICS,
     METRICS,
     TABLE_METRICS,
     check_metric_names,
+    describe_metric,
+    metric_function,
     ood_metrics,
 )
 
@@ -57,13 +60,21 @@ _LEGEND = {
 }
 
 
+def legend(metric: str) -> str:
+    """Return the lines a results table prints to explain ``metric``."""
+    return _LEGEND.get(metric) or describe_metric(metric)
+
+
 class Evaluation(Mapping[str, dict[str, float]]):
     """Detector name -> metrics, on one OoD set.
 
     Each detector's metrics are :data:`~scio_recorder.ood.metrics.ALL_METRICS`:
     ``AUROC``, ``AUPR-IN``, ``AUPR-OUT``, ``FPR95TPR`` (OoD positive, the old
     name), ``FPR95-ID`` (ID positive, OpenOOD's FPR@95) and ``FPR95-OOD``
-    (OoD positive, the same as ``FPR95TPR``).
+    (OoD positive, the same as ``FPR95TPR``). Any other metric of
+    :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
+    ``pAUROC@0.1``, ...) is computed on request from the kept scores
+    (:meth:`metric`, and the results tables' ``metrics=``).
 
     Attributes
     ----------
@@ -79,8 +90,8 @@ class Evaluation(Mapping[str, dict[str, float]]):
     --------
     >>> import torch
     >>> ev = Evaluation({"a": torch.tensor([0.0, 1.0])}, {"a": torch.tensor([2.0])})
-    >>> ev["a"]["AUROC"], ev["a"]["FPR95-ID"]
-    (1.0, 0.0)
+    >>> ev["a"]["AUROC"], ev["a"]["FPR95-ID"], ev.metric("a", "MCC")
+    (1.0, 0.0, 1.0)
 
     """
 
@@ -101,6 +112,33 @@ class Evaluation(Mapping[str, dict[str, float]]):
             key: ood_metrics(id_scores[key], ood_scores[key], names=ALL_METRICS)
             for key in id_scores
         }
+        self._requested: dict[tuple[str, str], float] = {}
+
+    def metric(self, key: str, name: str) -> float:
+        """Return metric ``name`` of detector ``key``, computing it if needed.
+
+        ``name`` is any metric :func:`~scio_recorder.ood.metrics.metric_function`
+        knows; those outside :data:`~scio_recorder.ood.metrics.ALL_METRICS`
+        are computed from the kept scores once, then cached.
+
+        Raises
+        ------
+        KeyError
+            For an unknown detector.
+        ValueError
+            For an unknown metric name.
+        """
+        if key not in self._metrics:
+            msg = f"no detector named {key!r}; the evaluation has {list(self)}"
+            raise KeyError(msg)
+        if name in self._metrics[key]:
+            return self._metrics[key][name]
+        function = metric_function(name)
+        if (key, name) not in self._requested:
+            self._requested[key, name] = function(
+                self.id_scores[key], self.ood_scores[key]
+            )
+        return self._requested[key, name]
 
     def __getitem__(self, key: str) -> dict[str, float]:
         """Return the metrics of detector ``key``."""
@@ -264,13 +302,16 @@ class OoDResults(Mapping[str, Evaluation]):
         if detector not in self.detectors:
             msg = f"no detector named {detector!r}; the results have {self.detectors}"
             raise KeyError(msg)
-        if metric not in ALL_METRICS:
-            msg = f"no metric named {metric!r}; choose among {list(ALL_METRICS)}"
-            raise KeyError(msg)
+        try:
+            check_metric_names([metric])
+        except ValueError as error:
+            raise KeyError(str(error)) from None
         if column in self._sets:
-            return self._sets[column][detector][metric]
+            return self._sets[column].metric(detector, metric)
         if column in self.groups:
-            values = [self._sets[s][detector][metric] for s in self.groups[column]]
+            values = [
+                self._sets[s].metric(detector, metric) for s in self.groups[column]
+            ]
             return math.fsum(values) / len(values)
         msg = (
             f"no OoD set or group named {column!r}; the results have the sets "
@@ -309,7 +350,7 @@ class OoDResults(Mapping[str, Evaluation]):
             f"OoD sets" + (f"; groups: {groups}" if groups else "")
         ]
         shown = self._metrics(metrics)
-        legends = [_LEGEND[m] for m in shown]
+        legends = [legend(m) for m in shown]
         if self.accuracy:
             legends.append(_LEGEND[ACC])
         lines += [line for legend in legends for line in legend.split("\n")]
@@ -323,7 +364,9 @@ class OoDResults(Mapping[str, Evaluation]):
         metrics : sequence of str, optional
             Default :data:`~scio_recorder.ood.metrics.TABLE_METRICS`:
             ``AUROC``, ``FPR95-ID`` (ID positive, as OpenOOD), ``AUPR-IN``,
-            ``AUPR-OUT``.
+            ``AUPR-OUT``; any name of
+            :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
+            ``pAUROC@0.1``, ``TPR@FPR0.05``, ...) on request.
         """
         out = self._head(metrics)
         for title, header, rows in self._blocks(metrics):

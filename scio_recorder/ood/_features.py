@@ -19,21 +19,17 @@ from torch import Tensor
 
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
-from ._base import (
-    Detector,
-    Pass,
-    StateEntry,
-    all_or_nothing,
+from ._checks import (
     check_feature_count,
     check_finite_samples,
-    check_reiterable,
     feature_count,
     finite_keep,
     finite_result,
-    in_subfolder,
     last_linear,
     one_label,
 )
+from ._passes import all_or_nothing, check_reiterable, in_subfolder
+from ._protocol import Detector, Pass, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import Detector, Pass, last_linear
+from ._checks import last_linear
+from ._protocol import Detector
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 
 class GradNorm(Detector):

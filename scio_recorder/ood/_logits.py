@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ._base import Detector, Pass
+from ._protocol import Detector
 
 if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
+
+    from ._protocol import Pass
 
 
 def msp_score(logits: Tensor) -> Tensor:

@@ -42,20 +42,16 @@ from torch.nn import functional
 
 from scio_recorder.reduce import MinMax, PerClass, SharedCovariance
 
-from ._base import (
-    Detector,
-    Pass,
-    StateEntry,
-    all_or_nothing,
-    check_reiterable,
+from ._checks import (
     checked_targets,
     finite_keep,
     finite_result,
-    in_subfolder,
     one_label,
     per_sample_size,
 )
 from ._features import _net_classes, min_mahalanobis
+from ._passes import all_or_nothing, check_reiterable, in_subfolder
+from ._protocol import Detector, Pass, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence

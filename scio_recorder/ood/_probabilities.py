@@ -3,7 +3,7 @@
 ``GEN`` needs no fitting. ``KLMatching`` fits one typical posterior per
 predicted class, streaming: a reducer sums the softmax vectors of the fit
 data by predicted class (``C x C`` float64 whatever the data size). Both
-read the net's output (its logits, as :func:`~scio_recorder.ood._base.logits_of`
+read the net's output (its logits, as :func:`~scio_recorder._outputs.logits_of`
 finds them), at fit time the output of the root call of the recorder's
 table.
 """
@@ -17,13 +17,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._base import Detector, Pass, StateEntry, logits_of
+from scio_recorder._outputs import logits_of
+
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
+
+    from ._protocol import Pass
 
 _F64 = torch.float64
 

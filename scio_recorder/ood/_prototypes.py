@@ -23,17 +23,11 @@ from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
 
-from ._base import (
-    Detector,
-    Pass,
-    StateEntry,
-    finite_keep,
-    finite_result,
-    last_linear,
-)
+from ._checks import finite_keep, finite_result, last_linear
 from ._features import Mahalanobis, min_mahalanobis
 from ._logits import energy_score
 from ._probabilities import ClassSums
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -41,6 +35,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 _F64 = torch.float64
 

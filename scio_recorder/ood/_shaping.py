@@ -20,8 +20,9 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._base import Detector, Pass, StateEntry, one_label
+from ._checks import one_label
 from ._logits import energy_score
+from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
+
+    from ._protocol import Pass
 
 
 def _kept(n: int, percentile: float) -> int:

@@ -77,27 +77,27 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
-from ._base import fit_detectors
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
-from ._evaluate import _LEGEND, OoDResults, evaluate
+from ._evaluate import OoDResults, evaluate, legend
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
-from .metrics import ALL_METRICS
+from .metrics import check_metric_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from torch import Tensor, nn
 
-    from ._base import Detector
+    from ._protocol import Detector
 
 BENCHMARKS = ("digits", "blobs")
 """The benchmarks :func:`run_benchmark` knows: real digits, generated blobs."""
@@ -448,11 +448,7 @@ class BenchmarkResults:
         return chosen
 
     def _metrics(self, metrics: Sequence[str]) -> list[str]:
-        unknown = [m for m in metrics if m not in ALL_METRICS]
-        if unknown:
-            msg = f"unknown metrics {unknown}; choose among {list(ALL_METRICS)}"
-            raise ValueError(msg)
-        return list(metrics)
+        return check_metric_names(metrics)
 
     def _head(self, metrics: Sequence[str]) -> list[str]:
         seeds = ", ".join(map(str, self.seeds))
@@ -471,7 +467,7 @@ class BenchmarkResults:
             f"closed-set accuracy on the ID test data {_cell(acc)}"
             + (f"; groups: {groups}" if groups else "")
         )
-        lines += [line for m in metrics for line in _LEGEND[m].split("\n")]
+        lines += [line for m in metrics for line in legend(m).split("\n")]
         return lines
 
     def to_text(
@@ -484,8 +480,10 @@ class BenchmarkResults:
         Parameters
         ----------
         metrics : sequence of str, default ("AUROC", "FPR95-ID")
-            Among :data:`~scio_recorder.ood.metrics.ALL_METRICS`; the legend
-            names each one's convention (``FPR95-ID``: ID positive, OpenOOD's).
+            Among :data:`~scio_recorder.ood.metrics.ALL_METRICS` and the others
+            :func:`~scio_recorder.ood.metrics.metric_function` knows (``MCC``,
+            ``pAUROC@0.1``, ...); the legend names each one's convention
+            (``FPR95-ID``: ID positive, OpenOOD's).
         columns : sequence of str, optional
             Sets and groups to show; default all (:attr:`columns`).
         """

@@ -1,0 +1,631 @@
+"""The detector protocol: what a detector declares, how it fits, scores and saves.
+
+A :class:`Detector` scores the inputs of an unmodified net wrapped in a
+:class:`~scio_recorder.Recorder`. It declares what a pass must record (the
+outputs and inputs of labelled layers), or the edit it applies in flight at
+one layer, and computes its score from that pass (:class:`Pass`).
+A detector scores a batch alone with :meth:`Detector.score` (one pass, the
+passes of its edits, or passes of its own); :func:`run_pass` is that pass.
+Because a detector *declares* what it reads, the shared passes
+(:mod:`._passes`) can serve several detectors with one pass of the net.
+
+Fitting goes through :func:`~scio_recorder.collect.collect` (streaming,
+bounded memory, resumable, ``torch.distributed``-aware); fitted state is a
+flat dict of tensors (:class:`StateEntry` declares each), saved and loaded
+through :mod:`scio_recorder.io` (safetensors, no pickle) and checked on load
+here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Detector", "NotFittedError", "Pass", "StateEntry", "run_pass"]
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from scio_recorder._engine.state import pick_argument
+from scio_recorder._outputs import logits_of
+from scio_recorder.collect import InputOf, collect
+from scio_recorder.io import load_records, save_records
+from scio_recorder.layers import label_str
+from scio_recorder.recorder import Recorder
+
+from ._checks import checked_targets, per_sample_size
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from pathlib import Path
+
+    from typing_extensions import Self
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.select import Selector
+
+
+class NotFittedError(RuntimeError):
+    """A detector that needs fitting was asked to score before :meth:`~Detector.fit`."""
+
+
+@dataclasses.dataclass
+class Pass:
+    """What one pass of the net gave the detectors: logits and records."""
+
+    logits: Tensor
+    outputs: Mapping[DepthIdx, Any]
+    inputs: Mapping[DepthIdx, Tensor]
+
+
+def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit)
+    rnet: Recorder,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    outputs: Iterable[DepthIdx] = (),
+    inputs: Iterable[DepthIdx] = (),
+    edit: tuple[DepthIdx, Any] | None = None,
+) -> Pass:
+    """Run the net once under ``torch.no_grad()``; return what it gave.
+
+    The pass records the outputs and the (first tensor) inputs of the given
+    labels, or, with ``edit=(label, fn)``, edits that label's output with
+    ``fn`` in flight (and records it); with neither, it records nothing.
+    The recorder's selection is restored after.
+    """
+    if edit is not None:
+        label, fn = edit
+        with rnet.selecting(label), torch.no_grad():
+            out = rnet(*args, activation_postproc=fn, **kwargs)
+            return _read(rnet, out)
+    outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
+    if not (outputs or inputs):
+        with torch.no_grad():
+            return _read(rnet, rnet(*args, dont_record=True, **kwargs))
+    with rnet.selecting(*outputs, inputs=inputs), torch.no_grad():
+        out = rnet(*args, **kwargs)
+        return _read(rnet, out)
+
+
+def _read(rnet: Recorder, out: Any) -> Pass:
+    inputs = {
+        label: pick_argument(call, None, rnet.table[label].describe())
+        for label, call in rnet.inputs.items()
+    }
+    return Pass(logits_of(out), dict(rnet.activations), inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateEntry:
+    """One tensor of a detector's fitted state, as :meth:`Detector.load` checks it.
+
+    Attributes
+    ----------
+    shape : tuple of int, str or None
+        Its size along each dimension: an ``int`` is fixed by the net (a
+        layer's number of features, from the recorder's layer table), a
+        ``str`` names a size set by the fit (``"classes"``, ``"samples"``)
+        that must be the same in every entry naming it, ``None`` is not
+        checked (a size the layer table does not know).
+    dtype : torch.dtype
+        The dtype the detector computes in. A stored tensor of another dtype
+        of the same kind (floating point, or integer) is converted to it; one
+        of another kind is refused.
+
+    Examples
+    --------
+    >>> import torch
+    >>> StateEntry(("classes", 16), torch.float64)
+    StateEntry(shape=('classes', 16), dtype=torch.float64)
+
+    """
+
+    shape: tuple[int | str | None, ...]
+    dtype: torch.dtype
+
+
+class Detector:
+    """An OoD detector on a recorded net: ``score(x)`` is higher for OoD inputs.
+
+    Subclasses say what a pass records (:meth:`outputs`, :meth:`inputs`) or
+    which edit they apply (:attr:`edits`, :meth:`edit`), how they score a
+    pass (:meth:`score_pass`), and, when they need fitting, what to collect
+    (:meth:`fit_keep`) and how to read the result (:meth:`fit_from`).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net; it is used as is (its selection is restored after
+        every pass the detector makes).
+    layer : selector, optional
+        Anything :meth:`Recorder.record` takes, resolving to one call.
+    """
+
+    needs_fit: ClassVar[bool] = False
+    needs_target: ClassVar[bool] = False
+    edits: ClassVar[bool] = False
+    fit_passes: ClassVar[int] = 1
+    """How many times :meth:`fit` iterates ``batches`` (ViM: 2)."""
+    own_passes: ClassVar[bool] = False
+    """Whether scoring needs passes of its own that no other detector can
+    share (ODIN's gradient with respect to the input, NAC's backward): see
+    :meth:`score_inputs`."""
+    own_fit: ClassVar[bool] = False
+    """Whether the detector overrides :meth:`fit` with a fit of its own (ViM's
+    two passes), so that :func:`~._passes.fit_detectors` fits it on its own
+    instead of in the pass it shares with the others. Set for each subclass
+    from whether it defines ``fit``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Set :attr:`own_fit` from whether the class overrides :meth:`fit`."""
+        super().__init_subclass__(**kwargs)
+        cls.own_fit = cls.fit is not Detector.fit
+
+    def __init__(self, rnet: Recorder, *, layer: Selector | None = None) -> None:
+        """Keep the recorder; subclasses resolve their layers here."""
+        if not isinstance(rnet, Recorder):
+            msg = (
+                f"{type(self).__name__} takes a Recorder, got {type(rnet).__name__}: "
+                "wrap the net first, e.g. `Recorder(net, input_size=(1, 3, 32, 32))`."
+            )
+            raise TypeError(msg)
+        self.rnet = rnet
+        self.layer = layer
+        self._fitted = not self.needs_fit
+
+    # -- what a pass needs ---------------------------------------------------
+    def outputs(self) -> tuple[DepthIdx, ...]:
+        """Labels whose outputs :meth:`score_pass` reads."""
+        return ()
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        """Labels whose (first tensor) inputs :meth:`score_pass` reads."""
+        return ()
+
+    def edit_label(self) -> DepthIdx:
+        """Return the label whose output :meth:`edit` changes (edit detectors)."""
+        raise NotImplementedError
+
+    def edit(self, output: Tensor) -> Tensor:
+        """Return the edited output of :meth:`edit_label` (edit detectors)."""
+        raise NotImplementedError
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the scores ``[batch]`` of one pass."""
+        raise NotImplementedError
+
+    def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return the scores of the net's inputs from passes of the detector's own.
+
+        For detectors whose passes no other detector can share
+        (:attr:`own_passes`: ODIN's gradient with respect to the input,
+        NAC's backward pass with autograd on).
+        """
+        raise NotImplementedError
+
+    def edit_passes(self) -> list[tuple[DepthIdx, Any]]:
+        """Return one ``(label, edit)`` per pass an edit detector needs.
+
+        Default: the one pass editing :meth:`edit_label` with :meth:`edit`;
+        RankFeat at two blocks gives two.
+        """
+        return [(self.edit_label(), self.edit)]
+
+    def score_passes(self, results: Sequence[Pass]) -> Tensor:
+        """Return the scores from the passes of :meth:`edit_passes`, in order."""
+        return self.score_pass(results[0])
+
+    # -- fitting -----------------------------------------------------------
+    def fit_keep(self) -> dict[Any, Any]:
+        """Return what to collect on the fit data (``collect``'s ``keep``)."""
+        return {}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Set the fitted state from the collected results, by label."""
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the detector can score (always, for those needing no fit)."""
+        return self._fitted
+
+    def fit(
+        self,
+        batches: Iterable[Any],
+        *,
+        input: Any = 0,  # noqa: A002 (collect's name)
+        target: Any = None,
+        **options: Any,
+    ) -> Self:
+        """Fit on in-distribution batches with one ``collect`` pass.
+
+        A no-op for detectors that need no fitting.
+
+        Parameters
+        ----------
+        batches : iterable
+            In-distribution batches (a ``DataLoader``, a list, ...).
+        input, target
+            How to take the input and the class labels out of a batch, as
+            for :func:`~scio_recorder.collect.collect`; ``target`` is needed
+            by detectors with class statistics.
+        **options
+            Passed to :func:`~scio_recorder.collect.collect` (``device``,
+            ``memory_budget``, ``spill_dir`` to resume, ``progress``, ...).
+
+        Returns
+        -------
+        Detector
+            ``self``, fitted.
+        """
+        keep = self.fit_keep()
+        if keep:
+            if self.needs_target and target is None:
+                msg = (
+                    f"{type(self).__name__}.fit needs class labels: pass `target=` "
+                    "(e.g. `target=1` for (input, label) batches)."
+                )
+                raise ValueError(msg)
+            result = collect(
+                self.rnet,
+                batches,
+                keep,
+                input=input,
+                target=checked_targets(target, input, [self])
+                if self.needs_target
+                else None,
+                **options,
+            )
+            self.fit_from(result)
+        self._fitted = True
+        return self
+
+    def _keep_key(self, label: DepthIdx, kind: str) -> Any:
+        return InputOf(label) if kind == "input" else label
+
+    # -- scoring -----------------------------------------------------------
+    def score(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Return the OoD scores ``[batch]`` of the net's inputs (higher: OoD).
+
+        Runs one pass of the net (under ``torch.no_grad()``); the recorder's
+        selection and its latest records are those of that pass during it,
+        and the selection is restored after.
+        """
+        self.check_fitted()
+        scores, _ = self.score_alone(args, kwargs)
+        return scores
+
+    @property
+    def shares_pass(self) -> bool:
+        """Whether one unedited pass serves it (no edit, no passes of its own)."""
+        return not (self.edits or self.own_passes)
+
+    def score_alone(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Pass | None]:
+        """Score one batch with passes for this detector alone.
+
+        One pass recording what it reads, or one per edit
+        (:meth:`edit_passes`), or the passes of its own
+        (:meth:`score_inputs`). Returns the scores and the pass they came
+        from (the first edit's; ``None`` for passes of its own), whose logits
+        ``evaluate`` reads for the closed-set accuracy.
+        """
+        if self.edits:
+            results = [
+                run_pass(self.rnet, args, kwargs, edit=edit)
+                for edit in self.edit_passes()
+            ]
+            return self.score_passes(results), results[0]
+        if self.own_passes:
+            return self.score_inputs(args, kwargs), None
+        result = run_pass(
+            self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
+        )
+        return self.score_pass(result), result
+
+    __call__ = score
+
+    def check_fitted(self) -> None:
+        """Raise :class:`NotFittedError` if the detector cannot score yet."""
+        if not self._fitted:
+            msg = (
+                f"{type(self).__name__} must be fitted before scoring: call "
+                f"`detector.fit(batches{', target=1' if self.needs_target else ''})` "
+                "on in-distribution data, or `detector.load(path)`."
+            )
+            raise NotFittedError(msg)
+
+    # -- state -------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Return the hyperparameters and layers, JSON-able (checked on load)."""
+        return {}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the fitted state, a flat dict of tensors."""
+        return {}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries of :meth:`state`: shapes on this net, dtypes.
+
+        :meth:`load` checks a file against them (and against nothing else
+        the detector would have to repeat); :meth:`load_state` then gets
+        exactly these entries, of these shapes and dtypes.
+        """
+        return {}
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the fitted state from :meth:`state`'s dict (checked by :meth:`load`)."""
+
+    def layers_read(self) -> list[tuple[DepthIdx, str]]:
+        """Return the ``(label, "output" | "input")`` pairs a pass reads or edits."""
+        read = [(label, "output") for label in self.outputs()]
+        read += [(label, "input") for label in self.inputs()]
+        if self.edits:
+            read += [(label, "output") for label, _ in self.edit_passes()]
+        return read
+
+    def _layer_shapes(self) -> dict[str, list[int]]:
+        shapes = {}
+        for label, kind in self.layers_read():
+            size = per_sample_size(self.rnet, label, kind)
+            if size is not None:
+                shapes[f"{label_str(label)} {kind}"] = size
+        return shapes
+
+    def save(self, path: str | Path) -> Path:
+        """Save the fitted state to a safetensors file (with the config).
+
+        The file holds :meth:`state`, the detector's class and config, and
+        the per-sample shapes of the layers it reads, all checked by
+        :meth:`load`.
+
+        Examples
+        --------
+        >>> import tempfile, torch
+        >>> from torch import nn
+        >>> from scio_recorder import Recorder
+        >>> from scio_recorder.ood import KNN
+        >>> rnet = Recorder(
+        ...     nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), input_size=(1, 3)
+        ... )
+        >>> knn = KNN(rnet, k=2).fit([torch.randn(8, 3)], input=None)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = knn.save(folder + "/knn.safetensors")
+        ...     again = KNN(rnet, k=2).load(path)
+        >>> torch.equal(again(torch.ones(1, 3)), knn(torch.ones(1, 3)))
+        True
+
+        """
+        self.check_fitted()
+        meta = {
+            "ood.detector": type(self).__name__,
+            "ood.config": json.dumps(self.config(), sort_keys=True),
+            "ood.layers": json.dumps(self._layer_shapes(), sort_keys=True),
+        }
+        return save_records(path, self.state(), extra_metadata=meta)
+
+    def load(self, path: str | Path) -> Self:
+        """Load a state saved by :meth:`save` by a detector of the same config.
+
+        Everything is checked once, here, before the detector changes: the
+        file (as :func:`~scio_recorder.io.load_records` does), the detector
+        class and the config it was saved with, the per-sample shapes of the
+        layers it read against this recorder's layer table, and the state
+        against :meth:`state_entries`: no entry missing, none unexpected,
+        each a tensor of the declared shape (sizes fixed by the layer, or
+        the same in every entry), of a floating-point or integer dtype as
+        declared (converted to the declared dtype; another kind is refused),
+        with finite values.
+
+        Raises
+        ------
+        FileNotFoundError
+            If there is no such file.
+        ValueError
+            Naming the file and the bad entry, if any check fails.
+        """
+        records = load_records(path)
+        source = records.path
+        meta = records.metadata
+        name = meta.get("ood.detector")
+        if name != type(self).__name__:
+            msg = (
+                f"'{source}' holds the state of a {name or 'non-detector file'}, not "
+                f"of a {type(self).__name__}."
+            )
+            raise ValueError(msg)
+        saved = _metadata_json(source, meta, "ood.config", required=True)
+        mine = json.loads(json.dumps(self.config(), sort_keys=True))
+        if saved != mine:
+            diff = sorted(
+                k for k in saved.keys() | mine.keys() if saved.get(k) != mine.get(k)
+            )
+            was = [saved.get(k) for k in diff]
+            now = [mine.get(k) for k in diff]
+            msg = (
+                f"'{source}' was saved by a {name} configured otherwise "
+                f"({', '.join(diff)}: saved {was}, now {now}); make the detector "
+                "with the same arguments."
+            )
+            raise ValueError(msg)
+        self._check_layers(source, _metadata_json(source, meta, "ood.layers"))
+        self.load_state(self._checked_state(source, records))
+        self._fitted = True
+        return self
+
+    def _check_layers(self, source: Path, saved: dict[str, Any]) -> None:
+        """Compare the saved per-sample shapes of the layers read with this net's."""
+        for label, kind in self.layers_read():
+            was = saved.get(f"{label_str(label)} {kind}")
+            now = per_sample_size(self.rnet, label, kind)
+            if was is not None and now is not None and was != now:
+                msg = (
+                    f"'{source}' holds a {type(self).__name__} state fitted on layer "
+                    f"{label_str(label)} whose {kind} was {was} per sample, but in "
+                    f"this net layer {self.rnet.table[label].describe()} has the "
+                    f"{kind} {now}: the state does not fit this net. Load it into "
+                    "a detector on the net it was fitted on (same net and "
+                    "`input_size`), or fit this one again."
+                )
+                raise ValueError(msg)
+
+    def _checked_state(
+        self, source: Path, records: Mapping[Any, Any]
+    ) -> dict[str, Tensor]:
+        """Check the records against :meth:`state_entries`; convert dtypes."""
+        who = type(self).__name__
+        entries = self.state_entries()
+        found = {
+            k if isinstance(k, str) else label_str(k): v for k, v in records.items()
+        }
+        expected = ", ".join(map(repr, entries)) or "no entry"
+        missing = [k for k in entries if k not in found]
+        if missing:
+            msg = (
+                f"'{source}' holds an incomplete {who} state: entry "
+                f"{', '.join(map(repr, missing))} is missing (a {who} state has "
+                f"{expected}; the file has {', '.join(map(repr, found)) or 'none'}). "
+                "The file was cut or edited: save the fitted detector again."
+            )
+            raise ValueError(msg)
+        extra = [k for k in found if k not in entries]
+        if extra:
+            msg = (
+                f"'{source}' holds unexpected entries {', '.join(map(repr, extra))} "
+                f"besides the {who} state ({expected}): it was not written by "
+                f"{who}.save, or was edited. Save the fitted detector again."
+            )
+            raise ValueError(msg)
+        layer = self._layer_text()
+        sizes: dict[str, tuple[int, str]] = {}
+        state: dict[str, Tensor] = {}
+        for key, entry in entries.items():
+            value = found[key]
+            where = f"'{source}': entry {key!r} of the {who} state"
+            if not isinstance(value, Tensor):
+                msg = f"{where} is a {type(value).__name__}, not a tensor."
+                raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+            _check_shape(where, layer, value, entry, sizes=sizes, key=key)
+            state[key] = _checked_dtype(where, value, entry)
+        return state
+
+    def _layer_text(self) -> str:
+        read = self.layers_read()
+        if not read:
+            return "this net"
+        label, kind = read[0]
+        return f"layer {self.rnet.table[label].describe()} ({kind})"
+
+    def __repr__(self) -> str:
+        """Show the class, the config and whether it is fitted."""
+        config = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        fitted = (
+            ""
+            if not self.needs_fit
+            else (", fitted" if self._fitted else ", not fitted")
+        )
+        return f"{type(self).__name__}({config}{fitted})"
+
+
+def _metadata_json(
+    source: Path, meta: Mapping[str, str], key: str, *, required: bool = False
+) -> dict[str, Any]:
+    """Parse one JSON object of a detector file's metadata, naming what is bad."""
+    text = meta.get(key)
+    if text is None:
+        if not required:
+            return {}  # files saved before this entry existed
+        msg = (
+            f"'{source}' has no {key!r} metadata entry: it was not written by "
+            "`Detector.save`, or was edited. Save the fitted detector again."
+        )
+        raise ValueError(msg)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        msg = (
+            f"'{source}': its {key!r} metadata entry is not valid JSON ({error}); "
+            "the file was edited or damaged. Save the fitted detector again."
+        )
+        raise ValueError(msg) from error
+    if not isinstance(value, dict):
+        msg = (
+            f"'{source}': its {key!r} metadata entry is a JSON "
+            f"{type(value).__name__}, not an object; the file was edited or "
+            "damaged. Save the fitted detector again."
+        )
+        raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+    return value
+
+
+def _check_shape(  # noqa: PLR0913 (the entry, its context, the sizes seen)
+    where: str,
+    layer: str,
+    value: Tensor,
+    entry: StateEntry,
+    *,
+    sizes: dict[str, tuple[int, str]],
+    key: str,
+) -> None:
+    """Check one entry's shape against its declaration and the named sizes."""
+    shown = "[" + ", ".join("?" if n is None else str(n) for n in entry.shape) + "]"
+    got = list(value.shape)
+    bad = len(got) != len(entry.shape) or any(
+        isinstance(want, int) and have != want
+        for have, want in zip(got, entry.shape, strict=False)
+    )
+    if bad:
+        msg = (
+            f"{where} has shape {got}, but on {layer} it must be {shown}: the "
+            "state was saved from another net or layer. Load it into a "
+            "detector on the net it was fitted on, or fit this one again."
+        )
+        raise ValueError(msg)
+    for have, want in zip(got, entry.shape, strict=True):
+        if isinstance(want, str):
+            size, other = sizes.setdefault(want, (have, key))
+            if size != have:
+                msg = (
+                    f"{where} has shape {got} ({want}: {have}), but entry "
+                    f"{other!r} has {want}: {size}; the entries do not belong "
+                    "together. Save the fitted detector again."
+                )
+                raise ValueError(msg)
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "floating-point" if dtype.is_floating_point else "integer"
+
+
+def _checked_dtype(where: str, value: Tensor, entry: StateEntry) -> Tensor:
+    """Convert ``value`` to the declared dtype, or refuse another kind."""
+    have, want = _dtype_kind(value.dtype), _dtype_kind(entry.dtype)
+    if have != want:
+        msg = (
+            f"{where} is {value.dtype} ({have}), but it must be {want} "
+            f"({entry.dtype}): refused, as converting it would change what it "
+            "means. Save the fitted detector again."
+        )
+        raise ValueError(msg)
+    converted = value.to(entry.dtype)
+    if want == "floating-point":
+        bad = int((~torch.isfinite(converted)).sum())
+        if bad:
+            after = (
+                f", after conversion to {entry.dtype}"
+                if value.dtype != entry.dtype
+                else ""
+            )
+            msg = (
+                f"{where} holds {bad} non-finite values (NaN or Inf{after}): "
+                "scores would be NaN. Fit the detector again on finite data "
+                "and save it."
+            )
+            raise ValueError(msg)
+    return converted
