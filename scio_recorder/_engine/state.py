@@ -245,8 +245,8 @@ class PassState:
         self.training = training
         if grad_sink is not None:
             self.grad_sink = grad_sink
-        self.counts = [0] * len(plan.expected_counts)
-        self.starts = [0] * len(plan.expected_start_counts)
+        self.counts = plan.zero_counts[:]
+        self.starts = plan.zero_starts[:]
         self.records: dict[DepthIdx, Any] = {}
         # (label, kind, tensor, version), one per recorded tensor, checked at
         # the end of the pass to detect in-place modifications of records.
