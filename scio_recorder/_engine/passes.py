@@ -541,8 +541,9 @@ class Passes:
         if latest.steps:
             latest.steps = []
         self.idle = False
-        for label, kind, tensor, version in state.versions:
-            if tensor._version != version:  # noqa: SLF001 (version counter)
+        watched = state.watched
+        if watched and [t._version for t in watched] != state.versions:  # noqa: SLF001
+            for label, kind in state.changed():
                 self.warn_inplace(label, kind)
         if listener is not None:
             listener.feed(state)
