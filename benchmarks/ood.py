@@ -4,7 +4,7 @@ On the demo CNN and the ResNet-18-style CNN (eval mode, one thread,
 generated 32x32 blob images, random convolutions with a least-squares
 classifier head so that every class is predicted), three sections:
 
-(a) **The catalogue** (28 detectors, every one of ``scio_recorder.ood``):
+(a) **The catalogue** (35 detectors, every one of ``scio_recorder.ood``):
 fitting with ``fit_detectors`` and scoring an ID and an OoD set with
 ``score_sets`` (shared passes), against each detector alone, its own
 ``.fit`` then its own scoring batch by batch (one detector at a time, the
@@ -62,7 +62,9 @@ from scio_recorder.ood import (
     ASH,
     DICE,
     GEN,
+    JTLA,
     KNN,
+    LID,
     MSP,
     NAC,
     NCI,
@@ -71,7 +73,9 @@ from scio_recorder.ood import (
     RMDS,
     SHE,
     VRA,
+    AdaScale,
     Detector,
+    DkNN,
     Energy,
     Entropy,
     GradNorm,
@@ -86,6 +90,7 @@ from scio_recorder.ood import (
     Residual,
     Scale,
     TempScale,
+    Trust,
     ViM,
     fDBD,
     fit_detectors,
@@ -257,6 +262,13 @@ def catalogue(spec: Spec) -> dict[str, Detector]:
         "RankFeat": RankFeat(rnet, layer=spec.block),
         "VRA": VRA(rnet, layer=spec.penultimate),
         "NAC": NAC(rnet, layers=spec.blocks[:2]),
+        "AdaScale": AdaScale(rnet, layer=spec.penultimate),
+        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
+        "RMDS++": RMDS(rnet, normalize=True),
+        "LID": LID(rnet, k=10),
+        "Trust": Trust(rnet, alpha=0.1),
+        "DkNN": DkNN(rnet, layers=spec.blocks, k=10),
+        "JTLA": JTLA(rnet, layers=spec.blocks, test={"type": "multinomial", "k": 10}),
     }
 
 
@@ -657,8 +669,15 @@ FITS: dict[str, Callable[[Spec], Detector]] = {
     "Residual": lambda s: Residual(s.rnet, d=s.d),
     "VRA": lambda s: VRA(s.rnet, layer=s.penultimate),
     "NAC": lambda s: NAC(s.rnet, layers=s.blocks[:2]),
+    "AdaScale": lambda s: AdaScale(s.rnet, layer=s.penultimate),
+    "LID": lambda s: LID(s.rnet, k=10),
+    "Trust": lambda s: Trust(s.rnet, alpha=0.1),
+    "DkNN": lambda s: DkNN(s.rnet, layers=s.blocks, k=10),
+    "JTLA": lambda s: JTLA(
+        s.rnet, layers=s.blocks, test={"type": "multinomial", "k": 10}
+    ),
 }
-ALL = "all 28 (fit_detectors)"
+ALL = "all 35 (fit_detectors)"
 
 
 def _status(field: str) -> int | None:

@@ -21,9 +21,15 @@ slow drifts of a shared machine cancel).
 * A 4 x 12 patching grid (4 blocks evenly spaced, the last 12 positions;
   the metric is a logit difference at the last token, with
   ``logits_to_keep=1`` on both sides): ``explain.patch_sweep`` (one clean
-  pass, then the whole grid as one batched pass) against a loop of hooked
-  runs (one clean pass keeping the streams with hooks, one hooked run per
-  cell: 49 passes).
+  pass, one corrupted pass keeping every block's output, then one pass per
+  row of the grid, its 12 cells along the batch, with the blocks before the
+  patched one answered from the corrupted pass: 6 passes, of which the
+  rows' run only the blocks after the patch) and ``patch_sweep(...,
+  reuse_prefix=False)`` (the path before the prefix was reused, and the one
+  for nets without a block stack: one clean pass, then the whole grid as
+  one batched pass of every block) against a loop of hooked runs (one
+  clean pass keeping the streams with hooks, one hooked run per cell: 49
+  passes).
 * Construction: ``Recorder(model, input_data={"input_ids": x})`` (the
   default: real reference pass, then the static-flow check on fake
   tensors), with ``force_static_flow=False``, and with
@@ -34,9 +40,12 @@ nnsight is timed when it imports (``nnsight.LanguageModel`` around the same
 model, saving every block's output in one trace); otherwise the report says
 it was not installed. Before timing, every scenario is checked once: the
 records equal the hooks' bit for bit, the edited logits equal the hooked
-ones, and the two grids agree within 1e-4 (the batched pass rounds matrix
-products differently: a few float32 ulps carried through the layers). A
-failed check prints ``CHECK FAILED`` and exits with status 1.
+ones, ``patch_sweep`` with one cell a pass (``max_batch`` = the batch size)
+equals the loop bit for bit (the same float32 ops on the same rows), and
+the batched grids agree with it within 1e-4 (a batched pass rounds matrix
+products differently: a few float32 ulps, carried through the layers to
+logit differences of magnitude ~1). A failed check prints ``CHECK
+FAILED`` and exits with status 1.
 
 ``python benchmarks/transformers.py --help`` lists the options.
 """
@@ -234,7 +243,7 @@ def grid(model: Any, x: torch.Tensor, rounds: int) -> list[str]:
         logits = out.logits[:, -1]
         return (logits[:, GOOD] - logits[:, BAD]).mean()
 
-    def sweep() -> torch.Tensor:
+    def sweep(**options: Any) -> torch.Tensor:
         return patch_sweep(
             rnet,
             {"input_ids": clean, "logits_to_keep": 1},
@@ -242,6 +251,7 @@ def grid(model: Any, x: torch.Tensor, rounds: int) -> list[str]:
             names,
             metric,
             positions=positions,
+            **options,
         )
 
     def loop() -> torch.Tensor:
@@ -272,19 +282,34 @@ def grid(model: Any, x: torch.Tensor, rounds: int) -> list[str]:
         return result
 
     with torch.no_grad():
-        got, want = sweep(), loop()
+        want = loop()
+        exact = sweep(max_batch=BATCH)
         check(
-            torch.allclose(got, want, rtol=0, atol=1e-4),
-            f"patch_sweep equals the hooked loop (max diff {(got - want).abs().max():.2e})",
+            torch.equal(exact, want),
+            "patch_sweep, one cell a pass, equals the hooked loop bit for bit "
+            f"(max diff {(exact - want).abs().max():.2e})",
         )
-        jobs = {"patch_sweep": Scenario(sweep), "hook_loop": Scenario(loop)}
+        for options in ({}, {"reuse_prefix": False}):
+            got = sweep(**options)
+            check(
+                torch.allclose(got, want, rtol=0, atol=1e-4),
+                f"patch_sweep({options}) equals the hooked loop within 1e-4 "
+                f"(max diff {(got - want).abs().max():.2e})",
+            )
+        jobs = {
+            "patch_sweep": Scenario(sweep),
+            "batched": Scenario(lambda: sweep(reuse_prefix=False)),
+            "hook_loop": Scenario(loop),
+        }
         times = paired(jobs, rounds)
     return [
         (
             f"| grid {GRID_LAYERS} x {GRID_POSITIONS} | "
             f"{statistics.median(times['patch_sweep']):.3f} | "
+            f"{statistics.median(times['batched']):.3f} | "
             f"{statistics.median(times['hook_loop']):.3f} | "
-            f"{ratio(times, 'patch_sweep', 'hook_loop'):.3f} |"
+            f"{ratio(times, 'patch_sweep', 'hook_loop'):.3f} | "
+            f"{ratio(times, 'batched', 'hook_loop'):.3f} |"
         )
     ]
 
@@ -353,7 +378,11 @@ def main() -> int:
         print(f"Per pass, {args.rounds} rounds:\n")
         print("\n".join(per_pass(model, x, args.rounds)))
         print(f"\nPatching grid, {args.grid_rounds} rounds:\n")
-        print("| job | patch_sweep s | hook loop s | ratio |\n|---|---:|---:|---:|")
+        print(
+            "| job | patch_sweep s | `reuse_prefix=False` s | hook loop s | "
+            "patch_sweep / loop | `reuse_prefix=False` / loop |\n"
+            "|---|---:|---:|---:|---:|---:|"
+        )
         print("\n".join(grid(model, x, args.grid_rounds)))
         print(f"\nConstruction, {args.build_rounds} rounds:\n")
         print("| scenario | median s | ratio to one forward |\n|---|---:|---:|")

@@ -7,12 +7,17 @@ benchmark runs on one thread, so the core count does not matter). Needs the
 ``plot`` and ``graph`` extras and Graphviz's ``dot``.
 
 * the real-data benchmark (``scio_recorder.ood.benchmark``, ``"digits"``):
-  every detector, 5 seeds, ``images/ood-table.md``; the demo's pictures of
-  seed 0 as ``images/digits-*.png`` (the home page's);
+  every detector, 5 seeds, ``images/ood-table.md``; the pictures
+  ``scio-recorder demo`` draws (of its first seed's net, seed 0) as
+  ``images/digits-*.png`` (the home page's);
 * the hard case (``"blobs"``): every detector, 3 seeds,
   ``images/ood-table-blobs.md``; ``scores-shapes.png`` and
-  ``roc-shapes.png``, and the demo CNN's Grad-CAM (``gradcam.png``) and
-  execution graph (``graph.svg``) that the explain and graph pages show.
+  ``roc-shapes.png``, and the Grad-CAM (``gradcam.png``) and execution
+  graph (``graph.svg``) of the blobs CNN (``models.demo_model``) that the
+  explain and graph pages show, all of seed 0's net.
+
+Grad-CAM pictures name their layer from the layer table
+(``scio_recorder.demo.gradcam_layer``: the last convolution), never by hand.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from scio_recorder.demo import PICTURED, run_demo
+from scio_recorder.demo import PICTURED, gradcam_layer, run_demo
 from scio_recorder.explain import grad_cam
 from scio_recorder.ood.benchmark import run_benchmark
 from scio_recorder.plot import gradcam_overlay, roc_curves, score_histograms
@@ -56,11 +61,14 @@ def blobs() -> str:
         draw(first.results["shapes"], shown).savefig(path, dpi=110)
         print(path)
     rnet = first.rnet
-    images = first.data.test[0][:8]
-    cams = grad_cam(rnet, images, layer="features.3")
+    images, labels = first.data.test[0][:8], first.data.test[1][:8]
+    row, title = gradcam_layer(rnet)
+    cams = grad_cam(rnet, images, layer=row.label)
     with torch.no_grad():
-        predicted = rnet.net(images).argmax(1).tolist()
-    fig = gradcam_overlay(images, cams, titles=[f"class {c}" for c in predicted])
+        predicted = rnet.net(images).argmax(1)
+    fig = gradcam_overlay(
+        images, cams, predicted=predicted, true=labels, layer=f"{title}, seed 0"
+    )
     fig.savefig(IMAGES / "gradcam.png", dpi=110)
     with rnet.selecting("classifier.2", inputs="classifier.3"):
         rnet.graph().render(IMAGES / "graph.svg", expand_nested=True)

@@ -6,6 +6,11 @@ labelled ``depth-idx``, select labels (or names, types, predicates) with
 :attr:`Recorder.activations` — or edit them in flight with
 ``activation_postproc``.
 
+``import scio_recorder`` loads the recorder and what it needs; the tools
+built on it (:mod:`~scio_recorder.collect`, saved records, groups, the
+subpackages) load when first used, by any spelling
+(``scio_recorder.collect``, ``from scio_recorder import collect``).
+
 Examples
 --------
 >>> import torch
@@ -21,25 +26,42 @@ torch.Size([2, 4])
 
 import typing
 
-from ._engine.plan import CallPlanError, Postprocessor
+from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
-from .calls import CallRecorder
-from .collect import CollectResult, Estimate, estimate
-from .group import RecorderGroup
-from .io import RecordInfo, Records, load_records, save_records
+from ._lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
 from .recorder import InPlaceWarning, Recorder, Selection
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
 
-# `scio_recorder.collect` is the subpackage, callable: calling it calls the
-# function `collect` (see `scio_recorder.collect._collect.CollectModule`).
-# Type checkers are told it is the function, which is how it is called.
+# Imported when first used (see `scio_recorder._lazy`): what a plain
+# recorder does not need.
+__getattr__, __dir__ = _lazy_attributes(
+    __name__,
+    {
+        "CallRecorder": ".calls",
+        "CollectResult": ".collect",
+        "Estimate": ".collect",
+        "RecordInfo": ".io",
+        "RecorderGroup": ".group",
+        "Records": ".io",
+        "collect": ".collect",
+        "estimate": ".collect",
+        "load_records": ".io",
+        "save_records": ".io",
+    },
+)
+
 if typing.TYPE_CHECKING:
-    from .collect import collect
-else:
-    from . import collect
+    # `scio_recorder.collect` is the subpackage, callable: calling it calls
+    # the function `collect` (see `scio_recorder.collect._collect.
+    # CollectModule`). Type checkers are told it is the function, which is
+    # how it is called.
+    from .calls import CallRecorder
+    from .collect import CollectResult, Estimate, collect, estimate
+    from .group import RecorderGroup
+    from .io import RecordInfo, Records, load_records, save_records
 
 __all__ = [
     "CallInputs",
@@ -65,6 +87,7 @@ __all__ = [
     "load_records",
     "make_reducer",
     "modules",
+    "reshaping",
     "save_records",
 ]
 

@@ -3,13 +3,17 @@
 Holds :func:`write_atomic` (write through a temporary file in the target's
 folder, ``fsync`` it, :func:`os.replace` it onto the target, ``fsync`` the
 folder), :func:`fsync_file` and :func:`fsync_folder`, :func:`library_version`
-(``scio_recorder.__version__``, read when needed) and the one map between
+(``scio_recorder.__version__``, read when needed), the one map between
 dtypes and the names written in files (:func:`dtype_name`,
-:func:`parse_dtype`).
+:func:`parse_dtype`), and what checks a manifest before a run resumes from
+it (:func:`manifest_digest`, written into the files a manifest names;
+:func:`is_count`; :func:`differences`, the lines that say how a saved run's
+arguments differ from this run's).
 
 Why: records files (:mod:`scio_recorder.io`), detector states
-(:mod:`scio_recorder.ood`) and the checkpoints and spill files of
-:mod:`scio_recorder.collect` are all written this way; each had its own copy,
+(:mod:`scio_recorder.ood`), the checkpoints and spill files of
+:mod:`scio_recorder.collect` and the activation sets of
+:mod:`scio_recorder.activations` are all written this way; each had its own copy,
 and the copies drifted (one did not ``fsync``, the CLI read the version from
 the installed distribution where the files read the package).
 """
@@ -19,28 +23,34 @@ from __future__ import annotations
 __all__ = [
     "DTYPES",
     "TEMPORARY_SUFFIX",
+    "differences",
     "dtype_name",
     "fsync_file",
     "fsync_folder",
+    "is_count",
+    "is_file_name",
     "is_temporary",
     "library_version",
+    "manifest_digest",
     "parse_dtype",
     "write_atomic",
 ]
 
 import contextlib
+import hashlib
 import importlib.metadata
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 DIST_NAME = "scio-recorder"
 """The distribution's name (``pip install scio-recorder``)."""
@@ -204,3 +214,86 @@ def write_atomic(
         raise
     if durable:
         fsync_folder(path.parent)
+
+
+# ----------------------------------------------------------------- manifests
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """Return a digest of a manifest's JSON content (the same after a round trip).
+
+    Examples
+    --------
+    >>> manifest_digest({"a": 1, "b": [2]}) == manifest_digest({"b": [2], "a": 1})
+    True
+
+    """
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Return whether ``value`` is an int >= 0 (not a bool).
+
+    Examples
+    --------
+    >>> is_count(0), is_count(-1), is_count(True), is_count(2.0)
+    (True, False, False, False)
+
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_file_name(value: object) -> TypeGuard[str]:
+    """Return whether ``value`` names a file in a folder (no path, not ``.``/``..``).
+
+    What a manifest names is joined to its folder and may be deleted: an
+    edited name must not reach outside the folder, or be the folder itself.
+
+    Examples
+    --------
+    >>> [is_file_name(v) for v in ["a.bin", "", ".", "..", "a/b", 3]]
+    [True, False, False, False, False, False]
+
+    """
+    return (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\0" not in value
+    )
+
+
+def differences(saved: object, now: Mapping[str, Any]) -> list[str]:
+    """Return one line per field where a saved fingerprint differs from ``now``.
+
+    A field that is a dict on both sides gets one line per differing key.
+
+    Examples
+    --------
+    >>> differences({"seed": 0, "layers": {"a": 1}}, {"seed": 1, "layers": {"a": 2}})
+    ['- layers of a: saved 1, now 2', '- seed: saved 0, now 1']
+
+    """
+    if not isinstance(saved, dict):
+        saved = {}
+    lines: list[str] = []
+    for key in sorted(set(saved) | set(now)):
+        old, new = saved.get(key), now.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines.extend(
+                f"- {key} of {sub}: saved {_plain(old.get(sub))}, "
+                f"now {_plain(new.get(sub))}"
+                for sub in sorted(set(old) | set(new))
+                if old.get(sub) != new.get(sub)
+            )
+        else:
+            lines.append(f"- {key}: saved {_plain(old)}, now {_plain(new)}")
+    return lines
+
+
+def _plain(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)

@@ -23,9 +23,15 @@ line that reads it.
   (``Recorder(..., reference_tensors="fake")``) and falls back to the real pass,
   with a warning, where the fake one cannot run.
 
+A model placed by accelerate (its modules carry ``_hf_hook``: offloaded
+weights are loaded just before a module runs) is faked like any other, except
+that accelerate's hooks run on real tensors (:func:`fake_pass`): they load one
+module's real weights at a time, as in a real pass, while the module's own
+computation stays fake.
+
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
-net's modes, ``requires_grad`` flags and buffers are restored
-(:func:`~scio_recorder._preserve.preserved`).
+net's modes, ``requires_grad`` flags, parameters, buffers and accelerate
+hooks' state are restored (:func:`~scio_recorder._preserve.preserved`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
 
 import contextlib
 import dataclasses
+import functools
 import os
 import traceback
 import warnings
@@ -52,12 +59,13 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     FakeTensor,
     FakeTensorMode,
+    unset_fake_temporarily,
 )
 from torch.nn.parameter import is_lazy
 
 from ._engine.passes import is_recorder
 from ._preserve import preserved
-from .layers import LayerTable, build_table, example_inputs
+from .layers import LayerTable, build_table, example_inputs, reference_kwargs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -128,10 +136,67 @@ def _data_read(error: BaseException) -> DataRead | None:
 
 
 @contextlib.contextmanager
-def fake_pass() -> Iterator[None]:
-    """Run the enclosed code on fake tensors (real tensors are faked on use)."""
-    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+def fake_pass(net: nn.Module | None = None) -> Iterator[None]:
+    """Run the enclosed code on fake tensors (real tensors are faked on use).
+
+    accelerate's hooks on the modules of ``net`` (see :func:`_real_hooks`) run
+    on real tensors.
+    """
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        torch.no_grad(),
+        _real_hooks(net),
+    ):
         yield
+
+
+@contextlib.contextmanager
+def _real_hooks(net: nn.Module | None) -> Iterator[None]:
+    """Run the ``pre_forward``/``post_forward`` of accelerate's hooks unfaked.
+
+    A model placed by accelerate (``dispatch_model``, ``cpu_offload``,
+    ``disk_offload``, ``from_pretrained(..., device_map=...)``) has a hook on
+    its modules (``module._hf_hook``) whose ``pre_forward`` moves the inputs
+    to the module's execution device and, for an offloaded module, loads its
+    weights from the offload map into new parameters; ``post_forward`` sets
+    them back on the ``meta`` device. Under the fake mode those parameters
+    would be fake, and accelerate rebuilds a parameter with
+    ``type(param)(value)``, which a fake tensor's class refuses. With the fake
+    mode lifted around the hooks, they place real weights (one module at a
+    time, as in a real pass: a disk-offloaded module is read from disk) and
+    the module's own computation stays fake. The hooks compute nothing
+    themselves, and fake inputs stay fake through them (a fake tensor runs in
+    its own mode). Each hook's methods are shadowed by instance attributes
+    for the duration of the pass, then removed.
+    """
+    hooks = {
+        id(hook): hook
+        for module in (net.modules() if net is not None else ())
+        if (hook := getattr(module, "_hf_hook", None)) is not None
+    }
+    patched: list[tuple[Any, str]] = []
+    try:
+        for hook in hooks.values():
+            if not hasattr(hook, "__dict__"):  # not accelerate's
+                continue
+            for name in ("pre_forward", "post_forward"):
+                method = getattr(hook, name, None)
+                if method is None or name in vars(hook):
+                    continue
+                setattr(hook, name, _unfaked(method))
+                patched.append((hook, name))
+        yield
+    finally:
+        for hook, name in patched:
+            delattr(hook, name)
+
+
+def _unfaked(method: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return method(*args, **kwargs)
+
+    return call
 
 
 def _fx_traces(net: nn.Module) -> BaseException | None:
@@ -148,7 +213,8 @@ def _fx_traces(net: nn.Module) -> BaseException | None:
             return is_recorder(m) or super().is_leaf_module(m, module_qualified_name)
 
     try:
-        _Tracer().trace(net)
+        with preserved(net):  # accelerate's hooks run in a trace too
+            _Tracer().trace(net)
     except Exception as error:  # noqa: BLE001 (any failure is the answer)
         return error
     return None
@@ -232,7 +298,7 @@ def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | 
     """Run one fake pass of ``net``; return where it read a value, if it did."""
     train = str(summary_kwargs.get("mode", "eval")) == "train"
     try:
-        with preserved(net), fake_pass():
+        with preserved(net), fake_pass(net):
             args, kwargs = example_inputs(net, summary_kwargs)
             net.train(train)
             net(*args, **kwargs)
@@ -311,10 +377,13 @@ def fake_table(
     [[1, 3], [1, 3], [1, 3]]
 
     """
+    summary_kwargs = reference_kwargs(net, summary_kwargs)
     reason = _fake_unsafe(net, summary_kwargs)
     if reason is None:
         try:
-            table = build_table(net, summary_kwargs, around=fake_pass)
+            table = build_table(
+                net, summary_kwargs, around=functools.partial(fake_pass, net)
+            )
         except Exception as error:  # noqa: BLE001 (fall back to the real pass)
             read = _data_read(error)
             if check_flow:
@@ -376,6 +445,7 @@ def table_of(
     comes from :func:`fake_table`; else from a real pass, followed by
     :func:`check_static_flow` if ``check_flow``.
     """
+    summary_kwargs = reference_kwargs(net, summary_kwargs)
     if fake:
         return fake_table(net, summary_kwargs, check_flow=check_flow)
     return _real_table(net, summary_kwargs, check_flow=check_flow)

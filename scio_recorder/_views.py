@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ._engine.state import CallInputs, Records
-from .graph import trace_graph
 from .layers import example_inputs
 from .select import resolve
 
@@ -113,6 +112,8 @@ class RecorderViews(nn.Module):
         digraph execution_graph {
 
         """
+        from .graph import trace_graph  # noqa: PLC0415 (loaded when first used)
+
         if not args and not kwargs:
             args, kwargs = self.example_inputs()
         selection = self._selection

@@ -49,7 +49,6 @@ from torch import nn
 from scio_recorder import Recorder
 from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
 from scio_recorder._render import text_table
-from scio_recorder.graph import ExecutionGraph, GraphError, trace_graph
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
     demo_model,
@@ -60,6 +59,8 @@ from scio_recorder.models import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
+
+    from scio_recorder.graph import ExecutionGraph
 
 BUILTINS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "demo": (demo_model, (1, 3, 32, 32)),
@@ -434,6 +435,9 @@ def _model(args: argparse.Namespace) -> tuple[nn.Module, _Inputs]:
             msg = f"--kwarg takes KEY=VALUE, got {item!r}"
             raise CLIError(msg)
         keywords[key] = _literal(value)
+    # a fixed seed: the same initial weights and random inputs at every run,
+    # so the printed shapes and statistics repeat (and docs/cli.md's hold)
+    torch.manual_seed(0)
     net = factory(*positional, **keywords)
     if not isinstance(net, nn.Module):
         msg = f"{args.target!r} returned a {type(net).__name__}, not a torch.nn.Module"
@@ -714,6 +718,8 @@ def _recorded_table(rnet: Recorder, width: int) -> str:
 
 def _graph(args: argparse.Namespace) -> int:
     """Draw the graph of one pass; no table is built first (:func:`graph_of`)."""
+    from scio_recorder.graph import GraphError, trace_graph  # noqa: PLC0415 (when used)
+
     net, given = _model(args)
     call_args, call_kwargs = example_inputs(net, given.kwargs)
     try:

@@ -16,7 +16,7 @@ given seed on a given machine.
 
 from __future__ import annotations
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "gradcam_layer", "run_demo"]
 
 import dataclasses
 import importlib.util
@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from ._extras import INSTALL_DOT, install_hint
+from .data import load_digits
 from .explain import grad_cam
 from .ood.benchmark import ID_DIGITS, BenchmarkResults, run_benchmark
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .layers import Layer
     from .ood import OoDResults
     from .ood.benchmark import BenchmarkRun
     from .recorder import Recorder
@@ -124,7 +127,7 @@ def run_demo(  # noqa: PLR0913 (keyword-only knobs)
     >>> list(result.evaluations)
     ['digits-6-9', 'noise', 'inverted', 'rotated']
     >>> len(result.evaluations.detectors), result.evaluations.detectors[:3]
-    (28, ['MSP', 'MaxLogit', 'Energy'])
+    (35, ['MSP', 'MaxLogit', 'Energy'])
 
     """
     unknown = [name for name in ood if name not in OOD_SETS]
@@ -166,11 +169,75 @@ def run_demo(  # noqa: PLR0913 (keyword-only knobs)
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
         drawn = ood[:1] if quick else ood
-        result.files = _pictures(first, drawn, folder, echo)
+        result.files = _pictures(first, drawn, folder, echo, count)
         seconds["pictures"] = time.perf_counter() - step
     seconds["total"] = time.perf_counter() - start
     echo(f"\ndone in {seconds['total']:.1f} s")
     return result
+
+
+def gradcam_layer(rnet: Recorder) -> tuple[Layer, str]:
+    """Return the row of the last convolution of ``rnet``'s table, and its title.
+
+    The layer the demo's Grad-CAM picture is of, found in the layer table
+    (never named by hand), and the words that name it: qualified name,
+    label and type.
+
+    Raises
+    ------
+    ValueError
+        If the net has no ``nn.Conv2d`` call (naming the net).
+
+    Examples
+    --------
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.models import digits_cnn
+    >>> row, title = gradcam_layer(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
+    >>> row.name, title
+    ('features.5', 'features.5 (2-6, Conv2d: the last convolution)')
+
+    """
+    convs = [
+        row
+        for row in rnet.table.rows
+        if row.recordable and isinstance(row.module, nn.Conv2d)
+    ]
+    if not convs:
+        msg = (
+            f"{type(rnet.net).__name__} has no nn.Conv2d call to draw the "
+            "Grad-CAM of; print(rnet.compact()) lists its layers"
+        )
+        raise ValueError(msg)
+    row = convs[-1]
+    words = "the last convolution" if len(convs) > 1 else "its convolution"
+    title = f"{row.name} ({row.label_str}, {type(row.module).__name__}: {words})"
+    return row, title
+
+
+def _gradcam_picture(run: BenchmarkRun, overlay: Callable[..., Any]) -> Any:
+    """Draw Grad-CAM of the last convolution on four test and four unseen digits.
+
+    Each panel names the true digit and the prediction; the digit's outline
+    is drawn over the heat, so it stays readable.
+    """
+    rnet = run.rnet
+    row, title = gradcam_layer(rnet)
+    test_x, test_y = run.data.test
+    # one of each unseen digit, from the set the near-OoD images come from
+    digits, labels = load_digits()
+    unseen = torch.stack(
+        [torch.nonzero(labels == digit)[0, 0] for digit in range(ID_DIGITS, 10)]
+    )[:4]
+    images = torch.cat([test_x[:4], digits[unseen]])
+    true = [*test_y[:4].tolist(), *labels[unseen].tolist()]
+    cams = grad_cam(rnet, images, layer=row.label)  # upsampled to the 8 x 8 input
+    with torch.no_grad():
+        predicted = rnet.net(images).argmax(1).tolist()
+    titles = [
+        f"{'test' if digit < ID_DIGITS else 'unseen'} digit {digit}: predicted {guess}"
+        for digit, guess in zip(true, predicted, strict=True)
+    ]
+    return overlay(images, cams, titles=titles, alpha=0.6, layer=title, outline=True)
 
 
 def _pictures(
@@ -178,9 +245,13 @@ def _pictures(
     ood: tuple[str, ...],
     folder: Path,
     echo: Callable[[str], Any],
+    seeds: int,
 ) -> list[Path]:
     rnet, evaluations = run.rnet, run.results
     files: list[Path] = []
+    seed = f"the net of seed {run.seed}"
+    if seeds > 1:
+        seed += f" (the first of {seeds}; the printed table: mean ± std over them)"
     if importlib.util.find_spec("matplotlib") is None:
         hint = install_hint("plot", "matplotlib")
         echo(f"no pictures of scores and Grad-CAM: {hint}")
@@ -189,27 +260,14 @@ def _pictures(
 
         shown = [name for name in PICTURED if name in evaluations.detectors]
         for name in ood:
-            path = folder / f"scores-{name}.png"
-            score_histograms(evaluations[name], shown).savefig(path, dpi=110)
-            files.append(path)
-            path = folder / f"roc-{name}.png"
-            roc_curves(evaluations[name], shown).savefig(path, dpi=110)
-            files.append(path)
-        # four test digits (ID) and four digits 6-9 (near-OoD)
-        images = torch.cat([run.data.test[0][:4], run.data.near["digits-6-9"][:4]])
-        cams = grad_cam(rnet, images, layer="features.3")  # 8 x 8, the input's
-        with torch.no_grad():
-            predicted = rnet.net(images).argmax(1).tolist()
-        true = [*run.data.test[1][:4].tolist(), *[None] * 4]  # unseen: no ID class
-        titles = [
-            f"ID digit {t}: predicted {c}"
-            if t is not None
-            else f"unseen digit (6-9): predicted {c}"
-            for t, c in zip(true, predicted, strict=True)
-        ]
-        fig = gradcam_overlay(
-            images, cams, titles=titles, alpha=0.6, layer="features.3 (the last conv)"
-        )
+            for kind, draw in (("scores", score_histograms), ("roc", roc_curves)):
+                fig = draw(evaluations[name], shown)
+                fig.supxlabel(seed, fontsize="medium")
+                path = folder / f"{kind}-{name}.png"
+                fig.savefig(path, dpi=110)
+                files.append(path)
+        fig = _gradcam_picture(run, gradcam_overlay)
+        fig.suptitle(f"{fig.get_suptitle()}\nthe net of seed {run.seed}")
         path = folder / "gradcam.png"
         fig.savefig(path, dpi=110)
         files.append(path)
@@ -221,8 +279,13 @@ def _pictures(
     except RuntimeError as error:
         path = folder / "graph.dot"
         path.write_text(graph.to_dot(expand_nested=True), encoding="utf-8")
-        why = "install graphviz for SVG" if str(error) == INSTALL_DOT else str(error)
+        why = (
+            "for SVG, install Graphviz's `dot` program: `apt-get install "
+            "graphviz`, `conda install graphviz` or `brew install graphviz`"
+            if str(error) == INSTALL_DOT
+            else str(error)
+        )
         echo(f"execution graph written as DOT ({why})")
     files.append(path)
-    echo("pictures:\n" + "\n".join(f"  {p}" for p in files))
+    echo(f"pictures of {seed}:\n" + "\n".join(f"  {p}" for p in files))
     return files

@@ -25,18 +25,21 @@ from __future__ import annotations
 
 __all__ = ["head_count", "heads_view", "scale_heads", "zero_heads"]
 
+import math
+from collections.abc import Mapping
+from numbers import Real
 from typing import TYPE_CHECKING
 
 import torch
 
+from .recorder import Recorder
 from .select import resolve_one
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from torch import Tensor
 
-    from .recorder import Recorder
     from .select import Selector
 
 _COUNT_NAMES = ("num_heads", "num_attention_heads", "n_head", "n_heads")
@@ -49,8 +52,11 @@ def heads_view(x: Tensor, num_heads: int) -> Tensor:
 
     Raises
     ------
+    TypeError
+        If ``x`` is not a tensor with a dimension, or ``num_heads`` not an int.
     ValueError
-        If the last dimension is not a multiple of ``num_heads``.
+        If ``num_heads`` is below 1, or the last dimension is not a multiple
+        of it.
 
     Examples
     --------
@@ -59,7 +65,15 @@ def heads_view(x: Tensor, num_heads: int) -> Tensor:
     torch.Size([2, 5, 4, 3])
 
     """
-    if num_heads < 1 or x.shape[-1] % num_heads:
+    _check_count(num_heads, "heads_view")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        shown = "a 0-d tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        msg = (
+            f"heads_view: `x` must be a tensor [..., heads * head_size], got "
+            f"{shown}: pass the input of the attention's output projection."
+        )
+        raise TypeError(msg)
+    if x.shape[-1] % num_heads:
         msg = (
             f"Cannot split the last dimension ({x.shape[-1]}) of a tensor of "
             f"shape {list(x.shape)} into {num_heads} heads: it must be a multiple "
@@ -77,6 +91,15 @@ def scale_heads(
 
     The tensor given is not changed: the function returns an edited copy.
 
+    Raises
+    ------
+    TypeError
+        If ``factors`` is not a mapping, a head is not an int, a scale not a
+        number, or ``num_heads`` not an int.
+    ValueError
+        If a head is out of ``range(num_heads)``, a scale is not finite, or
+        ``num_heads`` is below 1.
+
     Examples
     --------
     >>> import torch
@@ -84,12 +107,27 @@ def scale_heads(
     tensor([[2., 2., 1., 1.]])
 
     """
+    _check_count(num_heads, "scale_heads")
+    if not isinstance(factors, Mapping):
+        msg = (
+            f"scale_heads: `factors` must be a mapping from head to scale, got "
+            f"{_shown(factors)}: e.g. `scale_heads({{1: 0.5}}, num_heads="
+            f"{num_heads})` halves head 1."
+        )
+        raise TypeError(msg)
     chosen = dict(factors)
-    for head in chosen:
-        if not 0 <= head < num_heads:
+    _check_heads(list(chosen), num_heads, "scale_heads", "a key of `factors`")
+    for head, factor in chosen.items():
+        if not isinstance(factor, Real) or isinstance(factor, bool):
             msg = (
-                f"Head {head} does not exist: there are {num_heads} "
-                f"(0 to {num_heads - 1})."
+                f"scale_heads: `factors[{head}]` is {_shown(factor)}, not a "
+                f"number: give each head's scale as a float, e.g. `{{{head}: 0.5}}`."
+            )
+            raise TypeError(msg)
+        if not math.isfinite(factor):
+            msg = (
+                f"scale_heads: `factors[{head}]` is {factor}: a scale must be "
+                "finite (0.0 silences a head)."
             )
             raise ValueError(msg)
 
@@ -105,6 +143,13 @@ def scale_heads(
 def zero_heads(heads: Iterable[int], num_heads: int) -> Callable[[Tensor], Tensor]:
     """Return an ``input_postproc`` that zeroes the outputs of ``heads``.
 
+    Raises
+    ------
+    TypeError
+        If ``heads`` is not an iterable of ints, or ``num_heads`` not an int.
+    ValueError
+        If a head is out of ``range(num_heads)``, or ``num_heads`` is below 1.
+
     Examples
     --------
     >>> import torch
@@ -112,7 +157,16 @@ def zero_heads(heads: Iterable[int], num_heads: int) -> Callable[[Tensor], Tenso
     tensor([[0., 0., 1., 1.]])
 
     """
-    return scale_heads(dict.fromkeys(heads, 0.0), num_heads)
+    _check_count(num_heads, "zero_heads")
+    if isinstance(heads, int | str | bytes) or not hasattr(heads, "__iter__"):
+        msg = (
+            f"zero_heads: `heads` must be an iterable of head indices, got "
+            f"{_shown(heads)}: e.g. `zero_heads([1], num_heads={num_heads})`."
+        )
+        raise TypeError(msg)
+    chosen = list(heads)
+    _check_heads(chosen, num_heads, "zero_heads", "in `heads`")
+    return scale_heads(dict.fromkeys(chosen, 0.0), num_heads)
 
 
 def head_count(rnet: Recorder, selector: Selector) -> int:
@@ -139,6 +193,13 @@ def head_count(rnet: Recorder, selector: Selector) -> int:
     2
 
     """
+    if not isinstance(rnet, Recorder):
+        msg = (
+            f"head_count: `rnet` must be a Recorder wrapping the model, got a "
+            f"{type(rnet).__name__}: wrap it first, e.g. `Recorder(model, "
+            'input_data={"input_ids": ids})`.'
+        )
+        raise TypeError(msg)
     row = resolve_one(rnet.table, rnet.net, selector, "head_count")
     parts = row.name.split(".") if row.name else []
     modules = dict(rnet.net.named_modules())
@@ -155,3 +216,40 @@ def head_count(rnet: Recorder, selector: Selector) -> int:
         "give `num_heads=` yourself."
     )
     raise ValueError(msg)
+
+
+def _check_count(num_heads: object, who: str) -> None:
+    """Refuse a ``num_heads`` that is not an int of at least 1."""
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool):
+        msg = (
+            f"{who}: `num_heads` must be an int, got {_shown(num_heads)}: give the "
+            "number of query heads (`head_count(rnet, selector)` reads it)."
+        )
+        raise TypeError(msg)
+    if num_heads < 1:
+        msg = f"{who}: `num_heads={num_heads}`: there is at least one head."
+        raise ValueError(msg)
+
+
+def _check_heads(heads: Sequence[object], num_heads: int, who: str, where: str) -> None:
+    """Refuse a head that is not an int in ``range(num_heads)``."""
+    for head in heads:
+        if not isinstance(head, int) or isinstance(head, bool):
+            msg = (
+                f"{who}: head {head!r} ({where}) is not an int: give head "
+                f"indices from 0 to {num_heads - 1}."
+            )
+            raise TypeError(msg)
+        if not 0 <= head < num_heads:
+            msg = (
+                f"{who}: head {head} ({where}) does not exist: there are "
+                f"{num_heads} heads, 0 to {num_heads - 1}."
+            )
+            raise ValueError(msg)
+
+
+def _shown(value: object) -> str:
+    """Describe ``value`` in a message: a tensor by its shape, else by repr."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return repr(value)

@@ -46,6 +46,7 @@ __all__ = [
     "label_str",
     "nested_size",
     "parse_label",
+    "reference_kwargs",
 ]
 
 import contextlib
@@ -61,13 +62,14 @@ import torch
 import torchinfo
 import torchinfo.torchinfo as _torchinfo_impl
 from torch import Tensor
+from torch.nn.parameter import is_lazy
 from torchinfo.enums import Units
 from torchinfo.formatting import FormattingOptions
 from torchinfo.layer_info import LayerInfo, prod
 from torchinfo.model_statistics import ModelStatistics
 
 from . import _render
-from ._preserve import preserved
+from ._preserve import placed_by_accelerate, preserved
 
 if TYPE_CHECKING:
     from torch import nn
@@ -330,9 +332,12 @@ class LayerTable(Mapping[DepthIdx, Layer]):
 
         The columns are the label, the qualified name, the type, the output
         shape and the parameters (with thousands separators), then a footer
-        with the totals. Where the lines would be too wide, the name, type and
-        shape columns are narrowed (the widest first) and their cells cut in
-        the middle with an ellipsis (``encoder.l…ut.dense``). The reference
+        with the totals, each parameter counted once. A parameter held by
+        several modules (tied weights: a language model's embedding and
+        output layer) is shown on the row of each, and the footer names it.
+        Where the lines would be too wide, the name, type and shape columns
+        are narrowed (the widest first) and their cells cut in the middle
+        with an ellipsis (``encoder.l…ut.dense``). The reference
         table, ``print(rnet)``, is unchanged; this one is for terminals,
         notebooks and docs.
 
@@ -357,10 +362,13 @@ class LayerTable(Mapping[DepthIdx, Layer]):
 
         Raises
         ------
+        TypeError
+            If ``width`` is not an ``int`` or ``marks`` not a mapping of
+            labels to strings (the message names the argument).
         ValueError
             If ``width`` is too small for the label and parameter columns
             plus a few characters of each other column (the message gives the
-            smallest width that works), or ``depth`` is negative.
+            smallest width that works), or ``depth`` is not an integer >= 0.
 
         Examples
         --------
@@ -380,6 +388,7 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         5 rows; reference pass in eval mode
 
         """
+        width = _check_width(width)
         header, cells, _, footer = self._cells(depth, marks)
         # names and types are cut before shapes, which read badly cut
         flexible = [
@@ -430,6 +439,9 @@ class LayerTable(Mapping[DepthIdx, Layer]):
         (5, 1)
 
         """
+        if not isinstance(caption, str):
+            msg = f"to_html(caption={caption!r}): give the caption as a str"
+            raise TypeError(msg)
         header, cells, marked, footer = self._cells(depth, marks)
         return _render.html_table(
             header,
@@ -449,31 +461,41 @@ class LayerTable(Mapping[DepthIdx, Layer]):
     ) -> tuple[list[str], list[list[str]], list[bool], list[str]]:
         """Return the header, the cells, which rows are marked, the footer."""
         limit = self._depth_limit(depth)
+        marks = _check_marks(marks)
         own = self._own_params()
-        shown: list[tuple[Layer, int]] = []
+        shown: list[tuple[Layer, dict[int, tuple[int, bool]]]] = []
         for row, params in zip(self.rows, own, strict=True):
             if row.label[0] <= limit:
-                shown.append((row, params))
+                shown.append((row, dict(params)))
             elif shown:  # hidden under the last row shown: it counts them
-                last, count = shown[-1]
-                shown[-1] = (last, count + params)
-        marks = marks or {}
+                shown[-1][1].update(params)
         header = ["rec"] if marks else []
         header += ["label", "name", "type", "output shape", "params"]
         cells = []
         for row, params in shown:
             line = [marks.get(row.label, "")] if marks else []
+            count = sum(n for n, _ in params.values())
             line += [
                 row.label_str,
                 row.name or "-",
                 type(row.module).__name__,
                 _shape_cell(row),
-                f"{params:,}" if params else "-",
+                f"{count:,}" if count else "-",
             ]
             cells.append(line)
-        total = sum(own)
-        trainable = getattr(self.statistics, "trainable_params", total)
+        every = {key: value for params in own for key, value in params.items()}
+        total = sum(n for n, _ in every.values())
+        trainable = sum(n for n, grad in every.values() if grad)
         footer = [f"Total params: {total:,} (trainable {trainable:,})"]
+        shared = getattr(self.statistics, "shared_params", ())
+        if shared:
+            named = [" = ".join(group) for group in shared[:_SHARED_NAMED]]
+            if len(shared) > _SHARED_NAMED:
+                named.append(f"{len(shared) - _SHARED_NAMED} more")
+            footer.append(
+                f"Tied weights ({'; '.join(named)}): shown on the row of each "
+                "module holding them, counted once in the totals"
+            )
         if len(shown) < len(self.rows):
             footer.append(
                 f"{len(shown)} of {len(self.rows)} rows (depth <= {limit}; a row "
@@ -497,12 +519,21 @@ class LayerTable(Mapping[DepthIdx, Layer]):
             raise ValueError(msg)
         return depth
 
-    def _own_params(self) -> list[int]:
-        """Each row's parameters, each parameter counted once (see :class:`_Row`)."""
+    def _own_params(self) -> list[dict[int, tuple[int, bool]]]:
+        """Return the parameters each row shows: id -> (count, trainable).
+
+        Each parameter is shown once, on the row it is assigned to, and a
+        parameter held by several modules (tied weights) also on the row of
+        each other module holding it.
+        """
         infos = getattr(self.statistics, "summary_list", [])
         if len(infos) == len(self.rows) and all(isinstance(i, _Row) for i in infos):
-            return [info.assigned for info in infos]
-        return [row.num_params if row.label[0] == 0 else 0 for row in self.rows]
+            return [info.shown for info in infos]
+        # a table built by hand: the root's count, as one parameter
+        return [
+            {id(row): (row.num_params, True)} if row.label[0] == 0 else {}
+            for row in self.rows
+        ]
 
 
 class _HoldsTable(Protocol):
@@ -583,14 +614,23 @@ class _Row(LayerInfo):
     parameter is *assigned* once, to the first row of the nearest module
     (itself or an ancestor) that has a row; a row shows and totals count its
     assigned parameters. Where the table is a plain tree of calls this is
-    exactly torchinfo's count. A container row (not a call) also prints a
-    note after its label.
+    exactly torchinfo's count. A parameter held by several modules (tied
+    weights) is assigned once too, and *shown* (``shown``, the compact table)
+    on the row of each module holding it. A container row (not a call) also
+    prints a note after its label.
     """
 
     note = ""
     is_container = False
     assigned = 0
     assigned_trainable = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # parameters the compact table shows on this row: id -> (count,
+        # trainable); a parameter held by several modules (tied weights) is
+        # shown on the row of each of them
+        self.shown: dict[int, tuple[int, bool]] = {}
 
     def get_layer_name(self, show_var_name: bool, show_depth: bool) -> str:  # noqa: FBT001 (torchinfo's signature)
         name: str = super().get_layer_name(show_var_name, show_depth)
@@ -635,6 +675,67 @@ _SHORT_REASONS = {
 }
 
 
+_SHARED_NAMED = 3
+"""How many shared parameters the compact table's footer names."""
+
+
+def _check_width(width: object, who: str = "compact") -> int:
+    """Return ``width`` if it is an ``int``; raise naming it otherwise.
+
+    (A width too narrow for a table is refused by the table, which knows the
+    narrowest width that works.)
+
+    Parameters
+    ----------
+    width : object
+        What the caller gave as ``width``.
+    who : str
+        The function it was given to, for the message.
+
+    Raises
+    ------
+    TypeError
+        If ``width`` is not an integer (a string, ``None``, a float, a bool).
+
+    Examples
+    --------
+    >>> _check_width(80)
+    80
+    >>> _check_width("100")
+    Traceback (most recent call last):
+    ...
+    TypeError: compact(width='100'): give the most characters a line may have as an int, e.g. `compact(width=100)` (the default)
+
+    """  # noqa: E501 (doctest output)
+    if isinstance(width, bool) or not isinstance(width, int):
+        msg = (
+            f"{who}(width={width!r}): give the most characters a line may have "
+            f"as an int, e.g. `{who}(width=100)` (the default)"
+        )
+        raise TypeError(msg)
+    return width
+
+
+def _check_marks(marks: object) -> Mapping[DepthIdx, str]:
+    """Return ``marks`` (``None``: none) if it maps labels to strings; else raise."""
+    if marks is None:
+        return {}
+    if not isinstance(marks, Mapping):
+        msg = (
+            f"marks={marks!r}: give a mapping of labels to short strings, e.g. "
+            "`marks={(1, 3): 'o'}`, or None"
+        )
+        raise TypeError(msg)
+    bad = {label: mark for label, mark in marks.items() if not isinstance(mark, str)}
+    if bad:
+        msg = (
+            f"marks: the mark of each label must be a str, got {bad!r}; e.g. "
+            "`marks={(1, 3): 'o'}`"
+        )
+        raise TypeError(msg)
+    return cast("Mapping[DepthIdx, str]", marks)
+
+
 def _shape_cell(row: Layer) -> str:
     """Return the output shape of ``row`` for the compact table, or why none."""
     if not row.recordable:
@@ -642,29 +743,56 @@ def _shape_cell(row: Layer) -> str:
     return str(row.output_size) if row.output_size else "-"
 
 
-def _assign_params(net: nn.Module, rows: list[_Row]) -> None:
-    """Assign each parameter of ``net`` to one row (see :class:`_Row`)."""
+def _assign_params(net: nn.Module, rows: list[_Row]) -> tuple[tuple[str, ...], ...]:
+    """Assign each parameter of ``net`` to one row (see :class:`_Row`).
+
+    Each parameter is counted as torchinfo counts it (a pruned weight by its
+    mask, a lazy one not at all). Return the qualified names of each
+    parameter held by several modules (tied weights), one tuple a parameter.
+    """
+    row_of = _row_finder(net, rows)
+    names = {module: name for name, module in net.named_modules()}
+    holders: dict[int, tuple[nn.Parameter, int, list[tuple[nn.Module, str]]]] = {}
+    for module in net.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not is_lazy(param):
+                count, _ = LayerInfo.get_param_count(module, name, param)
+                entry = holders.setdefault(id(param), (param, count, []))
+                entry[2].append((module, name))
+    shared = []
+    for key, (param, count, held) in holders.items():
+        shown = [row for row in (row_of(module) for module, _ in held) if row]
+        if shown:
+            shown[0].assigned += count
+            shown[0].assigned_trainable += count if param.requires_grad else 0
+        for row in shown:
+            row.shown[key] = (count, param.requires_grad)
+        if len(held) > 1:
+            shared.append(tuple(_qualified(names[m], name) for m, name in held))
+    return tuple(shared)
+
+
+def _row_finder(net: nn.Module, rows: list[_Row]) -> Callable[[nn.Module], _Row | None]:
+    """Return ``row_of(module)``: the first row of ``module`` or of an ancestor."""
     first: dict[nn.Module, _Row] = {}
     for row in rows:
         first.setdefault(row.module, row)
-    owners: dict[int, tuple[nn.Parameter, nn.Module]] = {}
-    for module in net.modules():
-        for param in module.parameters(recurse=False):
-            owners.setdefault(id(param), (param, module))
     parents: dict[nn.Module, nn.Module] = {}
     for module in net.modules():
         for child in module.children():
             parents.setdefault(child, module)
-    for param, owner in owners.values():
-        holder: nn.Module | None = owner
+
+    def row_of(module: nn.Module) -> _Row | None:
+        holder: nn.Module | None = module
         while holder is not None and holder not in first:
             holder = parents.get(holder)
-        if holder is None:
-            continue
-        row = first[holder]
-        row.assigned += param.numel()
-        if param.requires_grad:
-            row.assigned_trainable += param.numel()
+        return None if holder is None else first[holder]
+
+    return row_of
+
+
+def _qualified(module_name: str, name: str) -> str:
+    return f"{module_name}.{name}" if module_name else name
 
 
 @dataclasses.dataclass
@@ -926,21 +1054,98 @@ def example_inputs(
     ([torch.Size([3, 4])], {})
 
     """
-    device = summary_kwargs.get("device")
-    if device is None:
-        param = next(net.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
     x, _ = _torchinfo_impl.process_input(
         summary_kwargs.get("input_data"),
         summary_kwargs.get("input_size"),
         summary_kwargs.get("batch_dim"),
-        torch.device(device),
+        _input_device(net, summary_kwargs),
         summary_kwargs.get("dtypes"),
     )
     kwargs = {k: v for k, v in summary_kwargs.items() if k not in _SUMMARY_OPTIONS}
     if isinstance(x, Mapping):
         return (), {**x, **kwargs}
     return tuple(x or ()), kwargs
+
+
+def _input_device(net: nn.Module, summary_kwargs: Mapping[str, Any]) -> torch.device:
+    """Return where ``input_size`` makes the example inputs.
+
+    ``device`` if given, else the device of the net's first parameter or
+    buffer that is not on the ``meta`` device (an offloaded one is), else CPU.
+    """
+    device = summary_kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    for tensor in (*net.parameters(), *net.buffers()):
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def reference_kwargs(net: nn.Module, summary_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return torchinfo's arguments for a reference pass that leaves ``net`` in place.
+
+    torchinfo moves the net to ``device`` when given and, when only
+    ``input_size`` is, to the first parameter's CUDA device, or CUDA if
+    available, or CPU. For a net placed by accelerate (``dispatch_model``,
+    ``cpu_offload``, ``disk_offload``, ``from_pretrained(...,
+    device_map=...)``) that would undo its device map, and it fails on
+    offloaded parameters (on the ``meta`` device). For such a net,
+    ``input_size`` becomes ``input_data`` made as torchinfo makes it, on the
+    device of the first parameter or buffer not on ``meta`` (else CPU), which
+    accelerate's hooks move to each module's execution device; ``device`` is
+    refused. Any other net's arguments are returned as they are.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        The network.
+    summary_kwargs : dict
+        Keyword arguments for :func:`torchinfo.summary`.
+
+    Returns
+    -------
+    dict
+        The arguments to give :func:`torchinfo.summary`.
+
+    Raises
+    ------
+    ValueError
+        If ``device`` is given for a net placed by accelerate.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> reference_kwargs(nn.Linear(3, 2), {"input_size": (1, 3)})
+    {'input_size': (1, 3)}
+
+    """
+    kwargs = summary_kwargs
+    if not placed_by_accelerate(net):
+        return kwargs
+    device = kwargs.get("device")
+    if device is not None:
+        msg = (
+            f"`device={device!r}` makes torchinfo move the net, which would undo "
+            "accelerate's placement of this model (its modules have accelerate "
+            "hooks, from `dispatch_model`, `cpu_offload`, `disk_offload` or "
+            "`from_pretrained(..., device_map=...)`). Drop `device`: the "
+            "reference pass leaves the model where it is (accelerate's hooks "
+            "move the inputs to each module's execution device), or pass "
+            "`input_data` on the device you want."
+        )
+        raise ValueError(msg)
+    if kwargs.get("input_data") is not None or kwargs.get("input_size") is None:
+        return kwargs
+    kwargs = dict(kwargs)
+    kwargs["input_data"], _ = _torchinfo_impl.process_input(
+        None,
+        kwargs.pop("input_size"),
+        kwargs.get("batch_dim"),
+        _input_device(net, kwargs),
+        kwargs.pop("dtypes", None),
+    )
+    return kwargs
 
 
 def build_table(
@@ -993,7 +1198,7 @@ def build_table(
     if not {"input_size", "input_data"} & summary_kwargs.keys():
         msg = "You must provide `input_data` or `input_size`"
         raise ValueError(msg)
-    kwargs = dict(summary_kwargs)
+    kwargs = dict(reference_kwargs(net, summary_kwargs))
     if kwargs.get("cache_forward_pass"):
         warnings.warn(
             "`cache_forward_pass=True` is ignored by `Recorder`: torchinfo keys "
@@ -1032,15 +1237,17 @@ def build_table(
         else:
             cache[name] = previous
 
-    _assign_params(net, log.rows)
-    statistics = _restatistics(summary, log.rows)
+    shared = _assign_params(net, log.rows)
+    statistics = _restatistics(summary, log.rows, shared)
     if verbose:
         print(statistics)  # noqa: T201 (the user asked torchinfo to print)
     rows = _to_layers(log)
     return LayerTable(rows, mode=mode, grad_enabled=False, statistics=statistics)
 
 
-def _restatistics(summary: ModelStatistics, rows: list[_Row]) -> ModelStatistics:
+def _restatistics(
+    summary: ModelStatistics, rows: list[_Row], shared: tuple[tuple[str, ...], ...]
+) -> _Statistics:
     """Return torchinfo statistics over the rebuilt ``rows``."""
     counters: dict[int, int] = {}
     for info in rows:
@@ -1063,17 +1270,55 @@ def _restatistics(summary: ModelStatistics, rows: list[_Row]) -> ModelStatistics
     )
     formatting.params_units = old.params_units
     formatting.macs_units = old.macs_units
-    return _Statistics(list(rows), summary.input_size, summary.total_input, formatting)
+    return _Statistics(
+        list(rows), summary.input_size, summary.total_input, formatting, shared
+    )
 
 
 class _Statistics(ModelStatistics):
-    """torchinfo's statistics, printed with the unit names torchinfo means.
+    """torchinfo's statistics, each parameter counted once, units printed right.
 
-    torchinfo 1.8 formats its ``Units`` (a ``str`` enum) with ``f"{units}"``,
-    which prints ``Units.MEGABYTES`` instead of ``M`` from Python 3.11 on
-    (enum formatting changed); the printed footer is mended here so that it
-    reads the same on every Python version.
+    * torchinfo totals a leaf row's parameters with *all* the parameters of
+      its module, so a parameter held by several modules (tied weights: a
+      language model's embedding and output layer) is counted once per
+      module. The totals here (``total_params``, ``trainable_params`` and the
+      bytes of ``Params size``) count each parameter once; the rows still
+      show torchinfo's per-module counts, a tied weight on each module.
+      Without tied weights the totals are torchinfo's.
+    * torchinfo 1.8 formats its ``Units`` (a ``str`` enum) with
+      ``f"{units}"``, which prints ``Units.MEGABYTES`` instead of ``M`` from
+      Python 3.11 on (enum formatting changed); the printed footer is mended
+      here so that it reads the same on every Python version.
     """
+
+    def __init__(
+        self,
+        summary_list: list[LayerInfo],
+        input_size: Any,
+        total_input_size: int,
+        formatting: FormattingOptions,
+        shared: tuple[tuple[str, ...], ...] = (),
+    ) -> None:
+        super().__init__(summary_list, input_size, total_input_size, formatting)
+        self.shared_params = shared
+        """The qualified names of each parameter held by several modules."""
+        rows = [row for row in summary_list if isinstance(row, _Row)]
+        if len(rows) != len(summary_list):  # pragma: no cover (always _Row)
+            return
+        self.total_params = sum(row.assigned for row in rows)
+        self.trainable_params = sum(row.assigned_trainable for row in rows)
+        # torchinfo's bytes: the leaf rows' parameters, here each one once
+        seen: set[int] = set()
+        self.total_param_bytes = 0
+        for row in rows:
+            if not row.is_leaf_layer or row.is_recursive:
+                continue
+            for name, param in row.module.named_parameters():
+                if id(param) in seen or is_lazy(param):
+                    continue
+                seen.add(id(param))
+                count, _ = LayerInfo.get_param_count(row.module, name, param)
+                self.total_param_bytes += param.element_size() * count
 
     def __repr__(self) -> str:
         text = super().__repr__()

@@ -574,6 +574,7 @@ def gradcam_overlay(  # noqa: PLR0913 (the pictures, what they show, how)
     true: Sequence[int] | Tensor | None = None,
     class_names: Sequence[str] | None = None,
     cmap: str = "jet",
+    outline: bool = False,
 ) -> Figure:
     """Draw Grad-CAM heatmaps blended over their images, with a colour bar.
 
@@ -605,6 +606,10 @@ def gradcam_overlay(  # noqa: PLR0913 (the pictures, what they show, how)
         Names of the classes, by index; default the indices.
     cmap : str, default "jet"
         matplotlib colormap of the heat.
+    outline : bool, default False
+        Also draw each image's outline over the heat: a white line where its
+        brightness crosses the middle of its range, so that a small image
+        (an 8 x 8 digit) stays readable under the colours.
 
     Examples
     --------
@@ -643,6 +648,10 @@ def gradcam_overlay(  # noqa: PLR0913 (the pictures, what they show, how)
         ax.imshow(_image(images[i]))
         heat = np.clip(_numpy(cams[i]), 0, 1)
         ax.imshow(heat, cmap=cmap, norm=norm, alpha=alpha * heat)
+        if outline:
+            grey = _image(images[i]).mean(axis=2)
+            if grey.max() > grey.min():  # a flat image has no outline
+                ax.contour(grey, levels=[0.5], colors="white", linewidths=1.5)
         ax.set_axis_off()
         lines = [titles[i]] if titles is not None else []
         words = []

@@ -259,7 +259,7 @@ class Recorder(RecorderViews):
         ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual,
         and so does a pass that Dynamo traces (it traces torch's own path with
         fewer guards than this one's checks). A pass without options, when
-        nothing is recorded or edited (see ``Passes.settle``), is the net's
+        nothing is recorded or edited (see ``Passes.update_idle``), is the net's
         call itself. Every check here reads plain attributes (see
         :class:`_Gate`): on a small net, each costs a visible share of a pass.
         """
@@ -558,7 +558,9 @@ class Recorder(RecorderViews):
 
     def _edits(self, postproc: Any, input_postproc: Any) -> Edits | None:
         """Resolve edits given by selector to labels (``None``: none given)."""
-        if input_postproc is None and not isinstance(postproc, Mapping):
+        if input_postproc is None and (
+            postproc is None or not isinstance(postproc, Mapping)
+        ):  # `postproc is None` first: a compiled pass then guards no `Mapping`
             return None
         table, net = self._table, self._net
         outputs = postproc

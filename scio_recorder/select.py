@@ -370,13 +370,19 @@ def _recordable(row: Layer) -> Layer:
 
 
 def resolve_one(
-    table: LayerTable, net: nn.Module, selector: Selector, who: str
+    table: LayerTable,
+    net: nn.Module,
+    selector: Selector,
+    who: str,
+    *,
+    hint: str = "`layer={label}`",
 ) -> Layer:
     """Resolve ``selector`` to exactly one row, or raise naming the fix.
 
     For tools that act on one layer call (a detector's layer, Grad-CAM's):
     an unknown selector or one selecting several calls raises
-    ``ValueError``, prefixed with ``who``.
+    ``ValueError``, prefixed with ``who``; ``hint`` is the fix suggested for
+    several calls (``{label}`` becomes the first call's label).
 
     Examples
     --------
@@ -396,13 +402,16 @@ def resolve_one(
     try:
         rows = resolve(table, net, [selector])
     except (KeyError, ValueError, TypeError) as error:
-        msg = f"{who}: layer {selector!r} is not a layer of this net: {error}"
+        # The reference's "Operation cancelled" ends `record`'s own messages;
+        # inside this one it would read as a second sentence.
+        why = str(error).removesuffix("Operation cancelled").rstrip()
+        msg = f"{who}: layer {selector!r} is not a layer of this net: {why}"
         raise ValueError(msg) from error
     if len(rows) != 1:
         labels = ", ".join(row.label_str for row in rows)
         msg = (
             f"{who}: layer {selector!r} selects {len(rows)} calls ({labels}); name "
-            f"one of them, e.g. `layer={rows[0].label}`."
+            f"one of them, e.g. {hint.format(label=rows[0].label)}."
         )
         raise ValueError(msg)
     return rows[0]

@@ -1,7 +1,16 @@
-"""Shared fixtures: the seed, the reference toy net and golden-file checks."""
+"""Shared fixtures: the seed, the reference toy net and golden-file checks.
+
+The tests run torch on one thread unless ``OMP_NUM_THREADS`` says otherwise:
+on a machine whose cores are busy with other work, torch's threads spin
+waiting for each other, and a test doing small matrix products took 10 to
+100 times longer on two threads than on one (the whole run: 13 minutes on
+two cores shared with a dozen jobs). ``OMP_NUM_THREADS=2 python -m pytest``
+runs them on two.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +22,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 EXPECTED_DIR = Path(__file__).parent / "expected"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run torch on one thread, unless ``OMP_NUM_THREADS`` is set."""
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

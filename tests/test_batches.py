@@ -80,6 +80,7 @@ def same_structure(a, b, device):
     return a == b
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(nests())
 def test_move_to_moves_every_tensor_and_keeps_every_type(value):
@@ -140,9 +141,9 @@ def test_getters_name_the_option_and_what_to_do():
 
 def test_explain_and_collect_share_the_convention():
     """explain's inputs follow as_arguments with spread (one definition)."""
-    from scio_recorder import explain  # noqa: PLC0415 (the user checked)
+    from scio_recorder.explain._base import arguments  # noqa: PLC0415 (the user checked)
 
     mapping = {"ids": torch.zeros(2, 3)}
-    assert explain._arguments(mapping) == as_arguments(mapping, spread=True)
+    assert arguments(mapping) == as_arguments(mapping, spread=True)
     call = CallInputs((torch.zeros(1),), {"m": 1})
-    assert explain._arguments(call) == as_arguments(call, spread=False)
+    assert arguments(call) == as_arguments(call, spread=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import sys
@@ -14,10 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from scio_recorder import Recorder
+from scio_recorder import Recorder, plot
+from scio_recorder._extras import INSTALL_DOT
 from scio_recorder.cli import main
-from scio_recorder.demo import run_demo
-from scio_recorder.models import resnet18_cifar
+from scio_recorder.demo import gradcam_layer, run_demo
+from scio_recorder.graph import ExecutionGraph
+from scio_recorder.models import digits_cnn, resnet18_cifar
+from scio_recorder.ood.benchmark import load_benchmark
 
 
 def run(capsys, *argv):
@@ -535,6 +539,25 @@ def test_input_ids_make_a_language_model_run_in_summary_and_record(capsys, gpt2_
     assert re.search(r" transformer\.h\.0\.mlp\.c_fc +\[2, 8, 128\] ", recorded)
 
 
+def test_summary_counts_a_tied_weight_once(capsys, gpt2_file):
+    """GPT-2's ``lm_head`` shares ``wte``'s weight: totals count it once."""
+    transformers = pytest.importorskip("transformers")
+    net = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)
+    )
+    unique = sum(p.numel() for p in net.parameters())  # each Parameter once
+    code, out, err = run(capsys, "summary", gpt2_file, "--input-ids", "1,8")
+    assert code == 0, err
+    assert f"Total params: {unique:,} (trainable {unique:,})" in out.splitlines()
+    assert "Tied weights (transformer.wte.weight = lm_head.weight)" in out
+    code, out, err = run(
+        capsys, "summary", gpt2_file, "--input-ids", "1,8", "--full"
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"Total params: {unique:,}" in out.splitlines()
+    assert f"Trainable params: {unique:,}" in out.splitlines()
+
+
 def test_input_ids_draw_the_graph_of_a_language_model(capsys, gpt2_file, tmp_path):
     out_file = tmp_path / "gpt.dot"
     code, out, err = run(
@@ -641,8 +664,22 @@ def test_graph_writes_dot_and_svg(capsys, tmp_path):
     assert out.splitlines()[0] == "ExecutionGraph(7 nodes, 6 edges, depth=None)"
 
 
-def test_demo_quick_prints_the_table_and_writes_the_pictures(capsys, tmp_path):
+@pytest.mark.slow
+def test_demo_quick_prints_the_table_and_writes_the_pictures(
+    capsys, tmp_path, monkeypatch
+):
     pytest.importorskip("matplotlib")
+    drawn = {}
+
+    def keep(draw):
+        def wrapper(*args, **kwargs):
+            drawn[draw.__name__] = fig = draw(*args, **kwargs)
+            return fig
+
+        return wrapper
+
+    for name in ("gradcam_overlay", "score_histograms"):
+        monkeypatch.setattr(plot, name, keep(getattr(plot, name)))
     code, out, _ = run(capsys, "demo", "--quick", "--out", str(tmp_path / "demo"))
     assert code == 0
     assert "Recorder instance" not in out  # the compact table, no wrapper
@@ -664,8 +701,63 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(capsys, tmp_path):
     files = {p.name for p in (tmp_path / "demo").iterdir()}
     assert {"scores-digits-6-9.png", "roc-digits-6-9.png", "gradcam.png"} <= files
     assert {"graph.svg", "graph.dot"} & files
+    # the pictures say whose net they show: one seed, the table is over seeds
+    assert "pictures of the net of seed 0:" in out
+    assert drawn["score_histograms"].get_supxlabel() == "the net of seed 0"
+    # Grad-CAM: of the last convolution, named from the table (it is
+    # `features.5`, label 2-6: the second of the net's three Conv2d)
+    cam = drawn["gradcam_overlay"]
+    assert cam.get_suptitle() == (
+        "Grad-CAM of features.5 (2-6, Conv2d: the last convolution)\nthe net of seed 0"
+    )
+    net = digits_cnn(6)
+    convs = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs[-1] == "features.5"
+    # each panel: the true digit (four test digits, then one unseen of each)
+    _, test_labels = load_benchmark("digits", seed=0).test
+    titles = [ax.get_title() for ax in cam.axes[:8]]
+    assert [t.split(":")[0] for t in titles] == [
+        *(f"test digit {d}" for d in test_labels[:4].tolist()),
+        "unseen digit 6",
+        "unseen digit 7",
+        "unseen digit 8",
+        "unseen digit 9",
+    ]
+    assert all(re.fullmatch(r".*: predicted [0-5]", t) for t in titles)
+    # the digit stays visible: its outline is drawn over the heat
+    assert all(len(ax.collections) > 0 for ax in cam.axes[:8])
 
 
+@pytest.mark.slow
+def test_demo_without_dot_says_which_program_to_install(tmp_path, monkeypatch):
+    """Without Graphviz's ``dot``, the demo names that program and how to get it."""
+
+    def no_dot(*args, **kwargs):
+        raise RuntimeError(INSTALL_DOT)
+
+    monkeypatch.setattr(ExecutionGraph, "render", no_dot)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no plots
+    lines = []
+    result = run_demo(tmp_path, quick=True, echo=lines.append)
+    assert [p.name for p in result.files] == ["graph.dot"]
+    assert (
+        "execution graph written as DOT (for SVG, install Graphviz's `dot` "
+        "program: `apt-get install graphviz`, `conda install graphviz` or "
+        "`brew install graphviz`)"
+    ) in lines
+
+
+def test_the_gradcam_layer_of_a_net_without_convolution_is_refused():
+    rnet = Recorder(torch.nn.Sequential(torch.nn.Linear(4, 2)), input_size=(1, 4))
+    with pytest.raises(
+        ValueError,
+        match=r"^Sequential has no nn.Conv2d call to draw the Grad-CAM of; "
+        r"print\(rnet.compact\(\)\) lists its layers$",
+    ):
+        gradcam_layer(rnet)
+
+
+@pytest.mark.slow
 def test_demo_is_deterministic_for_a_seed():
     quiet = {"echo": lambda _line: None, "quick": True}
     first = run_demo(None, seed=3, **quiet)

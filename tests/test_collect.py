@@ -569,6 +569,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_in_a_locked_spill_dir_is_refused(tmp_path):
     """A real second process holds the folder: the run is refused, naming the
     folder, the owner's pid and what to do; once it has ended, the folder is
@@ -743,6 +744,7 @@ def same_json(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     field=st.sampled_from(FIELDS),

@@ -131,6 +131,7 @@ def interleaved(rows: torch.Tensor) -> torch.Tensor:
     return rows.reshape(WORLD, per, *rows.shape[1:]).transpose(0, 1).reshape(rows.shape)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 def test_two_gloo_ranks_match_one_process(tmp_path):
     env = dict(os.environ)

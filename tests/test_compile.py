@@ -76,10 +76,10 @@ def _eager_records(rnet: Recorder, *args: Any, **kwargs: Any) -> dict[Any, Any]:
 @pytest.mark.parametrize(
     ("make", "size"),
     [
-        (SharedActNet, (1, 4)),
-        (ListNet, (1, 4)),
-        (reused_relu_seq, (1, 4)),
-        (_mlp, (1, 64)),
+        pytest.param(SharedActNet, (1, 4), marks=pytest.mark.slow),
+        pytest.param(ListNet, (1, 4), marks=pytest.mark.slow),
+        pytest.param(reused_relu_seq, (1, 4), marks=pytest.mark.slow),
+        (_mlp, (1, 64)),  # the fast representative
     ],
 )
 @settings(max_examples=6, deadline=None)
@@ -109,6 +109,7 @@ def test_compile_without_fullgraph_has_no_graph_break():
     assert explanation.graph_count == 1
 
 
+@pytest.mark.slow
 def test_every_layer_of_a_resnet_records_as_eager_does():
     net = resnet18_cifar().eval()
     rnet = Recorder(net, input_size=(1, 3, 32, 32))
@@ -125,6 +126,7 @@ def test_every_layer_of_a_resnet_records_as_eager_does():
         assert torch.equal(rnet.activations[label], record), label
 
 
+@pytest.mark.slow
 def test_inductor_records_match_eager_and_output_matches_compiled_plain_net():
     net = _mlp()
     rnet = Recorder(net, input_size=(1, 64))
@@ -284,6 +286,7 @@ def test_two_compiled_passes_then_one_backward_keep_the_latest_pass_gradients():
     assert _close(rnet.gradients[(1, 2)], eager)
 
 
+@pytest.mark.slow
 def test_gradients_without_grad_mode_are_not_recorded_when_traced():
     # As in eager mode: a pass under no_grad records no gradient, and the
     # same selection serves passes with gradients.
@@ -332,6 +335,67 @@ def test_same_selection_recorded_again_does_not_recompile():
     assert counter.frame_count == 1
 
 
+class _ScaledRecorder(Recorder):
+    """A subclass with its own `forward`: the compiled entry must call it."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return 2 * super().forward(*args, **kwargs)
+
+
+# torch warns that a global hook also fires for `torch.compile`'s wrapper
+# module (our hook counts the recorder's calls only).
+@pytest.mark.filterwarnings(
+    "ignore:Using `torch.compile.module.` when there are global"
+)
+@pytest.mark.parametrize("hooked", ["recorder hook", "global hook", "subclass"])
+def test_the_compiled_entry_runs_what_calling_the_recorder_runs(hooked):
+    """Hooks on the recorder, global module hooks and a subclass's `forward` run.
+
+    The compiled entry skips `_call_impl` and `forward` only when they would
+    just pass the call on; here each one does more, as in eager mode.
+    """
+    make = _ScaledRecorder if hooked == "subclass" else Recorder
+    rnet = make(_mlp(), input_size=(1, 64))
+    rnet.record((1, 2))
+    calls: list[str] = []
+    if hooked == "recorder hook":
+        handle = rnet.register_forward_hook(lambda *_: calls.append("hook"))
+    elif hooked == "global hook":
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda module, *_: calls.append("hook") if module is rnet else None
+        )
+    x = torch.randn(2, 64)
+    try:
+        with torch.no_grad():
+            expected = rnet(x)
+            eager_calls = list(calls)
+            out = _compiled(rnet)(x)
+    finally:
+        if hooked != "subclass":
+            handle.remove()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)  # same kernels
+    assert calls == eager_calls * 2
+    assert sorted(rnet.activations) == [(1, 2)]
+
+
+def test_the_plan_lookup_carries_the_mark_of_torchs_constant_decorator():
+    """`traced_plan` is marked as `torch.compiler.assume_constant_result` marks.
+
+    The package sets Dynamo's mark itself: the decorator imports
+    `torch._dynamo` (seconds, at every `import scio_recorder`). A torch that
+    marks another way fails here; the test above shows that the mark works
+    (a selection that comes back finds its graph).
+    """
+    from scio_recorder._engine.compiled import traced_plan  # noqa: PLC0415
+
+    def probe() -> int:
+        return 0
+
+    marks = vars(torch.compiler.assume_constant_result(probe))
+    assert marks  # the decorator marks the function itself
+    assert {name: vars(traced_plan).get(name) for name in marks} == marks
+
+
 class _TrainTwice(nn.Module):
     """Calls ``lin`` twice in train mode, once in eval mode."""
 
@@ -346,6 +410,7 @@ class _TrainTwice(nn.Module):
 
 # Dynamo compiles the frames of the eager fallback too, and its inspection
 # of their tensors warns (torch's warning, not ours).
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not")
 def test_call_plan_is_checked_when_the_graph_is_traced():
     net = _TrainTwice().eval()
@@ -531,6 +596,7 @@ def test_recompile_limit_counts_one_recorders_selections_not_all_recorders():
             assert torch.equal(rnet.activations[(1, 1)], net[0](x))
 
 
+@pytest.mark.slow
 def test_compile_in_place_records_and_counts_per_recorder():
     x = torch.randn(2, 4)
     with torch._dynamo.config.patch(recompile_limit=2), torch.no_grad():

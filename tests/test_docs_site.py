@@ -99,6 +99,7 @@ def load_notebooks_execute() -> types.ModuleType:
     return load("hooks")._execute_module()
 
 
+@pytest.mark.slow
 def test_the_hook_passes_an_executed_notebook_page_and_fails_an_unexecuted_one(
     tmp_path,
 ):
@@ -128,6 +129,7 @@ def test_the_hook_passes_an_executed_notebook_page_and_fails_an_unexecuted_one(
     assert hooks.on_post_page("<p>text</p>", other, {}) == "<p>text</p>"
 
 
+@pytest.mark.slow
 def test_executed_notebooks_are_cached_by_notebook_and_package_source(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
@@ -154,6 +156,7 @@ def test_executed_notebooks_are_cached_by_notebook_and_package_source(tmp_path):
     assert sorted(cache.iterdir()) == [changed]  # the stale copy is removed
 
 
+@pytest.mark.slow
 def test_a_failing_notebook_names_itself_and_the_cells_error(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")

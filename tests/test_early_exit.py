@@ -392,8 +392,7 @@ def test_early_exit_under_accelerate_cpu_offload():
     with torch.no_grad():
         expected = model(**inputs).logits
     model = accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
-    # force_static_flow=False until construction copes with offloaded models.
-    rnet = Recorder(model, input_data=inputs, force_static_flow=False)
+    rnet = Recorder(model, input_data=inputs)
     rnet.record(layer)
     with torch.no_grad():
         out = rnet(**inputs)

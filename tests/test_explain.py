@@ -10,7 +10,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual alias)
 from torch import nn
 
 from scio_recorder import CallInputs, Recorder
-from scio_recorder.explain import ablate, grad_cam, layer_means, patch
+from scio_recorder.explain import ablate, cache_run, grad_cam, layer_means, patch
 
 
 class ConvNet(nn.Module):
@@ -107,11 +107,95 @@ def test_patch_substitutes_the_source_activation(net, rnet):
 
 
 def test_patch_of_another_shape_says_what_to_do(rnet):
-    with pytest.raises(
-        ValueError,
-        match=r"outputs \[1, 4, 8, 8\] here and \[2, 4, 8, 8\] in the source run",
-    ):
+    """Batches checked before any pass; other shapes named with the layer."""
+    msg = (
+        "patch: `source` has a batch of 2 and `target` of 1: pass inputs of one "
+        "batch size, the i-th `source` sample paired with the i-th `target` one."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         patch(rnet, torch.randn(2, 3, 8, 8), torch.randn(1, 3, 8, 8), "relu")
+    msg = (
+        "patch: layer 1-2 (ReLU `relu`) outputs [2, 4, 6, 6] on `target` and "
+        "[2, 4, 8, 8] on `source`: pass a source and a target of the same shape "
+        "(batch and length; pad them, with an `attention_mask`)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        patch(rnet, torch.randn(2, 3, 8, 8), torch.randn(2, 3, 6, 6), "relu")
+    cache = cache_run(rnet, torch.randn(2, 3, 8, 8), "relu")
+    with pytest.raises(ValueError, match=r"outputs \[3, 4, 8, 8\] on `target`"):
+        patch(rnet, cache, torch.randn(3, 3, 8, 8), "relu")
+    assert rnet.recording == ()
+
+
+@pytest.mark.parametrize(
+    "where", [(slice(None), 4), (slice(None), 0, 0, 0, 0), "channel", (0, 9)]
+)
+def test_patch_and_ablate_refuse_a_where_that_does_not_index_the_output(rnet, where):
+    """`where` is tried on the layer's output; the message names it and the shape."""
+    x = torch.randn(2, 3, 8, 8)
+    msg = (
+        rf"^patch: `where={re.escape(repr(where))}` does not index the output "
+        r"\[2, 4, 8, 8\] of layer 1-2 \(ReLU `relu`\) \(.*\): give an index of "
+        r"that shape, e\.g\. `where=\(slice\(None\), 3\)`"
+    )
+    passes = [0]
+    handle = rnet.net.register_forward_pre_hook(
+        lambda _m, _a: passes.__setitem__(0, passes[0] + 1)
+    )
+    try:
+        with pytest.raises(ValueError, match=msg):
+            patch(rnet, x, x, "relu", where=where)
+        assert passes[0] == 1  # refused after the source pass, before the target
+    finally:
+        handle.remove()
+    with pytest.raises(ValueError, match="^ablate" + msg[len("^patch") :]):
+        ablate(rnet, x, "relu", where=where)
+    assert rnet.recording == ()
+
+
+@pytest.mark.parametrize(
+    ("call", "who"),
+    [
+        (lambda net, x: grad_cam(net, x, "conv2"), "grad_cam"),
+        (lambda net, x: patch(net, x, x, "relu"), "patch"),
+        (lambda net, x: cache_run(net, x, "relu"), "cache_run"),
+        (lambda net, x: ablate(net, x, "relu"), "ablate"),
+        (lambda net, x: layer_means(net, [x], "relu", input=None), "layer_means"),
+    ],
+)
+def test_every_function_refuses_a_bare_net(net, call, who):
+    msg = (
+        f"{who}: `rnet` must be a Recorder wrapping the net, got a ConvNet: wrap "
+        "it first, e.g. `rnet = Recorder(net, input_size=(1, 3, 32, 32))`"
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}"):
+        call(net, torch.randn(2, 3, 8, 8))
+
+
+@pytest.mark.parametrize(
+    ("target", "error", "message"),
+    [
+        (3, ValueError, "`target` holds class 3, out of range for the 3 classes"),
+        (-1, ValueError, "`target=-1` is a negative class"),
+        (True, TypeError, "`target` is True: pass a class index"),
+        (1.5, TypeError, "`target` is 1.5: pass a class index"),
+        (torch.tensor([0.0, 1.0]), TypeError, "`target` is a torch.float32 tensor"),
+        (torch.tensor([0, 5]), ValueError, "`target` holds class 5, out of range"),
+        (torch.tensor([0, 1, 2]), ValueError, "`target` holds 3 classes for a batch"),
+        (
+            torch.zeros(2, 1, dtype=torch.long),
+            ValueError,
+            r"`target` has shape \[2, 1\]",
+        ),
+    ],
+)
+def test_grad_cam_refuses_a_target_that_names_no_class(rnet, target, error, message):
+    with pytest.raises(error, match=f"^grad_cam: {message}"):
+        grad_cam(rnet, torch.randn(2, 3, 8, 8), "conv2", target=target)
+    with pytest.raises(TypeError, match=r"^grad_cam: `upsample` must be True or"):
+        grad_cam(rnet, torch.randn(2, 3, 8, 8), "conv2", upsample="yes")
+    one = grad_cam(rnet, torch.randn(2, 3, 8, 8), "conv2", torch.tensor(2))
+    assert one.shape == (2, 8, 8)  # one class for all, as a 0-d tensor
 
 
 def test_zero_and_mean_ablation(net, rnet):

@@ -218,8 +218,11 @@ def sweep_by_hand(model, blocks, clean, corrupted, positions):
     return grid
 
 
-@pytest.mark.parametrize("max_batch", [None, 3 * B])
-def test_patch_sweep_equals_a_loop_of_hooked_runs(lm, max_batch):
+@pytest.mark.parametrize(
+    ("max_batch", "reuse_prefix"),
+    [(None, True), (3 * B, True), (B, True), (None, False), (3 * B, False)],
+)
+def test_patch_sweep_equals_a_loop_of_hooked_runs(lm, max_batch, reuse_prefix):
     model, rnet, blocks, _, _ = lm
     clean, corrupted = pair()
     positions = range(T)
@@ -234,22 +237,285 @@ def test_patch_sweep_equals_a_loop_of_hooked_runs(lm, max_batch):
             logit_diff,
             positions=positions,
             max_batch=max_batch,
+            reuse_prefix=reuse_prefix,
         )
     finally:
         handle.remove()
-    cells = 2 * T
-    chunks = 1 if max_batch is None else -(-cells // (max_batch // B))
-    assert passes[0] == 1 + chunks  # one clean pass, one per chunk of the grid
-    # The batched pass runs the same float32 ops on [cells * B, T, D] instead
-    # of [B, T, D]: matmul kernels may block the reduction over the hidden
-    # size (32 to 128 terms) differently, so each product can differ by a few
-    # ulps (eps = 1.2e-7 relative), carried through ~15 ops of 2 blocks to
-    # logit differences of magnitude ~2: 1e-5 absolute bounds that with
-    # room (on this CPU they are equal bit for bit), while a wrong cell
+    per_pass = T if max_batch is None else max_batch // B  # cells in one pass
+    if reuse_prefix:  # a clean pass, a corrupted pass, then each row's chunks
+        assert passes[0] == 2 + 2 * -(-T // per_pass)
+    else:  # a clean pass, then the whole grid (or its chunks)
+        assert passes[0] == 1 + (1 if max_batch is None else -(-2 * T // per_pass))
+    if reuse_prefix and max_batch == B:
+        # One cell a pass: the blocks after the patch run the same float32
+        # ops on the same [B, T, D] tensors as the hooked run (the blocks
+        # before it are answered with the outputs the corrupted run computed
+        # on the same rows): bit for bit.
+        assert torch.equal(got, want)
+    # Several cells a pass run the same float32 ops on [cells * B, T, D]
+    # instead of [B, T, D]: matmul kernels may block the reduction over the
+    # hidden size (32 to 128 terms) differently, so each product can differ
+    # by a few ulps (eps = 1.2e-7 relative), carried through ~15 ops of 2
+    # blocks to logit differences of magnitude ~2: 1e-5 absolute bounds that
+    # with room (on this CPU they are equal bit for bit), while a wrong cell
     # (another position patched) differs by > 1e-2.
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert (want[:, 2] - want[:, 0]).abs().max() > 1e-2  # the grid has signal
     assert rnet.recording == ()
+
+
+def runs_of(modules):
+    """Forward pre-hooks counting the runs of each module: (counts, handles)."""
+    counts = [0] * len(modules)
+
+    def hook(k):
+        def count(_module, _args):
+            counts[k] += 1
+
+        return count
+
+    return counts, [m.register_forward_pre_hook(hook(k)) for k, m in enumerate(modules)]
+
+
+def first_leaf(block):
+    """A module inside ``block`` that runs once whenever the block's forward does.
+
+    GPT-2's first norm, Llama's attention.
+    """
+    return next(iter(block.children()))
+
+
+def test_patch_sweep_runs_only_the_blocks_after_the_patched_call(lm):
+    """The blocks before the patch are answered from the corrupted run, not run."""
+    model, rnet, blocks, _, head = lm
+    clean, corrupted = pair()
+    inner = [first_leaf(block) for block in blocks]
+    counts, handles = runs_of([*inner, head])
+    try:
+        patch_sweep(rnet, clean, corrupted, [(3, 1), (3, 2)], logit_diff)
+    finally:
+        for handle in handles:
+            handle.remove()
+    # Block 0 runs in the clean and the corrupted passes only; block 1 there
+    # and in row 0's pass (after the patch at block 0); row 1 patches the
+    # last block: nothing of the stack runs. The head runs in every pass.
+    assert counts == [2, 3, 4]
+    assert not [name for name, m in model.named_modules() if "forward" in vars(m)]
+
+
+def test_patch_sweep_inside_a_block_runs_that_block(lm):
+    """A patch at a block's sub-layer runs that block, the blocks before answered."""
+    model, rnet, blocks, _, _ = lm
+    clean, corrupted = pair()
+    inner = first_leaf(blocks[1])
+    name = next(n for n, m in model.named_modules() if m is inner)
+    kept = []
+    with hooked(inner, lambda _m, _i, o: kept.append(o)), torch.no_grad():
+        model(**clean)
+    want = torch.empty(1, 2)
+    for j, position in enumerate([1, 4]):
+
+        def hook(_module, _args, output, position=position):
+            new = stream(output).clone()
+            new[:, position] = stream(kept[0])[:, position]
+            return replaced(output, new)
+
+        with hooked(inner, hook), torch.no_grad():
+            want[0, j] = logit_diff(model(**corrupted))
+    counts, handles = runs_of([first_leaf(blocks[0])])
+    try:
+        got = patch_sweep(
+            rnet, clean, corrupted, name, logit_diff, positions=[1, 4], max_batch=B
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert counts == [2]  # block 0: the clean and the corrupted pass only
+    assert torch.equal(got, want)  # one cell a pass: the same ops, bit for bit
+
+
+def test_read_at_runs_the_unembedding_at_those_positions_only(lm):
+    """The metric sees the logits at ``read_at``, in that order; the head no more."""
+    _, rnet, _, _, head = lm
+    clean, corrupted = pair()
+
+    def at_5_and_2(out):  # with read_at=[5, 2]: index 0 is position 5, 1 is 2
+        return out.logits[:, 0, GOOD].sum() - out.logits[:, 1, BAD].sum()
+
+    def full(out):
+        return out.logits[:, 5, GOOD].sum() - out.logits[:, 2, BAD].sum()
+
+    want = patch_sweep(rnet, clean, corrupted, [(3, 1), (3, 2)], full)
+    widths = []
+    with hooked(head, lambda _m, args, _o: widths.append(args[0].shape[1])):
+        got = patch_sweep(
+            rnet, clean, corrupted, [(3, 1), (3, 2)], at_5_and_2, read_at=[5, -4]
+        )
+    assert widths == [2, 2, 2, 2]  # clean, corrupted, two rows: 2 positions each
+    # The unembedding's product on 2 positions instead of 6: a GEMM of
+    # another shape may block its 32-term dot products differently, a few
+    # ulps (1.2e-7 relative) of logits of magnitude ~5, summed over B = 2:
+    # 1e-5 absolute bounds that with room (equal bit for bit on this CPU).
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with_lm_head = patch_sweep(
+        rnet, clean, corrupted, (3, 1), at_5_and_2, read_at=[5, 2], unembed=head
+    )
+    torch.testing.assert_close(with_lm_head, got[:1], rtol=0, atol=1e-5)
+
+
+class Blocks(nn.Module):
+    """A stack of residual blocks in a ModuleList, outputs ``(stream, extra)``."""
+
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+        self.lm_head = nn.Linear(8, 10)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h, _ = block(h)
+        return self.lm_head(h)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.mix = nn.Linear(8, 8)
+
+    def forward(self, h):
+        mixed = self.mix(h.cumsum(1))  # later positions read earlier ones
+        return h + torch.tanh(self.fc(h) + mixed), mixed.mean()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    torch.manual_seed(0)
+    net = Blocks().eval()
+    return net, Recorder(net, input_data=[torch.zeros(1, 5, dtype=torch.long)])
+
+
+def test_patch_and_ablate_edit_the_stream_of_a_tuple_output(stack):
+    """A block returning ``(stream, extra)`` has its stream patched or ablated."""
+    net, rnet = stack
+    clean, corrupted = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 2, 9, 4, 5]])
+    block = net.blocks[1]
+    kept = []
+    with hooked(block, lambda _m, _i, o: kept.append(o)), torch.no_grad():
+        net(clean)
+
+    def put(_module, _args, output):
+        new = output[0].clone()
+        new[:, 2] = kept[0][0][:, 2]
+        return (new, *output[1:])
+
+    with hooked(block, put), torch.no_grad():
+        want = net(corrupted)
+    got = patch(rnet, clean, corrupted, "blocks.1", where=(slice(None), 2))
+    assert torch.equal(got, want)  # the same ops on the same tensors
+
+    def zero(_module, _args, output):
+        return (torch.zeros_like(output[0]), *output[1:])
+
+    with hooked(block, zero), torch.no_grad():
+        want = net(corrupted)
+    assert torch.equal(ablate(rnet, corrupted, "blocks.1"), want)
+
+
+def test_a_net_without_a_block_stack_or_in_training_runs_every_block(stack):
+    """No ModuleList, a net in training mode, ``reuse_prefix=False``: batched."""
+    net, rnet = stack
+    clean, corrupted = torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([[1, 2, 9, 4, 5]])
+    labels = ["blocks.0", "blocks.1.fc", "blocks.2"]
+
+    def metric(out):
+        return out[:, -1].sum()
+
+    def sweep(**options):
+        passes, handle = count_passes(net)
+        try:
+            grid = patch_sweep(rnet, clean, corrupted, labels, metric, **options)
+        finally:
+            handle.remove()
+        return grid, passes[0]
+
+    reused, passes = sweep()
+    assert passes == 2 + 3  # clean, corrupted, one per row
+    batched, passes = sweep(reuse_prefix=False)
+    assert passes == 2  # clean, then the whole grid
+    # one cell's batch (1 row) against 15 copies in one pass: see
+    # test_patch_sweep_equals_a_loop_of_hooked_runs; magnitudes ~1
+    torch.testing.assert_close(reused, batched, rtol=0, atol=1e-5)
+    net.train()  # no dropout here, but a net in training mode is not reused
+    try:
+        in_training, passes = sweep()
+    finally:
+        net.eval()
+    assert passes == 2
+    assert torch.equal(in_training, batched)
+    twice = Twice()
+    trnet = Recorder(twice, input_data=[torch.zeros(1, 5, dtype=torch.long)])
+    passes, handle = count_passes(twice)
+    try:
+        patch_sweep(trnet, clean, corrupted, "block", metric)
+    finally:
+        handle.remove()
+    assert passes[0] == 2  # no ModuleList: the batched grid
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    layers=st.lists(
+        st.sampled_from(
+            ["embed", "blocks.0", "blocks.1.fc", "blocks.1", "blocks.2.mix", "blocks.2"]
+        ),
+        min_size=1,
+        max_size=4,
+        unique=True,
+    ),
+    positions=st.lists(st.integers(-5, 4), min_size=1, max_size=5),
+    cells_a_pass=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_reused_prefix_equals_single_patched_runs(
+    stack, layers, positions, cells_a_pass
+):
+    """Any rows (blocks, sub-layers, before the stack), positions and chunks."""
+    net, rnet = stack
+    g = torch.Generator().manual_seed(len(positions))
+    clean = torch.randint(0, 10, (2, 5), generator=g)
+    corrupted = torch.randint(0, 10, (2, 5), generator=g)
+    grid = patch_sweep(
+        rnet,
+        clean,
+        corrupted,
+        layers,
+        lambda o: o[:, -1].sum(),
+        positions=positions,
+        max_batch=None if cells_a_pass is None else 2 * cells_a_pass,
+    )
+    modules = dict(net.named_modules())
+    for i, layer in enumerate(layers):
+        module = modules[layer]
+        kept = []
+        keep = hooked(module, lambda _m, _i, o, kept=kept: kept.append(stream(o)))
+        with keep, torch.no_grad():
+            net(clean)
+        for j, p in enumerate(positions):
+
+            def put(_module, _args, output, p=p, source=kept[0]):
+                new = stream(output).clone()
+                new[:, p] = source[:, p]
+                return replaced(output, new)
+
+            with hooked(module, put), torch.no_grad():
+                single = net(corrupted)[:, -1].sum()
+            if cells_a_pass == 1:  # the same ops on the same rows: bit for bit
+                assert torch.equal(grid[i, j], single)
+            # batched float32 products (see the GPT-2 sweep test): a few ulps
+            torch.testing.assert_close(grid[i, j], single, rtol=0, atol=1e-5)
+    assert not [n for n, m in net.named_modules() if "forward" in vars(m)]
 
 
 def test_patch_sweep_refuses_a_loss_other_lengths_and_a_small_max_batch(lm):
@@ -443,3 +709,173 @@ def test_patch_sweep_any_positions_and_chunks_equal_single_patches(
             torch.testing.assert_close(
                 grid[i, j], single[:, -1].sum(), rtol=0, atol=1e-5
             )
+
+
+# -- arguments, checked before the grid runs -----------------------------------
+
+
+def test_patch_sweep_names_the_argument_it_refuses(lm):
+    """The issue's cases: positions out of range or empty, batches that differ."""
+    model, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    block = rnet.table[(3, 1)].describe()
+    passes, handle = count_passes(model)
+    try:
+        for bad in ([6], [-7], [0, 17, -9]):
+            shown = bad[0] if len(bad) == 1 else bad[1:]
+            msg = (
+                f"patch_sweep: `positions` holds {shown}, out of range for the 6 "
+                f"positions of layer {block}'s output [2, 6, 32]: give indices "
+                "from -6 to 5."
+            )
+            with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+                patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, positions=bad)
+        assert passes[0] == 3  # the clean pass gives the length: nothing more
+        passes[0] = 0
+        one = {k: v[:1] for k, v in corrupted.items()}
+        refusals = [
+            (
+                {"corrupted": one},
+                ValueError,
+                (
+                    "`clean` has a batch of 2 and `corrupted` of 1: pass inputs of one "
+                    "batch size, the i-th `clean` sample paired with the i-th "
+                    "`corrupted` one."
+                ),
+            ),
+            (
+                {"positions": []},
+                ValueError,
+                (
+                    "`positions` is empty: give at least one position, or leave "
+                    "`positions=None` for every position."
+                ),
+            ),
+            (
+                {"positions": 17},
+                TypeError,
+                (
+                    "`positions` must be an iterable of ints, got 17: e.g. "
+                    "`positions=[3]` for one position, or `positions=range(2, 6)`."
+                ),
+            ),
+            (
+                {"positions": [1, 2.0]},
+                TypeError,
+                (
+                    "`positions` holds 2.0, not an int: give positions as ints, e.g. "
+                    "`positions=[3]` for one position, or `positions=range(2, 6)`."
+                ),
+            ),
+            ({"positions": [True]}, TypeError, "`positions` holds True, not an int"),
+            (
+                {"max_batch": 2.5},
+                TypeError,
+                (
+                    "`max_batch` must be an int (the most rows in one pass) or None, "
+                    "got 2.5."
+                ),
+            ),
+            (
+                {"max_batch": 1},
+                ValueError,
+                (
+                    "`max_batch=1` is below the batch size 2 of the inputs: allow at "
+                    "least one copy of the batch."
+                ),
+            ),
+            ({"metric": "logits"}, TypeError, "`metric` must be a function of"),
+            (
+                {"reuse_prefix": "yes"},
+                TypeError,
+                "`reuse_prefix` must be True or False, got 'yes'.",
+            ),
+            ({"read_at": []}, ValueError, "`read_at` is empty"),
+            (
+                {"layers": []},
+                ValueError,
+                (
+                    "`layers=[]` selects no layer: name at least one, by label, name "
+                    "or type; see `print(rnet)` for the labels."
+                ),
+            ),
+            ({"read_at": -1}, TypeError, "`read_at` must be an iterable of ints"),
+        ]
+        for options, error, message in refusals:
+            arguments = {
+                "corrupted": corrupted,
+                "layers": (3, 1),
+                "metric": logit_diff,
+                **options,
+            }
+            with pytest.raises(error, match=f"^patch_sweep: {re.escape(message)}"):
+                patch_sweep(rnet, clean, **arguments)
+        assert passes[0] == 0  # each refused before any pass
+    finally:
+        handle.remove()
+    msg = (
+        "patch_sweep: `read_at` holds 6, out of range for the 6 positions of the "
+        "unembedding's input, "
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        patch_sweep(rnet, clean, corrupted, (3, 1), logit_diff, read_at=[6])
+    assert rnet.recording == ()
+    assert not [n for n, m in model.named_modules() if "forward" in vars(m)]
+
+
+def test_attribution_patch_and_logit_lens_name_what_they_refuse(lm):
+    model, rnet, _, _, _ = lm
+    clean, corrupted = pair()
+    block = rnet.table[(3, 1)].describe()
+    msg = (
+        f"attribution_patch: `positions` holds 6, out of range for the 6 "
+        f"positions of layer {block}'s output [2, 6, 32]"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        attribution_patch(rnet, clean, corrupted, (3, 1), logit_diff, positions=[6])
+    one = {k: v[:1] for k, v in corrupted.items()}
+    with pytest.raises(ValueError, match=r"^attribution_patch: `clean` has a batch"):
+        attribution_patch(rnet, clean, one, (3, 1), logit_diff)
+    with pytest.raises(TypeError, match=r"^attribution_patch: `metric` must be a"):
+        attribution_patch(rnet, clean, corrupted, (3, 1), None)
+    with pytest.raises(TypeError, match=r"^logit_lens: `rnet` must be a Recorder"):
+        logit_lens(model, clean, (3, 1))
+    head = next(n for n, m in model.named_modules() if m is lm[4])
+    inner = next(  # the MLP's first layer: wider than the residual stream
+        name
+        for name, _ in model.named_modules()
+        if name.endswith((".0.mlp.c_fc", ".0.mlp.gate_proj"))
+    )
+    msg = (
+        r"^logit_lens: the norm \(\w+\) and the unembedding \(\w+\) do not apply "
+        r"to the output \[2, 6, (128|64)\] of layer .*: name layers whose outputs are "
+        r"residual streams \(blocks\), or pass the model's own `norm=` and "
+        r"`unembed=`\.$"
+    )
+    with pytest.raises(ValueError, match=msg):
+        logit_lens(rnet, clean, inner, unembed=head)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    length=st.integers(1, 6),
+    positions=st.lists(st.integers(-8, 8), min_size=1, max_size=4),
+)
+def test_positions_are_refused_exactly_when_out_of_range(twice, length, positions):
+    """Any positions against any sequence length: in [-T, T) runs, else refused."""
+    _, rnet = twice
+    ids = torch.arange(length)[None] % 10
+    bad = [p for p in positions if not -length <= p < length]
+    if not bad:
+        grid = patch_sweep(
+            rnet, ids, ids, "block", lambda o: o.sum(), positions=positions
+        )
+        assert grid.shape == (2, len(positions))
+        return
+    shown = bad[0] if len(bad) == 1 else bad
+    msg = (
+        f"patch_sweep: `positions` holds {shown}, out of range for the {length} "
+        f"positions of layer "
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}"):
+        patch_sweep(rnet, ids, ids, "block", lambda o: o.sum(), positions=positions)

@@ -525,6 +525,7 @@ def test_dot_labels_escape_ampersands_and_entities():
     assert drawn_text(DOT_STRING.search(dot)[1]) == "A<b> (&amp;): 1-1"
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     name=st.text(),

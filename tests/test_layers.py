@@ -559,6 +559,104 @@ def test_container_row_counts_own_params_once():
     assert line_of(rnet, "1-3").split()[-2:] == ["--", "--"]
 
 
+# ------------------------------------------------------------- tied weights
+class TiedNet(nn.Module):
+    """An embedding and an output Linear sharing one weight (tied weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)  # 40
+        self.body = nn.Linear(4, 4)  # 20
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight  # the same 40, tied
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.embed(ids))))
+
+
+IDS = torch.zeros(1, 3, dtype=torch.long)
+TIED_NOTE = (
+    "Tied weights (embed.weight = head.weight): shown on the row of each "
+    "module holding them, counted once in the totals"
+)
+
+
+def test_torchinfo_counts_a_tied_weight_once_per_module():
+    """The trap: torchinfo totals 100 parameters for a net that has 60."""
+    net = TiedNet()
+    assert sum(p.numel() for p in net.parameters()) == 60
+    summary = torchinfo.summary(net, input_data=IDS, verbose=0)
+    torchinfo_impl._cached_forward_pass.pop(type(net).__name__, None)
+    assert (summary.total_params, summary.trainable_params) == (100, 100)
+
+
+def test_a_tied_weight_is_counted_once_in_the_compact_table():
+    """The totals count the tied weight once, each holder's row shows it."""
+    rnet = Recorder(TiedNet(), input_data=IDS)
+    text = rnet.compact(200)
+    rows = {line.split()[1]: line.split()[-1] for line in compact_rows(text)}
+    assert rows == {"-": "-", "embed": "40", "body": "20", "head": "40"}
+    assert text.splitlines()[-3:] == [
+        "Total params: 60 (trainable 60)",
+        TIED_NOTE,
+        "4 rows; reference pass in eval mode",
+    ]
+    # the whole net as one row: its parameters, each once
+    assert compact_rows(rnet.table.compact(depth=0)) == [
+        "0-1    -     TiedNet  [1, 3, 10]        60"
+    ]
+    assert TIED_NOTE in rnet.table.to_html()
+
+
+def test_a_frozen_tied_weight_is_counted_once_as_not_trainable():
+    net = TiedNet()
+    net.embed.weight.requires_grad_(False)
+    rnet = Recorder(net, input_data=IDS)
+    assert "Total params: 60 (trainable 20)" in rnet.compact(200).splitlines()
+    text = repr(rnet)
+    for line in (
+        "Total params: 60",
+        "Trainable params: 20",
+        "Non-trainable params: 40",
+    ):
+        assert re.search(f"^{line}$", text, re.MULTILINE), line
+
+
+def test_the_reference_table_totals_count_a_tied_weight_once():
+    """``print(rnet)``: torchinfo's rows (the weight on both), totals counted once."""
+    rnet = Recorder(TiedNet(), input_data=IDS)
+    text = repr(rnet)
+    for line in ("Total params: 60", "Trainable params: 60", "Non-trainable params: 0"):
+        assert re.search(f"^{line}$", text, re.MULTILINE), line
+    assert line_of(rnet, "1-1").split()[-2:] == ["40", "66.67%"]  # embed
+    assert line_of(rnet, "1-3").split()[-2:] == ["40", "66.67%"]  # head, the same
+    assert rnet.summary.total_param_bytes == 60 * 4  # float32, each once
+    assert TIED_NOTE not in text  # torchinfo's layout: explained in docs/labels.md
+
+
+def test_a_small_gpt2_counts_its_tied_embedding_once():
+    """GPT-2 ties ``lm_head.weight`` to ``transformer.wte.weight``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16
+    )
+    net = transformers.GPT2LMHeadModel(config)
+    assert net.lm_head.weight is net.transformer.wte.weight
+    unique = sum(p.numel() for p in net.parameters())  # each Parameter once
+    assert unique == 29_184
+    rnet = Recorder(net, input_data=torch.zeros(1, 8, dtype=torch.long))
+    lines = rnet.compact(300).splitlines()
+    assert f"Total params: {unique:,} (trainable {unique:,})" in lines
+    assert (
+        "Tied weights (transformer.wte.weight = lm_head.weight): shown on the "
+        "row of each module holding them, counted once in the totals"
+    ) in lines
+    head = next(line for line in lines if line.split()[1:2] == ["lm_head"])
+    assert head.split()[-1] == "3,200"  # 100 x 32, shown on lm_head too
+    assert re.search(f"^Total params: {unique:,}$", repr(rnet), re.MULTILINE)
+    assert re.search(f"^Trainable params: {unique:,}$", repr(rnet), re.MULTILINE)
+
+
 # ------------------------------------------------------------------- footer
 def test_footer_prints_the_unit_torchinfo_means():
     """The mult-adds footer names the unit (``M``), not ``Units.MEGABYTES``."""
@@ -956,6 +1054,47 @@ def test_compact_table_refuses_bad_arguments_saying_what_works(kwargs, message):
     rnet = Recorder(toynet(), input_size=(1, 5))
     with pytest.raises(ValueError, match=message):
         rnet.table.compact(**kwargs)
+
+
+@pytest.mark.parametrize("width", ["100", None, 100.0, True])
+def test_compact_refuses_a_width_that_is_not_an_int_naming_it(width):
+    """``compact(width="100")`` once failed with a TypeError about ``-``."""
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    message = (
+        f"compact(width={width!r}): give the most characters a line may have "
+        "as an int, e.g. `compact(width=100)` (the default)"
+    )
+    for compact in (rnet.compact, rnet.table.compact):
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            compact(width)
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+            compact(width=width)
+
+
+@pytest.mark.parametrize("depth", ["1", 1.0, True])
+def test_compact_and_html_refuse_a_depth_that_is_not_an_int_naming_it(depth):
+    rnet = Recorder(toynet(), input_size=(1, 5))
+    message = f"depth={depth!r} is not a depth: give an integer >= 0"
+    for render in (rnet.compact, rnet.table.compact, rnet.table.to_html):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+            render(depth=depth)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"marks": [(1, 1)]}, "marks=[(1, 1)]: give a mapping of labels to short "),
+        ({"marks": {(1, 1): 1}}, "marks: the mark of each label must be a str, got "),
+        ({"caption": None}, "to_html(caption=None): give the caption as a str"),
+    ],
+)
+def test_table_helpers_refuse_bad_marks_and_captions_naming_them(kwargs, message):
+    table = Recorder(toynet(), input_size=(1, 5)).table
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+        table.to_html(**kwargs)
+    if "marks" in kwargs:
+        with pytest.raises(TypeError, match=f"^{re.escape(message)}"):
+            table.compact(**kwargs)
 
 
 def test_compact_table_at_the_smallest_width_it_names():

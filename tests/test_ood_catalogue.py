@@ -280,6 +280,40 @@ def test_rmds_is_the_class_distance_relative_to_the_background(net, rnet, data):
     close(rmds(x), (md - md0[:, None]).min(1).values)
 
 
+# ------------------------------------------------ Mahalanobis++, RMDS++
+@pytest.mark.parametrize("relative", [False, True])
+def test_normalize_is_the_plus_plus_score_of_l2_normalised_features(
+    net, rnet, data, relative
+):
+    """Mahalanobis++ and RMDS++ (Müller & Hein, ICML 2025), written out."""
+    train, x = data
+    make = RMDS if relative else Mahalanobis
+    plus = make(rnet, normalize=True).fit(train, target=1)
+    f = features_of(net, train).to(F64)
+    f = f / f.norm(dim=1, keepdim=True)
+    y = torch.cat([yb for _, yb in train])
+    means = torch.stack([f[y == c].mean(0) for c in range(3)])
+    centred = f - means[y]
+    precision = torch.linalg.pinv(centred.T @ centred / len(f), hermitian=True)
+    with torch.no_grad():
+        g = penultimate(net, x).to(F64)
+    g = g / g.norm(dim=1, keepdim=True)
+    md = torch.stack([(((g - m) @ precision) * (g - m)).sum(1) for m in means], 1)
+    want = md.min(1).values
+    if relative:
+        mu0 = f.mean(0)
+        precision0 = torch.linalg.pinv((f - mu0).T @ (f - mu0) / len(f), hermitian=True)
+        md0 = (((g - mu0) @ precision0) * (g - mu0)).sum(1)
+        want = (md - md0[:, None]).min(1).values
+    # Unit features: covariances of entries ~1e-2, their pinv ~1e2 to 1e4;
+    # float32 features, float64 statistics: relative ~1e-5 (rtol 1e-4).
+    torch.testing.assert_close(plus(x), want, rtol=1e-4, atol=1e-6)
+    plain = make(rnet).fit(train, target=1)
+    assert not torch.allclose(plus(x), plain(x), rtol=1e-2)
+    assert plus.config()["normalize"] is True
+    assert "normalize" not in plain.config()  # files saved before still load
+
+
 # ------------------------------------------------------------------ fDBD
 def test_fdbd_is_the_mean_boundary_distance_over_the_distance_to_the_mean(
     net, rnet, data

@@ -60,6 +60,7 @@ floats = st.lists(
 score_lists = ints | floats
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(score_lists, score_lists)
 def test_auroc_aupr_roc_equal_scikit_learn(id_scores, ood_scores):
@@ -448,6 +449,7 @@ def test_convex_hull_auroc_is_the_area_of_scipys_hull(id_scores, ood_scores):
     assert got >= auroc(id_scores, ood_scores) - TOL
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(score_lists, score_lists)
 def test_mcc_is_the_best_of_scikit_learns_over_every_threshold(id_scores, ood_scores):

@@ -1,14 +1,14 @@
-"""The whole catalogue on a ViT and on a Hugging Face sequence classifier.
+"""The whole catalogue on the demo CNN, a ResNet-18, a ViT and a Hugging Face model.
 
 Every detector of ``scio_recorder.ood`` (built by
 ``scio_recorder.ood.benchmark.catalogue`` with layers named for each net)
-fits and scores on the unmodified models, from their configs: the token
-maps of the encoder blocks feed the multi-layer detectors, the classifier
-head is found by the detectors that read the last ``nn.Linear``. The demo
-CNN and the ResNet-18-style CNN are covered in ``test_ood_catalogue.py`` and
-``test_ood_multilayer.py``; the formulas are checked there against
-hand-written oracles. Here: each one runs, gives one finite score per
-sample, and refuses what it cannot do with a message.
+fits and scores on the unmodified models, from their configs: the feature
+maps of the convolutional blocks and the token maps of the encoder blocks
+feed the multi-layer detectors, the classifier head is found by the
+detectors that read the last ``nn.Linear``. The formulas are checked
+against hand-written oracles in the other ``test_ood_*`` files. Here: each
+one runs, gives one finite score per sample, and refuses what it cannot do
+with a message. The two CNNs take longer (``slow``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from scio_recorder import Recorder
-from scio_recorder.models import vit_tiny
+from scio_recorder.models import demo_model, resnet18_cifar, vit_tiny
 from scio_recorder.ood.benchmark import catalogue
 
 transformers = pytest.importorskip("transformers")
@@ -25,6 +25,27 @@ transformers = pytest.importorskip("transformers")
 # SHE needs a fit sample of every class that the net classifies correctly:
 # these nets are untrained (it is exercised on the trained digits CNN).
 UNTRAINED = {"SHE"}
+# They move the input along its gradient: a language model's token ids have none.
+GRADIENT_OF_THE_INPUT = ["ODIN", "AdaScale"]
+
+
+def demo():
+    torch.manual_seed(0)
+    rnet = Recorder(demo_model().eval(), input_size=(1, 3, 32, 32))
+    train = [(torch.randn(32, 3, 32, 32), torch.arange(32) % 10) for _ in range(2)]
+    layers = {"penultimate": "classifier.2", "blocks": ("features.1", "features.4")}
+    return rnet, train, torch.randn(4, 3, 32, 32), layers
+
+
+def resnet():
+    torch.manual_seed(0)
+    # 8 x 8 inputs (1 x 1 after layer4) and one batch: a ResNet-18 is slow.
+    # Shuffled labels: Gram holds out samples 9, 19, 29, 39, which for
+    # `arange(40) % 10` would be all of class 9 (and it needs every class).
+    rnet = Recorder(resnet18_cifar().eval(), input_size=(1, 3, 8, 8))
+    train = [(torch.randn(40, 3, 8, 8), torch.randperm(40) % 10)]
+    layers = {"penultimate": "avgpool", "blocks": ("layer3", "layer4")}
+    return rnet, train, torch.randn(4, 3, 8, 8), layers
 
 
 def vit():
@@ -58,10 +79,17 @@ def bert():
     return rnet, train, torch.randint(0, 100, (4, 8)), layers
 
 
-MODELS = {"vit": vit, "bert": bert}
+MODELS = {"demo": demo, "resnet": resnet, "vit": vit, "bert": bert}
+SLOW = {"demo", "resnet"}
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+        for name in MODELS
+    ],
+)
 def model(request):
     return request.param, MODELS[request.param]()
 
@@ -69,9 +97,9 @@ def model(request):
 def test_every_detector_fits_and_scores_the_unmodified_model(model):
     name, (rnet, train, x, layers) = model
     detectors = catalogue(rnet, **layers)
-    assert len(detectors) == 28
+    assert len(detectors) == 35
     for key, detector in detectors.items():
-        if key in UNTRAINED or (name == "bert" and key == "ODIN"):
+        if key in UNTRAINED or (name == "bert" and key in GRADIENT_OF_THE_INPUT):
             continue
         detector.fit(train, input=0, target=1)
         scores = detector(x)
@@ -79,12 +107,15 @@ def test_every_detector_fits_and_scores_the_unmodified_model(model):
         assert torch.isfinite(scores.double()).all(), key
 
 
-def test_odin_refuses_token_ids_naming_the_input():
-    # ODIN perturbs the input along its gradient: token ids have none (it
-    # would have to perturb the embeddings, which it does not).
+@pytest.mark.parametrize("name", GRADIENT_OF_THE_INPUT)
+def test_input_gradient_detectors_refuse_token_ids_naming_the_input(name):
+    # ODIN and AdaScale move the input along its gradient: token ids have
+    # none (they would have to move the embeddings, which they do not).
     rnet, _, x, layers = bert()
-    odin = catalogue(rnet, **layers)["ODIN"]
+    detector = catalogue(rnet, **layers)[name]
     with pytest.raises(
-        TypeError, match=r"must be a floating tensor; got a torch\.int64"
+        TypeError,
+        match=rf"^{name} perturbs the net's first positional input, which must be "
+        r"a floating tensor; got a torch\.int64",
     ):
-        odin(x)
+        detector.score_inputs((x,), {})  # its own passes, fitted or not

@@ -84,8 +84,12 @@ def count_forwards(net):
 # -- MahalanobisEnsemble ----------------------------------------------------
 
 
-def ensemble_oracle(net, data, x, cuts, weights):
-    """Per-layer class means and tied covariance of channel means, by hand."""
+def ensemble_oracle(net, data, x, cuts, weights, *, normalize=False):
+    """Per-layer class means and tied covariance of channel means, by hand.
+
+    ``normalize``: Mahalanobis++ (Müller & Hein 2025), each pooled feature
+    vector divided by its L2 norm first.
+    """
     total = torch.zeros(x.shape[0], dtype=F64)
     xs = torch.cat([b[0] for b in data])
     ys = torch.cat([b[1] for b in data])
@@ -94,6 +98,9 @@ def ensemble_oracle(net, data, x, cuts, weights):
             f, g = cut(xs), cut(x)
         f = (f.mean(dim=(2, 3)) if f.dim() == 4 else f).to(F64)
         g = (g.mean(dim=(2, 3)) if g.dim() == 4 else g).to(F64)
+        if normalize:
+            f = f / f.norm(dim=1, keepdim=True)
+            g = g / g.norm(dim=1, keepdim=True)
         means = torch.stack([f[ys == c].mean(0) for c in range(3)])
         centred = f - means[ys]
         cov = centred.T @ centred / f.shape[0]
@@ -119,6 +126,25 @@ def test_ensemble_matches_formula_in_one_forward(cnn, data):
     want = ensemble_oracle(net, data, x, cuts, [1.0, 0.5, 2.0])
     # The pinv of a covariance of 8..32 features: relative error ~1e-5.
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_ensemble_normalize_is_mahalanobis_plus_plus_per_layer(cnn, data, tmp_path):
+    net, rnet = cnn
+    layers = ["features.1", "features.4", "classifier.2"]
+    ens = MahalanobisEnsemble(rnet, layers, normalize=True).fit(data, target=1)
+    x = torch.randn(5, 3, 32, 32)
+    cuts = [net.features[:2], net.features[:5], lambda t: penultimate(net, t)]
+    want = ensemble_oracle(net, data, x, cuts, [1.0] * 3, normalize=True)
+    # As above; unit vectors: distances of order 1 to 1e3.
+    torch.testing.assert_close(ens(x), want, rtol=1e-4, atol=1e-6)
+    plain = ensemble_oracle(net, data, x, cuts, [1.0] * 3)
+    assert not torch.allclose(want, plain, rtol=1e-2)
+    assert ens.config()["normalize"] is True
+    path = ens.save(tmp_path / "plus.safetensors")
+    with pytest.raises(
+        ValueError, match=r"\(normalize: saved \[True\], now \[None\]\)"
+    ):
+        MahalanobisEnsemble(rnet, layers).load(path)
 
 
 def test_ensemble_save_load_and_shared_passes(cnn, data, tmp_path):
@@ -278,11 +304,63 @@ def test_gram_matches_formula(cnn, data):
     torch.testing.assert_close(got, want, **TOL)
 
 
-def test_gram_held_out_norms_and_round_trip(cnn, data, tmp_path):
+def gram_vectors(t, p):
+    """The Gram row sums by hand: the full ``C x C`` matrix, then its rows."""
+    t = t.reshape(t.shape[0], t.shape[1], -1).to(F64) ** p
+    s = (t @ t.transpose(1, 2)).sum(2)
+    return s.sign() * s.abs() ** (1 / p)
+
+
+def test_gram_held_out_norms_are_the_mean_deviation_of_the_held_out(cnn, data):
+    net, rnet = cnn
+    fraction = 0.25
+    gram = Gram(rnet, ["features.1", "features.4"], validation_fraction=fraction)
+    calls, handle = count_forwards(net)
+    gram.fit(data, target=1)
+    handle.remove()
+    assert len(calls) == len(data)  # one pass: bounds and held-out together
+    xs = torch.cat([b[0] for b in data])
+    ys = torch.cat([b[1] for b in data])
+    # One in four of each class: the j-th of its class when floor((j + 1) / 4)
+    # > floor(j / 4), i.e. j = 3, 7 (8 samples per class).
+    held = torch.zeros(len(xs), dtype=torch.bool)
+    for c in range(3):
+        where = torch.nonzero(ys == c).flatten()
+        j = torch.arange(len(where), dtype=F64)
+        held[where] = torch.floor((j + 1) * fraction) > torch.floor(j * fraction)
+    assert int(held.sum()) == 6
+    with torch.no_grad():
+        for layer, cut in enumerate((net.features[:2], net.features[:5])):
+            f = cut(xs)
+            g = torch.cat([gram_vectors(f, p) for p in (1, 2)], dim=1)
+            rest, kept = g[~held], ys[~held]
+            lo = torch.stack([rest[kept == c].amin(0) for c in range(3)])
+            hi = torch.stack([rest[kept == c].amax(0) for c in range(3)])
+            torch.testing.assert_close(gram.mins[layer], lo, **TOL)
+            torch.testing.assert_close(gram.maxs[layer], hi, **TOL)
+            out, cls = g[held], ys[held]
+            dev = (torch.relu(lo[cls] - out) / (lo[cls] + 1e-6).abs()).sum(1)
+            dev += (torch.relu(out - hi[cls]) / (hi[cls] + 1e-6).abs()).sum(1)
+            assert dev.mean() > 0
+            torch.testing.assert_close(gram.norms[layer], dev.mean(), **TOL)
+
+
+def test_gram_holds_out_a_fraction_of_every_class_whatever_the_order():
+    # Labels 0..9 in turn: one sample in ten of the stream would be class 9
+    # every time; a fraction of each class keeps every class's bounds.
+    torch.manual_seed(3)
+    rnet = Recorder(demo_model(10).eval(), input_size=(1, 3, 32, 32))
+    periodic = [(torch.randn(40, 3, 32, 32), torch.arange(40) % 10)]
+    gram = Gram(rnet, ["features.1"], validation_fraction=0.1)
+    gram.fit(periodic, target=1)
+    assert gram.mins[0].shape[0] == 10
+    assert gram.norms[0] > 0
+
+
+def test_gram_round_trip(cnn, data, tmp_path):
     _, rnet = cnn
     gram = Gram(rnet, ["features.1", "features.4"]).fit(data, target=1)
     assert gram.norms.shape == (2,)
-    assert (gram.norms > 0).all()
     x = torch.randn(3, 3, 32, 32)
     path = gram.save(tmp_path / "g.safetensors")
     again = Gram(rnet, ["features.1", "features.4"]).load(path)
@@ -518,12 +596,12 @@ def test_non_finite_fit_features_are_refused(name):
         make(conv_net(8)).fit([(x, torch.arange(24) % 3)], target=1)
 
 
-def test_gram_refuses_an_iterator_and_bad_labels_and_is_all_or_nothing(cnn, data):
+def test_gram_fits_from_an_iterator_refuses_bad_labels_all_or_nothing(cnn, data):
     _, rnet = cnn
     gram = Gram(rnet, ["features.1", "features.4"])
-    with pytest.raises(TypeError, match=r"Gram\.fit iterates `batches` 2 times"):
-        gram.fit(iter(data), target=1)
-    gram.fit(data, target=1)
+    gram.fit(iter(data), target=1)  # one pass: an iterator will do
+    again = Gram(rnet, ["features.1", "features.4"]).fit(data, target=1)
+    assert torch.equal(gram.norms, again.norms)
     before = [m.clone() for m in gram.mins]
     bad = [data[0], (data[1][0], data[1][1] + 5)]
     with pytest.raises(

@@ -188,6 +188,7 @@ def test_reduce_and_collect_are_subpackages_that_import_nothing_above_them():
     assert is_package(f"{ROOT}.collect")
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """Each module imports on its own (no import-order dependence)."""
     code = (
@@ -228,7 +229,9 @@ def test_all_of_each_public_module_is_honest(name):
     assert sorted(namespace) == sorted(names)
 
 
-@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+@pytest.mark.parametrize(
+    "name", [f"{ROOT}.reduce", f"{ROOT}.collect", f"{ROOT}.explain"]
+)
 def test_subpackage_faces_export_every_public_name(name):
     """No public, non-module attribute of a face is missing from `__all__`."""
     module = importlib.import_module(name)
@@ -242,7 +245,9 @@ def test_subpackage_faces_export_every_public_name(name):
     assert public == set(module.__all__)
 
 
-@pytest.mark.parametrize("name", [f"{ROOT}.reduce", f"{ROOT}.collect"])
+@pytest.mark.parametrize(
+    "name", [f"{ROOT}.reduce", f"{ROOT}.collect", f"{ROOT}.explain"]
+)
 def test_reexports_keep_their_defining_module(name):
     """Re-exported classes and functions keep `__module__`: getsource works."""
     module = importlib.import_module(name)
@@ -275,3 +280,81 @@ def test_collect_is_the_module_and_calls_the_function():
     assert "keep" in face.collect.__doc__
     assert "def collect(" in inspect.getsource(face.collect)
     assert "sys.modules[__name__].__class__" in inspect.getsource(face)
+
+
+def lazy_faces() -> list[str]:
+    """The faces that import some names when first used (`_lazy.lazy_attributes`)."""
+    return [
+        name
+        for name in module_names()
+        if is_package(name)
+        and "lazy_attributes(" in source_of(name).read_text(encoding="utf-8")
+    ]
+
+
+def lazy_map_and_typing_imports(name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Read a lazy face's map and its imports under `TYPE_CHECKING` (name -> module)."""
+    tree = ast.parse(source_of(name).read_text(encoding="utf-8"))
+    lazy: dict[str, str] = {}
+    typing: dict[str, str] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "lazy_attributes"
+        ):
+            lazy.update(ast.literal_eval(node.value.args[1]))
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for inner in node.body:
+                if isinstance(inner, ast.ImportFrom) and inner.level:
+                    module = "." * inner.level + (inner.module or "")
+                    typing.update({a.asname or a.name: module for a in inner.names})
+    return lazy, typing
+
+
+def test_lazy_faces_are_found():
+    """The check below is not vacuous: the root and `ood` are lazy faces."""
+    assert {ROOT, f"{ROOT}.ood"} <= set(lazy_faces())
+
+
+@pytest.mark.parametrize("name", lazy_faces())
+def test_lazy_face_tells_type_checkers_and_docs_the_same_names(name):
+    """Each lazy name is imported under `TYPE_CHECKING` from its module, and public.
+
+    Type checkers and the docs (griffe) read those imports; the interpreter
+    reads the map. Adding a name to the face: one map line, one import line
+    under `TYPE_CHECKING`, one `__all__` entry.
+    """
+    lazy, typing = lazy_map_and_typing_imports(name)
+    module = importlib.import_module(name)
+    missing = {k: v for k, v in lazy.items() if typing.get(k) != v}
+    assert missing == {}, (
+        f"import these names under `TYPE_CHECKING` in {name}, from these modules: "
+        f"{missing}"
+    )
+    unmapped = {
+        k: v for k, v in typing.items() if k not in lazy and k in module.__all__
+    }
+    assert unmapped == {}, f"add these names to the lazy map of {name}: {unmapped}"
+    assert set(lazy) <= set(module.__all__), (
+        f"add to `__all__`: {set(lazy) - set(module.__all__)}"
+    )
+    assert set(lazy) <= set(dir(module))
+
+
+def test_the_lazy_face_reader_sees_both_lists(monkeypatch, tmp_path):
+    """It reads the map and the `TYPE_CHECKING` imports (so a drift shows)."""
+    fake = tmp_path / "__init__.py"
+    fake.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "__getattr__, __dir__ = lazy_attributes(__name__, {'A': '._a', 'B': '._b'})\n"
+        "if TYPE_CHECKING:\n"
+        "    from ._a import A\n"
+        "    from ..c import C as D\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setitem(globals(), "source_of", lambda _name: fake)
+    assert lazy_map_and_typing_imports("x") == (
+        {"A": "._a", "B": "._b"},
+        {"A": "._a", "D": "..c"},
+    )

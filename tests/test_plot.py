@@ -103,7 +103,15 @@ def many(count: int, *, size: int = 30, heavy: bool = False) -> Evaluation:
     return Evaluation({n: draw() for n in names}, {n: draw() + 1 for n in names}, "far")
 
 
-@pytest.mark.parametrize(("count", "columns"), [(1, 4), (5, 4), (7, 4), (9, 4)])
+@pytest.mark.parametrize(
+    ("count", "columns"),
+    [
+        (1, 4),
+        (5, 4),
+        pytest.param(7, 4, marks=pytest.mark.slow),
+        pytest.param(9, 4, marks=pytest.mark.slow),
+    ],
+)
 def test_score_histograms_no_empty_panel_and_one_figure_legend(count, columns):
     fig = plot.score_histograms(many(count), columns=columns)
     assert len(fig.axes) == count  # one panel per detector, nothing else

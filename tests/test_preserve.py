@@ -9,6 +9,7 @@ whole ``state_dict`` bit-identical.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
+from scio_recorder._preserve import preserved
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -186,3 +188,27 @@ def test_modes_restored_when_the_reference_pass_raises() -> None:
     with pytest.raises(RuntimeError, match="Failed to run torchinfo"):
         Recorder(net, input_size=(3, 4), mode="train", force_static_flow=False)
     assert_unchanged(net, before)
+
+
+def test_swapped_parameters_and_hook_state_are_put_back() -> None:
+    """Parameters swapped in a pass and an accelerate-style hook's state return.
+
+    The hook is a stand-in with the attributes accelerate's ``AlignDevicesHook``
+    changes during a pass (found by the ``_hf_hook`` attribute): the shared map
+    of tied weights loaded on a device, and the per-pass bookkeeping.
+    """
+    net = nn.Sequential(nn.Linear(2, 2))
+    tied: dict[int, dict[str, torch.Tensor]] = {7: {}}
+    hook = types.SimpleNamespace(tied_params_map=tied, input_device=None)
+    net[0]._hf_hook = hook  # type: ignore[assignment]
+    weight = net[0].weight
+    with preserved(net):
+        net[0]._parameters["weight"] = nn.Parameter(torch.zeros(2, 2))
+        tied[7]["cpu"] = torch.ones(1)  # a weight left loaded by a failed pass
+        tied[8] = {}
+        hook.input_device = torch.device("cpu")
+        hook.tied_pointers_to_remove = {(7, "cpu")}
+    assert net[0].weight is weight
+    assert tied == {7: {}}
+    assert hook.tied_params_map is tied
+    assert vars(hook) == {"tied_params_map": tied, "input_device": None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual alias)
 import torchinfo
@@ -204,6 +205,7 @@ def test_output_equals_the_net_output(case):
     assert torch.equal(rnet(x), net(x))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(cases())
 def test_hooks_sit_exactly_on_selected_modules(case):

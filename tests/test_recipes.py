@@ -69,6 +69,7 @@ def recipe_run():
     return namespace, out.getvalue().splitlines()
 
 
+@pytest.mark.slow
 def test_recipe_runs_end_to_end(recipe_run):
     """The recipe trains, calibrates and separates OoD data as its text says."""
     namespace, printed = recipe_run
@@ -89,6 +90,7 @@ def test_recipe_runs_end_to_end(recipe_run):
     )
 
 
+@pytest.mark.slow
 def test_recipe_comments_match_printed_lines(recipe_run):
     """The ``# ...`` line after each print shows what that print prints.
 

@@ -814,6 +814,7 @@ def test_deleting_the_recorder_removes_its_hooks():
     assert hook_counts(net) == [0, 0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_net_is_collected_after_recorder_and_net_are_deleted():
     """Nothing (torchinfo's cache included) keeps the net alive after `del`."""
     net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU())
@@ -899,13 +900,17 @@ def test_every_public_attribute_is_in_all():
     """No public attribute of the package is missing from `__all__`.
 
     Modules are left out, except `collect`: a callable module that stands for
-    the function of the same name.
+    the function of the same name. `dir()` lists the names loaded on first use
+    too (the face's `__dir__`).
     """
     public = {
         name
-        for name, value in vars(scio_recorder).items()
+        for name in dir(scio_recorder)
         if not name.startswith("_")
-        and not (isinstance(value, types.ModuleType) and not callable(value))
+        and not (
+            isinstance(value := getattr(scio_recorder, name), types.ModuleType)
+            and not callable(value)
+        )
     }
     assert public == set(scio_recorder.__all__)
 
@@ -1280,3 +1285,31 @@ def test_an_edit_is_accepted_exactly_when_shape_and_dtype_match(rows, cols, dtyp
     else:
         with pytest.raises(ValueError, match=r"^The edit `test_an_edit_is_accepted"):
             rnet(x, activation_postproc=edit)
+
+
+def test_a_reshaping_edit_may_change_shapes_and_keeps_its_name():
+    """`reshaping(fn)` skips the fit check; unwrapped, the same edit is refused."""
+    from scio_recorder import reshaping  # noqa: PLC0415 (the public name is the point)
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    rnet = Recorder(net, input_size=(1, 3))
+    x = torch.rand(5, 3)
+
+    def keep_two(t):
+        return t[:2]
+
+    out = rnet(x, input_postproc={"2": reshaping(keep_two)})
+    assert torch.equal(out, net(x)[:2])  # rows are independent: the same values
+    rnet.record((1, 1))
+    out = rnet(x, activation_postproc={(1, 1): reshaping(keep_two)})
+    assert out.shape == (2, 2)
+    assert rnet.activations[(1, 1)].shape == (5, 3)  # the layer's own output
+    with pytest.raises(
+        ValueError, match=r"^The edit `test_a_reshaping_edit.*keep_two`"
+    ):
+        rnet(x, input_postproc={"2": keep_two})
+    assert repr(reshaping(keep_two)).startswith("reshaping(<function")
+    with pytest.raises(
+        TypeError, match=r"^reshaping takes an edit \(a callable\), got int"
+    ):
+        reshaping(3)  # type: ignore[arg-type]

@@ -430,12 +430,14 @@ def test_patch_sweep_equals_a_loop_of_hooked_runs(lm):
             lm.blocks,
             logit_diff,
         )
-    assert passes[0] == 2  # the clean run, then the whole grid in one batch
-    # The grid's pass runs the same float32 ops on [2 * T * B, T, D] rows
-    # instead of [B, T, D]: matmul kernels may block the sums over the hidden
-    # size (32 to 64 terms) differently, a few ulps (eps = 1.2e-7 relative)
-    # per product, carried through ~15 ops of 2 blocks to logit differences
-    # of magnitude ~1: 1e-5 absolute bounds that with room, while a wrong
-    # cell (another position patched) differs by > 1e-2.
+    # the clean run, the corrupted run (every block's output kept), then one
+    # pass per row of the grid, the blocks before the patch answered
+    assert passes[0] == 2 + 2
+    # A row's pass runs the same float32 ops on [T * B, T, D] rows instead
+    # of [B, T, D]: matmul kernels may block the sums over the hidden size
+    # (32 to 64 terms) differently, a few ulps (eps = 1.2e-7 relative) per
+    # product, carried through ~15 ops of 2 blocks to logit differences of
+    # magnitude ~1: 1e-5 absolute bounds that with room, while a wrong cell
+    # (another position patched) differs by > 1e-2.
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert (want[:, 2] - want[:, 0]).abs().max() > 1e-2  # the grid has signal

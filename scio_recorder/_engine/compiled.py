@@ -4,7 +4,7 @@ Why it is built this way:
 
 * **The pass state is found without the thread-local registry.** Dynamo
   cannot trace the pass registry of eager mode as it is used there. While a
-  compiled pass is traced, ``Recorder.forward`` puts a :class:`TracedPass`
+  compiled pass is traced, :func:`run_traced` puts a :class:`TracedPass`
   into :data:`.hooks.TRACING`, which the hooks read first. Dynamo sees an
   attribute of an object that exists before the frame, so the hooks inline
   into the graph and leave only tensor operations behind. The records are
@@ -13,8 +13,14 @@ Why it is built this way:
 * **Few guards.** Guards run on every call of a compiled graph. The selection
   reaches the graph as one constant, :class:`TracedPlan` (through
   :func:`traced_plan`, which Dynamo runs when tracing), guarded by the
-  recorder's int ``_traced_key``; hooks look modules up by ``id``. An equal
-  selection gets the same key, so it finds its graph again.
+  recorder's int ``traced_key``; hooks look modules up by ``id``. An equal
+  selection gets the same key, so it finds its graph again. The trace reads
+  nothing else of the recorder's state when it succeeds (the plan and the
+  net's mode word the errors), and enters the pass without going through
+  ``_call_impl`` and ``Recorder.forward`` when they would only pass the call
+  on (:func:`entry_point`).
+* **No import of Dynamo.** Nothing here imports ``torch._dynamo`` (seconds):
+  ``torch.compile`` loads it, and only a compiled net needs it.
 * **Checks happen when the graph is traced.** A compiled graph fixes the
   sequence of module calls, and Dynamo guards on what could change it (the
   mode, grad mode, the hooks, the selection's key). Checking the call plan
@@ -39,6 +45,7 @@ __all__ = [
     "TracedPlan",
     "entry_point",
     "export_records",
+    "run_traced",
     "traced_key",
     "traced_plan",
     "unwrap_compiled",
@@ -54,11 +61,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module_impl
 
 from scio_recorder._preserve import preserved
 from scio_recorder._tree import iter_tensors, map_tensors
 from scio_recorder.layers import label_str
 
+from .hooks import enter_trace, exit_trace
 from .plan import EndSpec, convert
 from .state import CallInputs, PassState
 
@@ -67,7 +76,7 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx
 
-    from .plan import CallPlan, Postprocessor
+    from .plan import CallPlan, CallPlanError, Postprocessor
 
 
 Address = tuple[int, torch.device, tuple[int, ...], tuple[int, ...]]
@@ -199,9 +208,12 @@ def _traced_plan(key: int) -> TracedPlan:
     return _TRACED_PLANS[key]
 
 
-traced_plan: Callable[[int], TracedPlan] = torch.compiler.assume_constant_result(  # type: ignore[no-untyped-call]
-    _traced_plan
-)
+# What `torch.compiler.assume_constant_result` does, without the import of
+# `torch._dynamo` it makes (a second or more: half the package's import time
+# otherwise). `tests/test_compile.py` checks that the decorator marks a
+# function the same way, and that a selection coming back finds its graph.
+_traced_plan._dynamo_marked_constant = True  # type: ignore[attr-defined]  # noqa: SLF001 (Dynamo's mark)
+traced_plan: Callable[[int], TracedPlan] = _traced_plan
 """Dynamo calls it when tracing and takes the result as a constant, unguarded."""
 
 
@@ -211,31 +223,63 @@ class TracedPass(PassState):
     The same plan and the same checks as :class:`~.state.PassState`, without
     what cannot live in a graph: version counters (in-place changes are left
     to functionalization, see the docs) and tensor hooks (gradients go through
-    :class:`_GradProbe`). The success path reads only the constant
-    :class:`TracedPlan`; ``plan`` (the recorder's :class:`~.plan.CallPlan`)
-    serves the error messages.
+    :class:`_GradProbe`).
+
+    Every object the trace reads costs a guard on every call of the graph,
+    so the success path reads only the constant :class:`TracedPlan` and what
+    it is given; the recorder's :class:`~.plan.CallPlan` and the net's mode
+    are read on failure only, to word the error (``passes.plan``,
+    ``net.training``). ``PassState.__init__`` is not called: it reads the
+    plan.
     """
 
     def __init__(
         self,
         traced: TracedPlan,
-        plan: CallPlan,
+        passes: Any,
+        net: nn.Module,
         postproc: Postprocessor | Sequence[Postprocessor] | None,
         dont_record: bool,  # noqa: FBT001 (mirrors PassState)
-        training: bool,  # noqa: FBT001 (mirrors PassState)
     ) -> None:
-        super().__init__(plan, postproc, dont_record, training)
+        self.passes = passes
+        self.net = net
+        self.postproc = postproc
+        self.dont_record = dont_record
+        self.watched = []  # `postprocess` refreshes their versions: none here
+        self.records = {}
         self.token = traced.token
         self.options = traced.options
         self.deposit_key = traced.deposit_key
-        self.ends = dict(traced.ends)
-        self.starts_plan = dict(traced.starts)
+        # Comprehensions: Dynamo traces `dict(pairs)` through a polyfill,
+        # whose globals are then guarded on every call.
+        self.ends = {key: specs for key, specs in traced.ends}  # noqa: C416
+        self.starts_plan = {key: labels for key, labels in traced.starts}  # noqa: C416
         self.outer: TracedPass | None = None  # see hooks.enter_trace
         self.inputs = {}
         self.grad_targets: dict[DepthIdx, Any] = {}
         # Calls so far, by id(module).
         self.end_counts: dict[int, int] = {}
         self.start_counts: dict[int, int] = {}
+
+    def _for_errors(self) -> None:
+        """Read what error messages need (see the class docstring)."""
+        self.plan = self.passes.plan
+        self.training = self.net.training
+
+    def extra_call(self, module: nn.Module, calls: int, expected: int) -> CallPlanError:
+        """Return the error for the ``calls``-th call of ``module`` (one too many)."""
+        self._for_errors()
+        return super().extra_call(module, calls, expected)
+
+    def no_grad_message(self, module: nn.Module, label: DepthIdx) -> str:
+        """Return the error message for a gradient that cannot flow back."""
+        self._for_errors()
+        return super().no_grad_message(module, label)
+
+    def too_few_message(self, given: int) -> str:
+        """Return the error message for a postprocessor list that is too short."""
+        self._for_errors()
+        return super().too_few_message(given)
 
     def check_counts(self) -> None:
         """Raise :class:`CallPlanError` unless every hooked module ran as planned.
@@ -255,6 +299,7 @@ class TracedPass(PassState):
 
     def raise_mismatch(self) -> None:
         """Raise the eager pass's error for these counts (on failure only)."""
+        self._for_errors()
         plan = self.plan
         self.counts = [self.end_counts.get(id(m), 0) for m in plan.end_slots]
         self.starts = [self.start_counts.get(id(m), 0) for m in plan.start_slots]
@@ -328,6 +373,54 @@ class TracedPass(PassState):
             raise RuntimeError(self.no_grad_message(module, label))
 
 
+def run_traced(  # noqa: PLR0913 (the pass's options)
+    passes: Any,
+    net: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    postproc: Any,
+    dont_record: bool,
+) -> Any:
+    """Run the pass of ``passes`` (a recorder's ``Passes``) as Dynamo traces it.
+
+    Everything here is traced into the graph: the hooks read the state from
+    the trace box instead of the thread-local registry, the call plan is
+    checked when the graph is traced, and the records are graph outputs that
+    Dynamo stores into the latest records after every call (see the module
+    docstring).
+    """
+    if passes.listeners:
+        msg = (
+            "`rnet.scope()` (and `collect`, which uses it) runs eagerly: "
+            "its reducers keep Python state that a compiled graph cannot "
+            "update. Call the recorder uncompiled inside the scope, or "
+            "compile the net and read `rnet.activations` after each call."
+        )
+        raise RuntimeError(msg)
+    latest = passes.latest
+    # The one guard on the selection (see TracedPlan).
+    traced = traced_plan(passes.traced_key)
+    if not traced.ends and not traced.starts:  # nothing recorded
+        latest.activations, latest.inputs, latest.grads = {}, {}, {}
+        latest.traced_grads = {}
+        return net(*args, **kwargs)
+    state = TracedPass(traced, passes, net, postproc, dont_record)
+    enter_trace(state)
+    try:
+        out = net(*args, **kwargs)
+    finally:
+        exit_trace(state)
+    state.check_counts()
+    if state.grad_targets:
+        passes.deposits.grads = {}  # replaced after every call of the graph
+    latest.activations = state.records
+    latest.inputs = state.inputs
+    latest.grads = {}
+    latest.traced_grads = state.grad_targets
+    return out
+
+
 def entry_point(recorder: nn.Module, token: int) -> Callable[..., Any]:
     """Return the function through which Dynamo enters ``recorder``'s pass.
 
@@ -339,15 +432,49 @@ def entry_point(recorder: nn.Module, token: int) -> Callable[..., Any]:
     selections of one recorder. It is the recorder's ``__call__`` attribute,
     which ``torch.compile(rnet)`` compiles, and what ``Recorder(torch.compile
     (net))`` compiles. It holds the recorder weakly: the recorder keeps it.
+
+    Like the fast path of ``Recorder.__call__``, when Dynamo traces a call
+    without keyword arguments of a recorder that has no hook of its own (and
+    no global module hook) and no ``forward`` of a subclass, it runs the
+    pass directly: ``nn.Module._call_impl`` and ``Recorder.forward`` would
+    only pass the call on, and what Dynamo reads through them (the method
+    lookups, ``forward``'s default options) is guarded on every call of the
+    graph. Anything else goes through them.
     """
     ref = weakref.ref(recorder)
+    compiling = torch.compiler.is_compiling  # a local: fewer, cheaper guards
+    global_hooks = _GLOBAL_HOOKS
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        target = ref()
+        target: Any = ref()
         if target is None:
             msg = "This recorder no longer exists."
             raise ReferenceError(msg)
-        return target._call_impl(*args, **kwargs)  # type: ignore[no-untyped-call]  # noqa: SLF001 (as nn.Module)
+        if (
+            kwargs
+            or not compiling()
+            or target._own_forward  # noqa: SLF001 (the recorder's, as below)
+            or target._forward_hooks  # noqa: SLF001 (as `_call_impl` reads them)
+            or target._forward_pre_hooks  # noqa: SLF001
+            or target._backward_hooks  # noqa: SLF001
+            or target._backward_pre_hooks  # noqa: SLF001
+            or global_hooks[0]
+            or global_hooks[1]
+            or global_hooks[2]
+            or global_hooks[3]
+        ):
+            return target._call_impl(*args, **kwargs)  # noqa: SLF001 (as nn.Module)
+        # Read through `ref()`, not kept in the closure: Dynamo reads
+        # `traced_key` of a closure's object lazily, and cannot then pass it
+        # to `traced_plan`.
+        return run_traced(
+            target._passes,  # noqa: SLF001 (the recorder's own)
+            target._net_direct,  # noqa: SLF001 (the recorder's own)
+            args,
+            kwargs,
+            postproc=None,
+            dont_record=False,
+        )
 
     name = f"recorder_{token}_call"
     code = call.__code__.replace(co_name=name)  # a new code object
@@ -356,6 +483,14 @@ def entry_point(recorder: nn.Module, token: int) -> Callable[..., Any]:
     call.__code__ = code
     call.__name__ = call.__qualname__ = name
     return call
+
+
+_GLOBAL_HOOKS = (
+    _module_impl._global_forward_pre_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_forward_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_backward_pre_hooks,  # noqa: SLF001 (what torch checks)
+    _module_impl._global_backward_hooks,  # noqa: SLF001 (what torch checks)
+)
 
 
 def unwrap_compiled(net: nn.Module) -> tuple[nn.Module, Callable[[Any], Any] | None]:
@@ -367,7 +502,10 @@ def unwrap_compiled(net: nn.Module) -> tuple[nn.Module, Callable[[Any], Any] | N
     the recorder does not trace could not reach the recorder's pass. Returns
     ``(net, None)`` for a net that is not compiled.
     """
-    optimized = getattr(torch._dynamo.eval_frame, "OptimizedModule", None)  # noqa: SLF001 (the type torch.compile returns)
+    # Read from `sys.modules`: `torch._dynamo` is loaded by `torch.compile`,
+    # and without it no net is compiled (importing it costs seconds).
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
     if optimized is None or not isinstance(net, optimized):
         return net, None
     compiler = getattr(net, "dynamo_ctx", None)

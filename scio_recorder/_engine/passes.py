@@ -37,9 +37,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .compiled import GradDeposits, TracedPass, traced_key, traced_plan
+from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
+
+from .compiled import GradDeposits, run_traced, traced_key
 from .early import EarlyExit, EarlyExitState, early_plan
-from .hooks import ACTIVE, HookSet, RootHook, enter_trace, exit_trace, new_token
+from .hooks import ACTIVE, HookSet, RootHook, new_token
 from .plan import CallPlanError, Edits, with_edits
 from .state import (
     CallInputs,
@@ -97,11 +99,13 @@ class Passes:
         self.busy = 0
         """Listeners registered and extended edit plans in use, in all threads."""
         self.idle = True
-        """Whether a pass is the net's call and nothing else (see :meth:`settle`)."""
+        """Whether a pass is the net's call and nothing more (:meth:`update_idle`)."""
         self.plan = plan
         self.traced_key = 0
         self.early_cache: tuple[CallPlan, CallPlan, Needs] | None = None
         """The latest plan run with early exit, its twin and needs."""
+        self.placed: bool | None = None
+        """Whether accelerate placed the net (found at the first stopped pass)."""
         self.select(plan)
 
     # -- the selection -----------------------------------------------------
@@ -111,9 +115,9 @@ class Passes:
         self.edit_plans: dict[Any, CallPlan] = {}
         self.traced_key = traced_key(plan, self.token, self.deposits)
         self.hooks.place(plan)
-        self.settle()
+        self.update_idle()
 
-    def settle(self) -> None:
+    def update_idle(self) -> None:
         """Say whether a plain pass (no option) is just the net's call.
 
         It is when the plan hooks nothing, the latest records are empty (a
@@ -139,7 +143,7 @@ class Passes:
         """Count a listener or an extended edit plan in (+1) or out (-1)."""
         with self.lock:
             self.busy += n
-        self.settle()
+        self.update_idle()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -216,12 +220,25 @@ class Passes:
             if stop.state is not state:  # not this pass's: it fails this pass too
                 self.close(state, outer, False, states)  # noqa: FBT003 (completed)
                 raise
+            self.settle(net)  # the modules it stopped in (accelerate)
             out = None  # every recorded call happened; the rest did not run
         except BaseException:  # KeyboardInterrupt included
             self.close(state, outer, False, states)  # noqa: FBT003 (completed)
             raise
         self.close(state, outer, True, states)  # noqa: FBT003 (completed)
         return out
+
+    def settle(self, net: nn.Module) -> None:
+        """Offload again the weights a stopped pass left loaded (accelerate).
+
+        A pass that stops inside an offloaded module skips the ``post_forward``
+        of its accelerate hook (:func:`~scio_recorder._preserve.unload_offloaded`
+        runs it); a net that accelerate did not place costs one look, once.
+        """
+        if self.placed is None:
+            self.placed = placed_by_accelerate(net)
+        if self.placed:
+            unload_offloaded(net)
 
     def early_state(
         self,
@@ -299,7 +316,7 @@ class Passes:
                 ]
             users[0] += 1
             self.busy += 1
-        self.settle()
+        self.update_idle()
         try:
             yield extended
         finally:
@@ -310,7 +327,7 @@ class Passes:
                     for handle in users[1]:
                         handle.remove()
                     del self.extra_hooks[id(extended)]
-            self.settle()
+            self.update_idle()
 
     # -- compiled passes ---------------------------------------------------
     def run_traced(
@@ -329,35 +346,9 @@ class Passes:
         outputs that Dynamo stores into the latest records after every call
         (see :mod:`.compiled`).
         """
-        if self.listeners:
-            msg = (
-                "`rnet.scope()` (and `collect`, which uses it) runs eagerly: "
-                "its reducers keep Python state that a compiled graph cannot "
-                "update. Call the recorder uncompiled inside the scope, or "
-                "compile the net and read `rnet.activations` after each call."
-            )
-            raise RuntimeError(msg)
-        latest = self.latest
-        # The one guard on the selection (see TracedPlan).
-        traced = traced_plan(self.traced_key)
-        if not traced.ends and not traced.starts:  # nothing recorded
-            latest.activations, latest.inputs, latest.grads = {}, {}, {}
-            latest.traced_grads = {}
-            return net(*args, **kwargs)
-        state = TracedPass(traced, self.plan, postproc, dont_record, net.training)
-        enter_trace(state)
-        try:
-            out = net(*args, **kwargs)
-        finally:
-            exit_trace(state)
-        state.check_counts()
-        if state.grad_targets:
-            self.deposits.grads = {}  # replaced after every call of the graph
-        latest.activations = state.records
-        latest.inputs = state.inputs
-        latest.grads = {}
-        latest.traced_grads = state.grad_targets
-        return out
+        return run_traced(
+            self, net, args, kwargs, postproc=postproc, dont_record=dont_record
+        )
 
     # -- methods that call the net repeatedly (generate) -------------------
     def run_steps(  # noqa: PLR0913, PLR0917 (a pass's options, and the method)
@@ -520,6 +511,7 @@ class Passes:
             states[self.token] = outer
             listener = outer if isinstance(outer, Listener) else None
         if not completed:
+            self.settle(self.net)  # the modules it stopped in (accelerate)
             self.drop(listener)
             return False
         plan = state.plan
@@ -566,7 +558,7 @@ class Passes:
         latest.activations, latest.inputs, latest.grads = {}, {}, {}
         latest.traced_grads = {}
         latest.steps = []
-        self.settle()
+        self.update_idle()
 
     def warn_inplace(self, label: DepthIdx, kind: str) -> None:
         """Warn, once per label and kind, that a record was changed in place."""

@@ -21,6 +21,7 @@ __all__ = [
     "Selection",
     "convert",
     "make_plan",
+    "reshaping",
     "with_edits",
 ]
 
@@ -40,6 +41,52 @@ if TYPE_CHECKING:
 
 Postprocessor: TypeAlias = Callable[[Any], Any]
 """``postproc(output) -> replacement output or None``."""
+
+
+class reshaping:  # noqa: N801 (used as a function: `reshaping(fn)`)
+    """Mark an edit that changes the shape or dtype of what it edits on purpose.
+
+    An edit's replacement must otherwise have the shapes and dtypes of what it
+    replaces (the check that names a wrong edit where it is made); wrapped in
+    ``reshaping``, an edit may return anything, for the net to take from
+    there: keep some positions of a sequence, prune tokens, cast.
+
+    Parameters
+    ----------
+    edit : callable
+        ``edit(value) -> replacement or None``, as for ``activation_postproc``
+        and ``input_postproc``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder, reshaping
+    >>> rnet = Recorder(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2)),
+    ...                 input_size=(1, 3))  # fmt: skip
+    >>> keep_two = reshaping(lambda x: x[:2])  # the second Linear sees 2 rows
+    >>> rnet(torch.rand(5, 3), input_postproc={"1": keep_two}).shape
+    torch.Size([2, 2])
+
+    """
+
+    __slots__ = ("__qualname__", "__wrapped__")
+
+    def __init__(self, edit: Callable[[Any], Any]) -> None:
+        """Wrap ``edit``."""
+        if not callable(edit):
+            msg = f"reshaping takes an edit (a callable), got {type(edit).__name__}"
+            raise TypeError(msg)
+        self.__wrapped__ = edit
+        self.__qualname__ = getattr(edit, "__qualname__", repr(edit))
+
+    def __call__(self, value: Any) -> Any:
+        """Return the wrapped edit's result."""
+        return self.__wrapped__(value)
+
+    def __repr__(self) -> str:
+        """Show the wrapped edit."""
+        return f"reshaping({self.__wrapped__!r})"
 
 
 class CallPlanError(RuntimeError):

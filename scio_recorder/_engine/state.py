@@ -44,6 +44,8 @@ from torch.autograd import Variable
 
 from scio_recorder._tree import iter_tensors, map_leaves, map_tensors, tensor_items
 
+from .plan import reshaping
+
 if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx, LayerTable
 
@@ -280,7 +282,7 @@ class PassState:
         new = edit(args[0])
         if new is None:
             return None
-        if new is not args[0]:
+        if new is not args[0] and not isinstance(edit, reshaping):
             check_edit(
                 new,
                 args[0],
@@ -403,7 +405,12 @@ class PassState:
             func = postproc[self.post_index]
             self.post_index += 1
         result = func(output)
-        if result is not None and result is not output and module is not None:
+        if (
+            result is not None
+            and result is not output
+            and module is not None
+            and not isinstance(func, reshaping)
+        ):
             check_edit(
                 result,
                 output,

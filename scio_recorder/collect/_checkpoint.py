@@ -21,40 +21,34 @@ __all__ = [
     "STATE_FILES",
     "Checkpoints",
     "Saved",
-    "describe_reducer",
-    "describe_spec",
-    "describe_value",
     "entry_problem",
     "fingerprint_of",
     "flat_states",
-    "is_count",
     "load_states",
-    "manifest_digest",
 ]
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import re
-from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import safetensors.torch
 import torch
 from torch import Tensor
 
 from scio_recorder._files import (
+    differences,
     fsync_file,
+    is_count,
+    is_file_name,
     is_temporary,
     library_version,
+    manifest_digest,
     parse_dtype,
     write_atomic,
 )
-from scio_recorder._public import public_module
-from scio_recorder.reduce import Reducer
-
-from ._specs import CONCAT
+from scio_recorder._fingerprint import describe_reducer, describe_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -69,60 +63,7 @@ MANIFEST = "collect-manifest.json"
 """The manifest file written in ``spill_dir``."""
 
 FORMAT = 1
-ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 STATE_FILES = ("states-0.safetensors", "states-1.safetensors")
-
-
-def describe_value(value: object, depth: int = 0) -> str:  # noqa: PLR0911 (one branch per kind)
-    """Describe a configuration value deterministically (no addresses)."""
-    if depth > 4:  # noqa: PLR2004 (enough for nested reducers)
-        return "..."
-    if isinstance(value, Tensor):
-        data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
-        return f"Tensor({list(value.shape)}, {value.dtype}, sha256:{digest})"
-    if isinstance(value, type):
-        return f"{public_module(value)}.{value.__qualname__}"
-    if isinstance(value, list | tuple):
-        items = ", ".join(describe_value(v, depth + 1) for v in value)
-        return f"[{items}]" if isinstance(value, list) else f"({items})"
-    if isinstance(value, dict):
-        items = ", ".join(
-            f"{k!r}: {describe_value(v, depth + 1)}"
-            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))
-        )
-        return "{" + items + "}"
-    if isinstance(value, Reducer):
-        return describe_reducer(value, depth + 1)
-    owner = getattr(value, "__self__", None)
-    if owner is not None and callable(value):  # a bound method
-        name = getattr(value, "__name__", "?")
-        return f"{describe_value(owner, depth + 1)}.{name}"
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"{public_module(value)}.{value.__qualname__}"
-    return ADDRESS.sub("", repr(value))
-
-
-def describe_reducer(reducer: Reducer | None, depth: int = 0) -> str:
-    """Describe a reducer's class and configuration, for the fingerprint."""
-    if reducer is None:
-        return CONCAT
-    cls = type(reducer)
-    fields = getattr(reducer, "__dict__", None)
-    if not isinstance(fields, dict):
-        return (
-            f"{public_module(cls)}.{cls.__qualname__}({ADDRESS.sub('', repr(reducer))})"
-        )
-    parts = ", ".join(
-        f"{k}={describe_value(v, depth)}" for k, v in sorted(fields.items())
-    )
-    return f"{public_module(cls)}.{cls.__qualname__}({parts})"
-
-
-def describe_spec(spec: BatchSpec) -> str:
-    if spec is None or isinstance(spec, int | str):
-        return repr(spec)
-    return describe_value(spec)
 
 
 def fingerprint_of(
@@ -256,22 +197,7 @@ class Checkpoints:
         saved = data.get("fingerprint")
         if saved == self.fingerprint:
             return
-        if not isinstance(saved, dict):
-            saved = {}
-        lines: list[str] = []
-        for key in sorted(set(saved) | set(self.fingerprint)):
-            old, new = saved.get(key), self.fingerprint.get(key)
-            if old == new:
-                continue
-            if isinstance(old, dict) and isinstance(new, dict):
-                lines.extend(
-                    f"- {key} of {sub}: saved {plain(old.get(sub))}, "
-                    f"now {plain(new.get(sub))}"
-                    for sub in sorted(set(old) | set(new))
-                    if old.get(sub) != new.get(sub)
-                )
-            else:
-                lines.append(f"- {key}: saved {plain(old)}, now {plain(new)}")
+        lines = differences(saved, self.fingerprint)
         msg = (
             f"'{self.folder}' holds a collect run with other arguments:\n"
             + "\n".join(lines)
@@ -397,7 +323,7 @@ class Checkpoints:
             if isinstance(concat, dict):
                 for entry in concat.values():
                     name = entry.get("file") if isinstance(entry, dict) else None
-                    if isinstance(name, str) and "/" not in name and "\\" not in name:
+                    if is_file_name(name):
                         (self.folder / name).unlink(missing_ok=True)
         for name in STATE_FILES:
             (self.folder / name).unlink(missing_ok=True)
@@ -448,21 +374,6 @@ class Checkpoints:
         )
         self.states = name
         self.saved = Saved(batches, samples, complete)
-
-
-def plain(value: object) -> str:
-    return value if isinstance(value, str) else repr(value)
-
-
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """Return a digest of a manifest's JSON content (the same after a round trip)."""
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def is_count(value: object) -> TypeGuard[int]:
-    """Return whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def entry_problem(entry: object, file_name: str) -> str | None:  # noqa: PLR0911 (one check per field)

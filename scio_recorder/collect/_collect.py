@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from scio_recorder._batches import batch_getter
+from scio_recorder._ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
-from ._distributed import Merged, concat_reducer, merge_across_ranks, rank_and_world
+from ._distributed import Merged, concat_reducer, merge_across_ranks
 from ._estimate import Estimate, estimate_slots, human
 from ._loop import Run, total_samples
 from ._progress import bar_description, make_bar
@@ -38,7 +39,7 @@ from ._specs import (
     plan,
     short_name,
 )
-from ._spill import ConcatStore, SpillFolder, SpillLock
+from ._spill import ConcatStore, SpillFolder, spill_lock
 
 if TYPE_CHECKING:
     import os
@@ -384,7 +385,7 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     )
     # One run per folder (per rank folder under torch.distributed): a second
     # run would truncate and append the same files. Released in `finally`.
-    lock = None if folder_path is None else SpillLock(folder_path)
+    lock = None if folder_path is None else spill_lock(folder_path)
     if lock is not None:
         lock.acquire()
     try:

@@ -16,14 +16,11 @@ from __future__ import annotations
 __all__ = [
     "CHUNK_BYTES",
     "Merged",
-    "all_gather_bytes",
-    "comm_device",
     "concat_meta",
     "concat_reducer",
     "gather_rows",
     "merge_across_ranks",
     "merge_statistics",
-    "rank_and_world",
 ]
 
 import dataclasses
@@ -37,6 +34,7 @@ import torch
 from torch import Tensor
 
 from scio_recorder._files import dtype_name, parse_dtype
+from scio_recorder._ranks import all_gather_bytes, comm_device
 from scio_recorder.reduce import Concat, Reducer
 
 from ._checkpoint import flat_states
@@ -51,40 +49,6 @@ if TYPE_CHECKING:
     from ._spill import SpillFolder
 
 CHUNK_BYTES = 1 << 26  # distributed transfers move at most 64 MiB at a time
-
-
-def rank_and_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when a process group is initialised."""
-    dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist.get_rank(), dist.get_world_size()
-
-
-def comm_device() -> torch.device:
-    """CUDA for NCCL (which moves only CUDA tensors), else the CPU."""
-    if str(torch.distributed.get_backend()) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
-    """Gather one byte string from every rank (no pickle)."""
-    dist = torch.distributed
-    world = dist.get_world_size()
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    lengths = [int(s.item()) for s in sizes]
-    buffer = torch.zeros(max(*lengths, 1), dtype=torch.uint8)
-    if data:
-        buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    buffer = buffer.to(device)
-    buffers = [torch.empty_like(buffer) for _ in range(world)]
-    dist.all_gather(buffers, buffer)
-    return [
-        b[:n].cpu().numpy().tobytes() for b, n in zip(buffers, lengths, strict=True)
-    ]
 
 
 @dataclasses.dataclass

@@ -1,48 +1,21 @@
-"""The progress bar of a collect run (tqdm, on stderr).
+"""The progress bar of a collect run: its title.
 
-Holds :func:`make_bar`, which makes a tqdm bar when progress is asked for (by
-default: when stderr is a terminal), and :func:`bar_description`, the bar's
-title.
+Holds :func:`bar_description`, the bar's title; the bar itself is
+:func:`scio_recorder._progress.make_bar` (re-exported here with :class:`Bar`).
 """
 
 from __future__ import annotations
 
 __all__ = ["Bar", "bar_description", "make_bar"]
 
-import sys
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+from scio_recorder._progress import Bar, make_bar
 
 from ._estimate import human
 
 if TYPE_CHECKING:
     from ._estimate import Estimate
-
-
-class Bar(Protocol):
-    def update(self, n: int) -> Any: ...
-
-    def close(self) -> Any: ...
-
-
-def make_bar(
-    *, progress: bool | None, total: int | None, initial: int, desc: str
-) -> Bar | None:
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    bar: Bar = tqdm(
-        total=total,
-        initial=initial,
-        unit="sample",
-        unit_scale=True,
-        desc=desc,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-    return bar
 
 
 def bar_description(est: Estimate) -> str:

@@ -3,8 +3,9 @@
 Holds :class:`ConcatStore`, the rows of one ``"concat"`` label (CPU chunks,
 appended to one raw file when the memory budget is exceeded or a checkpoint
 is written), :class:`SpillFolder`, where those files go (``spill_dir`` or a
-temporary folder), :class:`SpillLock`, the lock file that keeps a second run
-out of a ``spill_dir`` in use, and the helpers that write tensor bytes and
+temporary folder), :func:`spill_lock`, the lock file that keeps a second run
+out of a ``spill_dir`` in use (:class:`scio_recorder._lock.FolderLock`), and
+the helpers that write tensor bytes and
 map files back as tensors (privately, copy-on-write).
 
 Why: features of a whole data set may not fit in RAM; raw files appended in
@@ -20,26 +21,16 @@ __all__ = [
     "LOCK",
     "ConcatStore",
     "SpillFolder",
-    "SpillLock",
     "bytes_of",
-    "describe_owner",
     "map_file",
-    "pid_alive",
+    "spill_lock",
 ]
 
-import contextlib
-import datetime as dt
-import json
 import logging
 import math
 import os
-import secrets
 import shutil
-import socket
 import tempfile
-import threading
-import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +38,7 @@ import torch
 from torch import Tensor
 
 from scio_recorder._files import dtype_name, parse_dtype
+from scio_recorder._lock import FolderLock
 from scio_recorder.layers import label_str
 
 if TYPE_CHECKING:
@@ -58,12 +50,6 @@ logger = logging.getLogger("scio_recorder.collect")
 
 LOCK = "collect.lock"
 """The lock file of a ``spill_dir`` in use (JSON: pid, host, start time)."""
-
-# The locks this process holds (path -> token), to tell a lock of another
-# thread of this process (live) from one left by an earlier process that had
-# the same pid (stale).
-_HELD: dict[str, str] = {}
-_HELD_LOCK = threading.Lock()
 
 
 def bytes_of(chunk: Tensor) -> Any:
@@ -227,154 +213,13 @@ class ConcatStore:
         return map_file(self.file, self.dtype, (self.rows, *self.shape))
 
 
-class SpillLock:
-    """The lock file of a ``spill_dir``: one run at a time per folder.
-
-    :meth:`acquire` creates ``folder/collect.lock`` atomically
-    (``O_CREAT | O_EXCL``) with the owner's pid, host, start time and a
-    random token; :meth:`release` removes it if it is still this run's. A
-    lock whose owner is a process of this host that no longer runs is stale:
-    it is taken over, with a warning. Any other lock (a live process, another
-    thread of this process, another host) makes :meth:`acquire` raise.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.path = folder / LOCK
-        self.token: str | None = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise ``RuntimeError`` naming its live owner."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(8)
-        owner = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "token": token,
-        }
-        text = json.dumps(owner, indent=1).encode()
-        for _ in range(8):  # each retry follows the removal of a stale lock
-            try:
-                handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            try:
-                os.write(handle, text)
-            finally:
-                os.close(handle)
-            self.token = token
-            with _HELD_LOCK:
-                _HELD[str(self.path.resolve())] = token
-            return
-        msg = (
-            f"Could not lock '{self.folder}': its lock file '{self.path}' keeps "
-            "reappearing. Another run is starting there: use another `spill_dir`."
-        )
-        raise RuntimeError(msg)
-
-    def release(self) -> None:
-        """Remove the lock file if this run still owns it."""
-        if self.token is None:
-            return
-        with _HELD_LOCK:
-            _HELD.pop(str(self.path.resolve()), None)
-        owner = self._read()
-        if owner is not None and owner.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
-        self.token = None
-
-    def _read(self) -> dict[str, Any] | None:
-        """Return the owner written in the lock file (None: no lock file)."""
-        for _ in range(20):  # a lock just created may not be written yet
-            try:
-                text = self.path.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                return None
-            try:
-                owner = json.loads(text)
-            except ValueError:
-                owner = None
-            if isinstance(owner, dict):
-                return owner
-            time.sleep(0.025)
-        return {}  # unreadable: an owner we cannot name, treated as live
-
-    def _take_over_if_stale(self) -> None:
-        owner = self._read()
-        if owner is None:  # released meanwhile: try again
-            return
-        if not self._is_stale(owner):
-            raise RuntimeError(self._busy_message(owner))
-        # Move the stale lock aside (atomic: one taker wins), and check that
-        # what was moved is the lock judged stale, not a new one.
-        aside = self.folder / f".{LOCK}.{secrets.token_hex(6)}.stale"
-        try:
-            self.path.rename(aside)
-        except FileNotFoundError:
-            return
-        try:
-            moved = json.loads(aside.read_text(encoding="utf-8"))
-        except ValueError:
-            moved = {}
-        if moved != owner:  # a fresh lock: put it back (never over another)
-            with contextlib.suppress(FileExistsError, FileNotFoundError):
-                os.link(aside, self.path)
-            aside.unlink(missing_ok=True)
-            return
-        aside.unlink(missing_ok=True)
-        msg = (
-            f"collect: '{self.folder}' was locked by {describe_owner(owner)}, "
-            "which no longer runs: taking the stale lock over."
-        )
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
-        logger.warning("%s", msg)
-
-    def _is_stale(self, owner: dict[str, Any]) -> bool:
-        pid, host = owner.get("pid"), owner.get("host")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-            return False
-        if host != socket.gethostname():
-            return False  # cannot tell whether it runs
-        if pid == os.getpid():
-            with _HELD_LOCK:
-                held = _HELD.get(str(self.path.resolve()))
-            return held is None or held != owner.get("token")
-        return not pid_alive(pid)
-
-    def _busy_message(self, owner: dict[str, Any]) -> str:
-        who = describe_owner(owner) if owner else "an owner it does not name"
-        if owner.get("pid") == os.getpid() and owner.get("host") == (
-            socket.gethostname()
-        ):
-            who += " (this process: another thread)"
-        return (
-            f"'{self.folder}' is in use by another collect run: locked by {who} "
-            f"(lock file '{self.path}'). Two runs in one `spill_dir` would "
-            "overwrite each other's rows and checkpoints. Wait for that run to "
-            "end, use another `spill_dir`, or delete the lock file if you are "
-            "sure no run uses the folder."
-        )
-
-
-def describe_owner(owner: Mapping[str, Any]) -> str:
-    return (
-        f"pid {owner.get('pid')} on host {owner.get('host')!r}, "
-        f"started {owner.get('started')}"
+def spill_lock(folder: Path) -> FolderLock:
+    """Return the lock of a ``spill_dir`` (``collect.lock``), not yet taken."""
+    return FolderLock(
+        folder,
+        name=LOCK,
+        tool="collect",
+        option="spill_dir",
+        files="rows and checkpoints",
+        logger="scio_recorder.collect",
     )
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this host (unknown: True)."""
-    if os.name == "nt":  # os.kill(pid, 0) would terminate it
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # runs, as another user
-        return True
-    except OSError:
-        return True
-    return True

@@ -12,7 +12,10 @@ several detectors sharing passes and rates them
 (:mod:`scio_recorder.ood.metrics`): one :class:`OoDResults` table for
 several OoD sets; :func:`score_sets` scores named sets with shared passes
 for your own metrics. A detector of your own subclasses :class:`Detector`
-(see the docs page "Write your own detector").
+(see the docs page "Write your own detector"). A class-conditional detector
+(:class:`ClassConditional`: Mahalanobis, RMDS, MahalanobisEnsemble,
+KLMatching, SHE, Trust, DkNN, JTLA) also gives ``score_classes(x)``, one
+score per class, and reads the closest or the predicted class (``at=``).
 :func:`mahalanobis_scores` is the Mahalanobis score written out from the
 statistics of :class:`~scio_recorder.reduce.SharedCovariance` (differentiable;
 it was ``scio_recorder.recipes.mahalanobis_scores``).
@@ -22,21 +25,28 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | from the logits | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy` |
 | from the predicted distribution | :class:`GEN`, :class:`KLMatching` |
 | softmax at a temperature | :class:`TempScale`, :class:`ODIN` (input perturbation) |
-| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale` |
+| an edit in flight, then energy | :class:`ReAct`, :class:`ASH`, :class:`Scale`, |
+| | :class:`AdaScale` (passes of its own) |
 | from features | :class:`Mahalanobis`, :class:`KNN`, :class:`ViM` |
 | prototypes, last layer | :class:`DICE`, :class:`SHE`, :class:`NNGuide`, |
 | | :class:`RMDS`, :class:`fDBD` |
 | from gradients | :class:`GradNorm`, :class:`NAC` (a backward pass per batch) |
 | several layers, one pass | :class:`MahalanobisEnsemble`, :class:`Gram` |
+| the nearest fit samples | :class:`LID`, :class:`Trust`, :class:`DkNN`, |
+| | :class:`JTLA` (layers in one pass) |
 | the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_features``, ``_prototypes``, ``_gradient``, ``_multilayer``,
-``_collapse``, ``_edits``, ``_coverage``), the protocol in
-``_protocol``, the shared passes in ``_passes``, the checks every
-detector applies in ``_checks``, :func:`evaluate` in ``_evaluate``.
+``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
+``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
+``_jtla``), the protocol in ``_protocol`` (class-conditional reading in
+``_classes``, layer aggregation in ``_pvalues``), the nearest-neighbour
+search in ``_search`` (its fit bank in ``_bank``), the shared passes in
+``_passes``, the checks every detector applies in ``_checks``, the rows it
+scores (empty batches, non-finite rows) in ``_rows``, :func:`evaluate` in
+``_evaluate``.
 
 Examples
 --------
@@ -60,7 +70,9 @@ __all__ = [
     "ASH",
     "DICE",
     "GEN",
+    "JTLA",
     "KNN",
+    "LID",
     "MSP",
     "NAC",
     "NCI",
@@ -69,7 +81,10 @@ __all__ = [
     "RMDS",
     "SHE",
     "VRA",
+    "AdaScale",
+    "ClassConditional",
     "Detector",
+    "DkNN",
     "Energy",
     "Entropy",
     "Evaluation",
@@ -89,6 +104,7 @@ __all__ = [
     "Scale",
     "StateEntry",
     "TempScale",
+    "Trust",
     "ViM",
     "evaluate",
     "fDBD",
@@ -97,17 +113,79 @@ __all__ = [
     "score_sets",
 ]
 
-from ._calibration import ODIN, TempScale
-from ._collapse import NCI, NECO, Residual
-from ._coverage import NAC
-from ._edits import VRA, RankFeat
-from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
-from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
-from ._gradient import GradNorm
-from ._logits import MSP, Energy, Entropy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
-from ._passes import fit_detectors
-from ._probabilities import GEN, KLMatching
-from ._protocol import Detector, NotFittedError, Pass, StateEntry
-from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
-from ._shaping import ASH, ReAct, Scale
+from typing import TYPE_CHECKING
+
+from scio_recorder._lazy import lazy_attributes
+
+# Each public name -> the module that defines it, imported when the name is
+# first used (see `scio_recorder._lazy`); the imports under `TYPE_CHECKING`
+# say the same to type checkers and the docs.
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {
+        "ASH": "._shaping",
+        "AdaScale": "._adascale",
+        "ClassConditional": "._classes",
+        "DICE": "._prototypes",
+        "Detector": "._protocol",
+        "DkNN": "._neighbours",
+        "Energy": "._logits",
+        "Entropy": "._logits",
+        "Evaluation": "._evaluate",
+        "GEN": "._probabilities",
+        "GradNorm": "._gradient",
+        "Gram": "._multilayer",
+        "JTLA": "._jtla",
+        "KLMatching": "._probabilities",
+        "KNN": "._features",
+        "LID": "._neighbours",
+        "MSP": "._logits",
+        "Mahalanobis": "._features",
+        "MahalanobisEnsemble": "._multilayer",
+        "MaxLogit": "._logits",
+        "NAC": "._coverage",
+        "NCI": "._collapse",
+        "NECO": "._collapse",
+        "NNGuide": "._prototypes",
+        "NotFittedError": "._protocol",
+        "ODIN": "._calibration",
+        "OoDResults": "._evaluate",
+        "Pass": "._protocol",
+        "RMDS": "._prototypes",
+        "RankFeat": "._edits",
+        "ReAct": "._shaping",
+        "Residual": "._collapse",
+        "SHE": "._prototypes",
+        "Scale": "._shaping",
+        "StateEntry": "._protocol",
+        "TempScale": "._calibration",
+        "Trust": "._neighbours",
+        "VRA": "._edits",
+        "ViM": "._features",
+        "evaluate": "._evaluate",
+        "fDBD": "._prototypes",
+        "fit_detectors": "._passes",
+        "mahalanobis_scores": "._features",
+        "score_sets": "._evaluate",
+    },
+)
+
+if TYPE_CHECKING:
+    from ._adascale import AdaScale
+    from ._calibration import ODIN, TempScale
+    from ._classes import ClassConditional
+    from ._collapse import NCI, NECO, Residual
+    from ._coverage import NAC
+    from ._edits import VRA, RankFeat
+    from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
+    from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
+    from ._gradient import GradNorm
+    from ._jtla import JTLA
+    from ._logits import MSP, Energy, Entropy, MaxLogit
+    from ._multilayer import Gram, MahalanobisEnsemble
+    from ._neighbours import LID, DkNN, Trust
+    from ._passes import fit_detectors
+    from ._probabilities import GEN, KLMatching
+    from ._protocol import Detector, NotFittedError, Pass, StateEntry
+    from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
+    from ._shaping import ASH, ReAct, Scale

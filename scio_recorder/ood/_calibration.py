@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._checks import first_float_input
 from ._probabilities import as_logits, output_label
 from ._protocol import Detector, StateEntry
 
@@ -98,10 +99,8 @@ class _LogitBank:
             msg = "TempScale needs class labels: pass `target=` to fit."
             raise ValueError(msg)
         logits = as_logits(value, "TempScale").detach().float().cpu()
-        target = torch.as_tensor(target).reshape(-1).cpu().to(torch.int64)
-        known = target >= 0  # pytorch-ood: negative labels mark OoD samples
-        self.logits.append(logits[known])
-        self.targets.append(target[known])
+        self.logits.append(logits)
+        self.targets.append(torch.as_tensor(target).reshape(-1).cpu().to(torch.int64))
 
     def merge(self, other: _LogitBank) -> None:
         self.logits += other.logits
@@ -141,12 +140,14 @@ class TempScale(Detector):
     50 L-BFGS iterations at learning rate 0.01 from ``T = 1``, which stops
     near the optimum; we find the exact minimiser (bisection on the slope in
     ``1 / T``, where the NLL is convex; :func:`fit_temperature`), so the two
-    ``T`` differ slightly. Samples with a negative label are ignored, as
-    pytorch-ood does. Fitting keeps the fit data's logits and labels in
-    memory (a bank of ``N x C`` float32, ``C`` the classes), since the
-    optimum needs every logit at every step; a held-out set of a few
-    thousand samples is what the paper uses. Logits that predict the labels
-    no better than chance give ``T = inf`` (every score ``-1 / C``).
+    ``T`` differ slightly. Labels are checked as for every detector: class
+    indices of the net, ``[0, C)`` (pytorch-ood ignores samples with a
+    negative label; drop them from the fit data instead). Fitting keeps the
+    fit data's logits and labels in memory (a bank of ``N x C`` float32,
+    ``C`` the classes), since the optimum needs every logit at every step; a
+    held-out set of a few thousand samples is what the paper uses. Logits
+    that predict the labels no better than chance give ``T = inf`` (every
+    score ``-1 / C``).
 
     Parameters
     ----------
@@ -192,7 +193,7 @@ class TempScale(Detector):
             return
         logits, targets = result[self.label]
         if targets.numel() == 0:
-            msg = "TempScale: the fit data hold no sample with a label >= 0."
+            msg = "TempScale: the fit data hold no sample; fit on labelled data."
             raise ValueError(msg)
         self.t = torch.tensor(fit_temperature(logits, targets), dtype=_F64)
 
@@ -282,16 +283,7 @@ class ODIN(Detector):
 
     def perturb(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
-        x = args[0] if args else None
-        if not (isinstance(x, Tensor) and x.is_floating_point()):
-            got = (
-                type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
-            )
-            msg = (
-                f"ODIN perturbs the net's first positional input, which must be a "
-                f"floating tensor; got {got}. Pass the input first, as a tensor."
-            )
-            raise TypeError(msg)
+        x = first_float_input(args, "ODIN")
         with (
             torch.inference_mode(mode=False),
             torch.enable_grad(),

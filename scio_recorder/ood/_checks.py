@@ -7,10 +7,16 @@ refuses the same bad data with the same message:
   :func:`last_linear` (the classification layer);
 * feature sizes: :func:`per_sample_size`, :func:`feature_count`,
   :func:`check_feature_count` (scoring inputs of the fitted size);
-* non-finite fit features: :class:`NonFinite` teed with a detector's reducer
-  (:func:`finite_keep`, :func:`finite_result`, :func:`check_finite_samples`);
+* the data given: :func:`check_batches` (an iterable of batches, not a
+  tensor or a mapping);
+* non-finite fit features: every reducer a fit keeps is teed with a
+  :class:`NonFinite` count (:func:`count_non_finite`), and the fit is refused
+  with the count and the layer (:func:`refuse_non_finite`), for every
+  detector the same; at scoring, the protocol (:mod:`._protocol`) scores the
+  finite rows and gives the others NaN;
 * class labels: :class:`CheckedTargets` (:func:`checked_targets`), checked per
-  batch before anything grows.
+  batch before anything grows, against the classes of every detector taking
+  labels (:func:`net_classes` by default).
 """
 
 from __future__ import annotations
@@ -18,30 +24,39 @@ from __future__ import annotations
 __all__ = [
     "CheckedTargets",
     "NonFinite",
+    "check_batches",
     "check_feature_count",
     "check_finite_samples",
     "checked_targets",
+    "count_non_finite",
     "feature_count",
-    "finite_keep",
-    "finite_result",
+    "first_float_input",
     "last_linear",
+    "net_classes",
     "one_label",
+    "one_tensor",
     "per_sample_size",
+    "refuse_non_finite",
+    "rows_not_finite",
 ]
 
 import dataclasses
+import inspect
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from scio_recorder._batches import as_arguments, batch_getter, first_batch_size
-from scio_recorder.reduce import Tee
+from scio_recorder._tree import iter_tensors
+from scio_recorder.collect import InputOf
+from scio_recorder.reduce import Concat, Tee
 from scio_recorder.select import resolve_one
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -57,6 +72,7 @@ class DetectorLike(Protocol):
 
     rnet: Recorder
     needs_target: ClassVar[bool]
+    num_classes: int | None
 
 
 def per_sample_size(rnet: Recorder, label: DepthIdx, kind: str) -> list[int] | None:
@@ -93,13 +109,91 @@ def _is_size(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
+def check_batches(batches: object, who: str, name: str = "batches") -> None:
+    """Refuse a tensor or a mapping given where an iterable of batches belongs.
+
+    Iterating a tensor gives its rows, each taken as a batch without its
+    batch dimension; iterating a mapping gives its keys: both fail later with
+    an error about something else, or fit on the wrong data.
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_batches([torch.zeros(4, 2)], "fit")
+    >>> check_batches(torch.zeros(4, 2), "fit")
+    Traceback (most recent call last):
+    ...
+    TypeError: fit: `batches` is a tensor of shape [4, 2], not an iterable of batches: iterating it would give its 4 rows, each as a batch without the batch dimension. Pass a list of batches, e.g. `[x]` for this one batch (`[(x, y)]` with labels), or a DataLoader.
+
+    """  # noqa: E501 (doctest output)
+    if isinstance(batches, Tensor):
+        shape = list(batches.shape)
+        rows = f"its {shape[0]} rows" if shape else "nothing (a 0-d tensor)"
+        msg = (
+            f"{who}: `{name}` is a tensor of shape {shape}, not an iterable of "
+            f"batches: iterating it would give {rows}, each as a batch without "
+            "the batch dimension. Pass a list of batches, e.g. `[x]` for this "
+            "one batch (`[(x, y)]` with labels), or a DataLoader."
+        )
+        raise TypeError(msg)
+    if isinstance(batches, Mapping):
+        msg = (
+            f"{who}: `{name}` is a {type(batches).__name__} (a mapping), not an "
+            "iterable of batches: iterating it would give its keys "
+            f"{list(batches)[:3]}. Pass a list of batches, e.g. `[batch]` for "
+            "this one dict batch, or a DataLoader."
+        )
+        raise TypeError(msg)
+
+
+def rows_not_finite(t: Tensor) -> Tensor:
+    """Return ``[batch]`` bools: the rows (dim 0) of ``t`` with a NaN or an infinity.
+
+    A row's sum is non-finite exactly when the row holds a NaN or an
+    infinity, as long as the sum cannot overflow: summed in float64 for
+    narrower floats (one pass, no tensor of ``t``'s size); float64 rows are
+    tested entry by entry.
+
+    Examples
+    --------
+    >>> import torch
+    >>> rows_not_finite(torch.tensor([[1.0, float("inf")], [3e38, 3e38]])).tolist()
+    [True, False]
+
+    """
+    flat = t.detach().reshape(t.shape[0], -1)
+    if flat.dtype in {torch.float64, torch.complex128}:
+        return ~torch.isfinite(flat).all(dim=1)
+    wide = torch.complex128 if flat.is_complex() else torch.float64
+    return ~torch.isfinite(flat.sum(dim=1, dtype=wide))
+
+
+def _rows_non_finite(value: Any) -> tuple[Tensor, int] | None:
+    """``([batch]`` bools: a non-finite entry in the row, ``batch)``, or ``None``.
+
+    Over the floating tensors of ``value`` (nested: a model output) whose
+    dim 0 is the batch, the dim 0 of its first tensor.
+    """
+    tensors = [t for t in iter_tensors(value) if t.dim() >= 1]
+    if not tensors:
+        return None
+    n = int(tensors[0].shape[0])
+    bad = torch.zeros(n, dtype=torch.bool, device=tensors[0].device)
+    for t in tensors:
+        if t.shape[0] == n and n and (t.is_floating_point() or t.is_complex()):
+            bad = bad | rows_not_finite(t).to(bad.device)
+    return bad, n
+
+
 class NonFinite:
     """A reducer counting the samples that hold a NaN or an infinity.
 
-    Teed with a detector's own reducer (:func:`finite_keep`), so that the fit
-    refuses non-finite features with their count (:func:`finite_result`)
-    instead of failing later in ``linalg``. The count stays on the records'
-    device until :meth:`result`.
+    Teed with each reducer of a detector's fit (:func:`count_non_finite`), so
+    that the fit refuses non-finite features with their count
+    (:func:`refuse_non_finite`) instead of fitting a NaN state or failing
+    later in ``linalg``. A sample is a row (dim 0) of the record, or of every
+    floating tensor in it (a model output). The count stays on the records'
+    device until :meth:`result`, which returns ``(non-finite, seen)``.
 
     Examples
     --------
@@ -107,7 +201,7 @@ class NonFinite:
     >>> r = NonFinite()
     >>> r.update(torch.tensor([[1.0, float("nan")], [1.0, 2.0], [float("inf"), 0]]))
     >>> r.result(), r.count
-    (2, 3)
+    ((2, 3), 3)
 
     """
 
@@ -126,19 +220,21 @@ class NonFinite:
 
     def update(self, value: Any, target: Tensor | None = None) -> None:  # noqa: ARG002 (the protocol)
         """Count the samples of ``value`` with a non-finite entry."""
-        flat = value.detach().reshape(value.shape[0], -1)
-        bad = (~torch.isfinite(flat)).any(dim=1).sum()
-        self.bad = self.bad.to(flat.device) + bad
-        self.n += flat.shape[0]
+        found = _rows_non_finite(value)
+        if found is None:
+            return
+        rows, n = found
+        self.bad = self.bad.to(rows.device) + rows.sum()
+        self.n += n
 
     def merge(self, other: NonFinite) -> None:
         """Add ``other``'s counts."""
         self.bad = self.bad + other.bad.to(self.bad.device)
         self.n += other.n
 
-    def result(self) -> int:
-        """Return the number of non-finite samples (one host read)."""
-        return int(self.bad)
+    def result(self) -> tuple[int, int]:
+        """Return the numbers of non-finite and of all samples (one host read)."""
+        return int(self.bad), self.n
 
     def state(self) -> dict[str, Tensor]:
         """Return the counts."""
@@ -157,32 +253,73 @@ class NonFinite:
         return "NonFinite()"
 
 
-def finite_keep(reducer: Any) -> Tee:
-    """Return ``reducer`` teed with a :class:`NonFinite` count of its samples."""
-    return Tee(reducer, NonFinite())
+def count_non_finite(keep: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Return a fit's ``keep`` with every reducer teed with a :class:`NonFinite`.
+
+    A bank of rows (a :class:`~scio_recorder.reduce.Concat` alone, which
+    ``collect`` may spill to disk) is kept as it is: its rows are checked
+    whole by :func:`refuse_non_finite`.
+    """
+    return {
+        key: reducer if type(reducer) is Concat else Tee(reducer, NonFinite())
+        for key, reducer in keep.items()
+    }
 
 
-def finite_result(
-    detector: DetectorLike, label: DepthIdx, kind: str, value: Any
-) -> Any:
-    """Return the result of a :func:`finite_keep`; refuse non-finite samples."""
-    result, bad = value
-    if bad:
-        count = getattr(result, "count", None)
-        check_finite_samples(detector, label, kind, bad=bad, n=count)
-    return result
+def refuse_non_finite(
+    who: Mapping[Any, str],
+    rnet: Recorder,
+    keep: Mapping[Any, Any],
+    collected: Mapping[Any, tuple[DepthIdx, Any]],
+) -> dict[Any, Any]:
+    """Refuse non-finite fit samples; return each key's own result.
+
+    ``keep`` is what the detectors asked for (before
+    :func:`count_non_finite`), ``collected`` maps each of its keys to the
+    layer's label and the collected value of the counted keep. Raises
+    naming ``who[key]`` (the detectors keeping it), the first layer with
+    non-finite samples and their count; nothing is fitted from a value
+    before every one is checked.
+    """
+    results: dict[Any, Any] = {}
+    for key, reducer in keep.items():
+        label, value = collected[key]
+        kind = "input" if isinstance(key, InputOf) else "output"
+        if type(reducer) is Concat:
+            bad, n = _bank_non_finite(value), int(value.shape[0])
+            results[key] = value
+        else:
+            results[key], (bad, n) = value
+        check_finite_samples(who[key], rnet, label, kind, bad=bad, n=n)
+    return results
 
 
-def check_finite_samples(
-    detector: DetectorLike, label: DepthIdx, kind: str, *, bad: int, n: int | None
+def _bank_non_finite(bank: Tensor, chunk: int = 65536) -> int:
+    """Count the rows of a bank with a non-finite entry, a chunk at a time."""
+    bad = 0
+    for start in range(0, bank.shape[0], chunk):
+        part = bank[start : start + chunk]
+        found = _rows_non_finite(part)
+        bad += 0 if found is None else int(found[0].sum())
+    return bad
+
+
+def check_finite_samples(  # noqa: PLR0913 (who, where, and the counts)
+    who: str,
+    rnet: Recorder,
+    label: DepthIdx,
+    kind: str,
+    *,
+    bad: int,
+    n: int | None,
 ) -> None:
     """Raise if ``bad`` fit samples hold non-finite features, naming the layer."""
     if bad:
         of = f" of the {n}" if n is not None else ""
         msg = (
-            f"{type(detector).__name__}: {bad}{of} fit samples have non-finite "
+            f"{who}: {bad}{of} fit samples have non-finite "
             f"features (NaN or Inf) at layer "
-            f"{detector.rnet.table[label].describe()} ({kind}), so the fitted "
+            f"{rnet.table[label].describe()} ({kind}), so the fitted "
             "state would be NaN. Drop or repair those samples before fitting "
             "(find them with `torch.isfinite` on the inputs, or on the layer's "
             "records from `collect`), or look for an overflow in the net (e.g. "
@@ -196,13 +333,16 @@ class CheckedTargets:
     """A ``target=`` for ``collect`` that checks class labels before any reducer.
 
     Checked per batch, before the net runs and before any class table grows:
-    integer dtype, one label per sample, each in ``[0, num_classes)``.
+    integer dtype, one label per sample, each in ``[0, num_classes)``
+    (``hint``: what else to do about a label out of range, e.g. pass
+    ``num_classes=``).
     """
 
     spec: Any
     input: Any
     num_classes: int | None
     who: str
+    hint: str = ""
     seen: int = dataclasses.field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -255,12 +395,7 @@ class CheckedTargets:
                 msg = (
                     f"{self.who}: class label {bad} in {where} is outside "
                     f"{classes} ({count}); labels must be class indices: drop "
-                    "those samples, or fix `target=`"
-                    + (
-                        ", or pass `num_classes=` covering every class."
-                        if self.num_classes is not None
-                        else "."
-                    )
+                    f"those samples, or fix `target=`{self.hint}."
                 )
                 raise ValueError(msg)
         return target
@@ -271,11 +406,77 @@ def checked_targets(
     input: Any,  # noqa: A002 (collect's name)
     detectors: Sequence[DetectorLike],
 ) -> CheckedTargets:
-    """Return ``target`` wrapped to check labels for the detectors that use them."""
+    """Return ``target`` wrapped to check labels for the detectors that use them.
+
+    Labels must lie in ``[0, C)``, ``C`` the smallest ``num_classes`` of the
+    detectors taking labels (each defaults to :func:`net_classes`).
+    """
     users = [d for d in detectors if d.needs_target]
-    known = [n for d in users if (n := getattr(d, "num_classes", None)) is not None]
+    known = [n for d in users if (n := d.num_classes) is not None]
     who = ", ".join(sorted({type(d).__name__ for d in users})) + ".fit"
-    return CheckedTargets(target, input, min(known) if known else None, who)
+    takes = users and all(
+        "num_classes" in inspect.signature(type(d)).parameters for d in users
+    )
+    hint = ", or pass `num_classes=` covering every class" if takes and known else ""
+    return CheckedTargets(target, input, min(known) if known else None, who, hint)
+
+
+def net_classes(rnet: Recorder) -> int | None:
+    """Return the net's number of logits: its output ``[1, C]``, or last Linear's.
+
+    ``None`` when neither is known.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net_classes(Recorder(nn.Sequential(nn.Linear(3, 5)), input_size=(1, 3)))
+    5
+
+    """
+    for row in rnet.table.values():
+        if row.label[0] == 0:
+            size = row.output_size
+            if (
+                isinstance(size, list)
+                and len(size) == 2  # noqa: PLR2004 (a batch of logit vectors)
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in size)
+            ):
+                return int(size[1])
+    linears = [
+        row.module
+        for row in rnet.table.values()
+        if row.recordable and isinstance(row.module, nn.Linear)
+    ]
+    return int(linears[-1].out_features) if linears else None
+
+
+def first_float_input(args: tuple[Any, ...], who: str) -> Tensor:
+    """Return the net's first positional argument, refused unless a floating tensor.
+
+    For the detectors that move the input along a gradient (ODIN, AdaScale).
+    """
+    x = args[0] if args else None
+    if not (isinstance(x, Tensor) and x.is_floating_point()):
+        got = type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
+        msg = (
+            f"{who} perturbs the net's first positional input, which must be a "
+            f"floating tensor; got {got}. Pass the input first, as a tensor."
+        )
+        raise TypeError(msg)
+    return x
+
+
+def one_tensor(value: Any, rnet: Recorder, label: DepthIdx, who: str) -> Tensor:
+    """Return a layer's output, refused unless it is one tensor (naming the layer)."""
+    if not isinstance(value, Tensor):
+        msg = (
+            f"{who}: layer {rnet.table[label].describe()} outputs a "
+            f"{type(value).__name__}, not one tensor; choose a layer whose "
+            "output is a tensor."
+        )
+        raise TypeError(msg)
+    return value
 
 
 def one_label(rnet: Recorder, layer: Selector, who: str) -> DepthIdx:

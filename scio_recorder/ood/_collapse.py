@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from scio_recorder.collect import InputOf
 from scio_recorder.reduce import Covariance, Moments
 
-from ._checks import check_feature_count, finite_keep, finite_result, last_linear
+from ._checks import check_feature_count, last_linear
 from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
@@ -122,11 +122,11 @@ class NCI(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean."""
-        return {InputOf(self.label): finite_keep(Moments())}
+        return {InputOf(self.label): Moments()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the global mean."""
-        stats = finite_result(self, self.label, "input", result[self.label])
+        stats = result[self.label]
         self.mean = stats.mean.reshape(-1).to(_F64)
 
     def score_pass(self, result: Pass) -> Tensor:
@@ -211,11 +211,11 @@ class NECO(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean and covariance."""
-        return {InputOf(self.label): finite_keep(Covariance())}
+        return {InputOf(self.label): Covariance()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the standardisation and the principal directions."""
-        stats = finite_result(self, self.label, "input", result[self.label])
+        stats = result[self.label]
         cov = stats.cov_population.to(_F64)
         std = torch.diagonal(cov).clamp(min=0).sqrt()
         self.scale = torch.where(std > 0, std, torch.ones_like(std))
@@ -301,11 +301,11 @@ class Residual(_Head):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Return the features' mean and covariance."""
-        return {InputOf(self.label): finite_keep(Covariance())}
+        return {InputOf(self.label): Covariance()}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the residual basis."""
-        stats = finite_result(self, self.label, "input", result[self.label])
+        stats = result[self.label]
         centre = stats.mean.reshape(-1).to(_F64) - self.u
         second = stats.cov_population.to(_F64) + torch.outer(centre, centre)
         values, vectors = torch.linalg.eigh(second)

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._outputs import logits_of
 
 from ._checks import check_finite_samples
-from ._multilayer import _MultiLayer, pooled_size
+from ._multilayer import _check_choice, _MultiLayer, pool_features, pooled_size
 from ._passes import all_or_nothing
-from ._protocol import StateEntry
+from ._protocol import StateEntry, gradient_fit_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -94,9 +93,9 @@ def _with_grad(value: Any) -> Any:
 class NAC(_MultiLayer):
     """Neuron activation coverage, NAC-UE (Liu et al., ICLR 2024).
 
-    For each layer ``l`` of ``layers`` and neuron ``n`` (a channel of a map:
-    the map's output and gradient are averaged over ``H, W`` separately, as
-    OpenOOD does; a token sequence gives its CLS token, ``token=``): the
+    For each layer ``l`` of ``layers`` and neuron ``n`` (a channel of a map,
+    whose output and gradient are pooled over ``H, W`` separately; a unit
+    of a token sequence, pooled over the tokens as ``token=`` says): the
     state ``s = sigmoid(alpha_l * z_n * g_n)``, ``g = d/dz sum_samples
     KL(u || softmax(logits))`` (one backward per batch; the samples'
     gradients do not mix in an ``eval()`` net). ``fit`` counts, per neuron,
@@ -105,18 +104,27 @@ class NAC(_MultiLayer):
     ``score(x) = -mean_l mean_n coverage_ln(bin of s_ln(x))`` (higher = more
     OoD; OpenOOD's NAC-UE averages the layers too).
 
-    Where our reading decided: the formula, the bins, the pooling and the
-    mean over layers are OpenOOD v1.5's ``nac`` postprocessor (the authors'
-    code); the hyperparameters carry pytorch-ood 0.4's ``NACUE`` names and
-    defaults (``m_bins`` is OpenOOD's ``M``, ``alpha`` its ``sig_alpha``,
-    ``o_star`` its ``O``; OpenOOD tunes them per layer and net, e.g.
-    ``sig_alpha`` 100 to 3000). Every fit sample counts (OpenOOD's default
-    state function; the paper's variant keeping only correctly classified
-    samples: fit on those batches). pytorch-ood's ``NACUE`` differs by
-    design: it pools the product ``z * g`` (not ``z`` and ``g`` apart), uses
-    its own geometric bins (``m_bins`` bins, not ``2 (m_bins // 2) - 1``)
-    and sums the layers (we average them); on one un-pooled layer the states
-    agree and only the bins differ.
+    **OpenOOD's NAC**, the authors' code (its ``nac`` postprocessor,
+    ``KMNC`` coverage and ``StatePooling``), is this formula with
+    ``pool="sum"``: it *sums* a map's output and gradient over ``H, W``
+    (its ``avg_pooling`` does, "since the denominator can be scaled by the
+    sigmoid"), sums a ViT block's tokens and takes the first token of the
+    final layer norm (``token=["sum", ..., "cls"]``, one per layer), and
+    leaves ``[B, F]`` features as they are; ``m_bins`` is its ``M``,
+    ``alpha`` its ``sig_alpha``, ``o_star`` its ``O``, with its per-layer
+    values (e.g. ``sig_alpha`` 0.001 for a ResNet's ``layer2``, 100 for
+    ``avgpool``). The tests check our scores against that formula written
+    out by hand, on a CNN and a ViT. The default ``pool="mean"`` averages
+    instead, so that one ``alpha`` suits layers of any size: it is
+    OpenOOD's NAC with ``sig_alpha = alpha / (H W)^2`` (the tests check
+    that too). Every fit sample counts (OpenOOD's default state function;
+    the paper's variant keeping only correctly classified samples: fit on
+    those batches). The defaults of ``m_bins``, ``alpha``, ``o_star`` are
+    pytorch-ood 0.4's ``NACUE``; pytorch-ood's formula differs by design:
+    it pools the product ``z * g`` (not ``z`` and ``g`` apart), uses its own
+    geometric bins (``m_bins`` bins, not ``2 (m_bins // 2) - 1``) and sums
+    the layers (we average them); on one un-pooled layer the states agree
+    and only the bins differ.
 
     Parameters
     ----------
@@ -131,9 +139,17 @@ class NAC(_MultiLayer):
         The sigmoid's steepness; one value, or one per layer.
     o_star : int or list of int, default 50
         The count of a fully covered bin (>= 1); one value, or one per layer.
-    pool, token, mask
-        How a layer's output (and its gradient) becomes one value per
-        neuron, as for :class:`MahalanobisEnsemble`.
+    pool : {"mean", "sum", None}, default "mean"
+        How a map's output and gradient become one value per channel:
+        averaged or summed (OpenOOD's) over ``H, W``; ``None``: every entry
+        is a neuron.
+    token : {"cls", "mean", "sum"} or list of them, default "cls"
+        How a ``[B, T, D]`` sequence's output and gradient become one value
+        per unit: the first token's, or the mean or the sum over the tokens
+        (the padding ``mask`` kept); one value, or one per layer.
+    mask
+        The net's argument holding the padding mask, as for
+        :class:`MahalanobisEnsemble`.
 
     Examples
     --------
@@ -151,6 +167,8 @@ class NAC(_MultiLayer):
 
     needs_fit: ClassVar[bool] = True
     own_passes: ClassVar[bool] = True
+    POOLS: ClassVar[tuple[str | None, ...]] = ("mean", "sum", None)
+    TOKENS: ClassVar[tuple[str, ...]] = ("cls", "mean", "sum")
 
     def __init__(  # noqa: PLR0913 (pytorch-ood's options and the pooling's)
         self,
@@ -161,12 +179,17 @@ class NAC(_MultiLayer):
         alpha: float | Sequence[float] = 100.0,
         o_star: int | Sequence[int] = 50,
         pool: str | None = "mean",
-        token: str = "cls",  # noqa: S107 (not a password)
+        token: str | Sequence[str] = "cls",  # noqa: S107 (not a password)
         mask: int | str | None = None,
     ) -> None:
         """Resolve the layers; check the per-layer hyperparameters."""
-        super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
+        tokens = [token] if isinstance(token, str) else list(token)
+        super().__init__(rnet, layers, pool=pool, token=tokens[0], mask=mask)
         n = len(self.labels)
+        self.tokens = _per_layer("NAC", "token", token, n, str)
+        for each in self.tokens:
+            _check_choice("NAC", "token", each, self.TOKENS)
+        self.token_given = token if isinstance(token, str) else self.tokens
         self.m_bins = _per_layer("NAC", "m_bins", m_bins, n, int)
         self.alpha = _per_layer("NAC", "alpha", alpha, n, float)
         self.o_star = _per_layer("NAC", "o_star", o_star, n, int)
@@ -209,9 +232,16 @@ class NAC(_MultiLayer):
                 raise ValueError(msg)
             kl = -torch.log_softmax(logits, dim=1).mean(dim=1).sum()
             grads = torch.autograd.grad(kl, outputs)
+        mask = self.current_mask()
         return [
-            torch.sigmoid(alpha * self.features(z) * self.features(g))
-            for z, g, alpha in zip(outputs, grads, self.alpha, strict=True)
+            torch.sigmoid(
+                alpha
+                * pool_features(z, self.pool, token, mask)
+                * pool_features(g, self.pool, token, mask)
+            )
+            for z, g, alpha, token in zip(
+                outputs, grads, self.alpha, self.tokens, strict=True
+            )
         ]
 
     def bins(self, states: Sequence[Tensor]) -> list[Tensor]:
@@ -241,27 +271,23 @@ class NAC(_MultiLayer):
         fails (e.g. a sample with non-finite states), the detector is left
         as it was.
         """
-        if options:
-            msg = (
-                f"NAC.fit runs its own gradient loop and takes no "
-                f"{', '.join(sorted(options))}; its state is a histogram per "
-                "neuron, whatever the data. Drop them (fit NAC apart from "
-                "fit_detectors when sharing a spill_dir)."
-            )
-            raise TypeError(msg)
-        take = batch_getter(input, "input")
-        where = None if device is None else torch.device(device)
+        found = gradient_fit_inputs(
+            batches,
+            input=input,
+            device=device,
+            options=options,
+            who="NAC",
+            state="a histogram per neuron, whatever the data",
+        )
         with all_or_nothing([self]):
             counts: list[Tensor] | None = None
+            bad = [torch.zeros((), dtype=torch.int64) for _ in self.labels]
             seen = 0
-            for batch in batches:
-                args, kwargs = as_arguments(take(batch), spread=callable(input))
-                if where is not None:
-                    args, kwargs = move_to(args, where), move_to(kwargs, where)
+            for args, kwargs in found:
                 states = self.states(*args, **kwargs)
-                for label, s in zip(self.labels, states, strict=True):
-                    bad = int((~torch.isfinite(s)).any(dim=1).sum())
-                    check_finite_samples(self, label, "output", bad=bad, n=s.shape[0])
+                for i, s in enumerate(states):
+                    rows = (~torch.isfinite(s)).any(dim=1).sum()
+                    bad[i] = bad[i].to(rows.device) + rows
                 if counts is None:
                     counts = [
                         torch.zeros(s.shape[1], len(e) - 1, dtype=torch.int64)
@@ -276,6 +302,10 @@ class NAC(_MultiLayer):
             if counts is None or seen == 0:
                 msg = "NAC.fit got no samples: pass in-distribution batches."
                 raise ValueError(msg)
+            for label, count in zip(self.labels, bad, strict=True):
+                check_finite_samples(
+                    "NAC", self.rnet, label, "output", bad=int(count), n=seen
+                )
             self.counts = counts
             self._fitted = True
         return self
@@ -285,6 +315,8 @@ class NAC(_MultiLayer):
         """Return minus the mean coverage of the neurons' states, ``[batch]``."""
         states = self.states(*args, **kwargs)
         total = torch.zeros(states[0].shape[0], dtype=_F64, device=states[0].device)
+        for s in states:  # a NaN state falls in no bin: its score is NaN
+            total = total.masked_fill(~torch.isfinite(s).all(dim=1), float("nan"))
         for i, b in enumerate(self.bins(states)):
             counts = self.counts[i].to(b.device)
             if counts.shape[0] != b.shape[1]:
@@ -304,6 +336,7 @@ class NAC(_MultiLayer):
         """Return the layers, pooling and the per-layer hyperparameters."""
         return {
             **super().config(),
+            "token": self.token_given,
             "m_bins": self.m_bins,
             "alpha": self.alpha,
             "o_star": self.o_star,

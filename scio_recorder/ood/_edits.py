@@ -18,7 +18,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._checks import finite_keep, finite_result, per_sample_size
+from ._checks import per_sample_size
 from ._multilayer import resolve_layers
 from ._protocol import StateEntry
 from ._shaping import _Shaping
@@ -40,6 +40,8 @@ def remove_rank1(x: Tensor) -> Tensor:
 
     A sample of a ``[B, C, H, W]`` map is the ``C x HW`` matrix (pytorch-ood's
     ``_remove_rank1``); of a ``[B, T, D]`` sequence, the ``T x D`` matrix.
+    The SVD runs in float32 at least (``linalg`` has no half-precision
+    kernels; a bfloat16 or float16 map is converted, and the result back).
 
     Examples
     --------
@@ -56,9 +58,10 @@ def remove_rank1(x: Tensor) -> Tensor:
         )
         raise ValueError(msg)
     m = x.reshape(x.shape[0], x.shape[1], -1)
-    u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    wide = m.to(torch.promote_types(m.dtype, torch.float32))
+    u, s, vh = torch.linalg.svd(wide, full_matrices=False)
     rank1 = s[:, 0:1].unsqueeze(2) * u[:, :, 0:1].bmm(vh[:, 0:1, :])
-    out: Tensor = (m - rank1).reshape(x.shape)
+    out: Tensor = (wide - rank1).to(x.dtype).reshape(x.shape)
     return out
 
 
@@ -220,11 +223,11 @@ class VRA(_Shaping):
     def fit_keep(self) -> dict[Any, Any]:
         """Per-element quantiles of the layer's output."""
         q = [self.lower_percentile, self.upper_percentile]
-        return {self.label: finite_keep(Quantiles(q, per_feature=True, exact=True))}
+        return {self.label: Quantiles(q, per_feature=True, exact=True)}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the two thresholds (float32, as the activations)."""
-        quantiles = finite_result(self, self.label, "output", result[self.label])
+        quantiles = result[self.label]
         self.lower = quantiles[0].to(torch.float32)
         self.upper = quantiles[1].to(torch.float32)
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from scio_recorder._batches import as_arguments, batch_getter
 
+from ._checks import check_batches
 from ._passes import run_passes
 from ._protocol import Detector
 from .metrics import (
@@ -108,6 +109,9 @@ class Evaluation(Mapping[str, dict[str, float]]):
         self.ood_scores = ood_scores
         self.name = name
         self.accuracy = dict(accuracy or {})
+        for key, scores in id_scores.items():
+            _refuse_nan(key, scores, "the in-distribution data")
+            _refuse_nan(key, ood_scores[key], f"the OoD set {name!r}")
         self._metrics = {
             key: ood_metrics(id_scores[key], ood_scores[key], names=ALL_METRICS)
             for key in id_scores
@@ -450,6 +454,21 @@ class OoDResults(Mapping[str, Evaluation]):
         return f"OoDResults(sets={self.sets}{groups}, detectors={self.detectors})"
 
 
+def _refuse_nan(key: str, scores: Tensor, where: str) -> None:
+    """Refuse NaN scores, naming the detector, the data and the count."""
+    scores = torch.as_tensor(scores)
+    bad = int(torch.isnan(scores).sum()) if scores.is_floating_point() else 0
+    if bad:
+        msg = (
+            f"evaluate: {key!r} scored {bad} of the {scores.numel()} samples of "
+            f"{where} NaN: those samples hold a NaN or an infinity (in the "
+            "inputs, or in what the detector reads: look for an overflow). "
+            "Drop them (e.g. keep `torch.isfinite(x).flatten(1).all(1)`), then "
+            "evaluate again."
+        )
+        raise ValueError(msg)
+
+
 def _checked_groups(
     groups: Mapping[str, Sequence[str]], sets: list[str]
 ) -> dict[str, list[str]]:
@@ -476,15 +495,21 @@ def _checked_groups(
     return checked
 
 
-def _score(
+def _score(  # noqa: PLR0913 (the data, how to read it, where it came from)
     detectors: Mapping[str, Detector],
     batches: Iterable[Any],
     *,
     input: Any,  # noqa: A002 (collect's name)
     target: Any = None,
     name: str | None = None,
+    where: tuple[str, str] = ("score_batches", "batches"),
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
-    """Each detector's scores, and its accuracy when ``target`` is given."""
+    """Each detector's scores, and its accuracy when ``target`` is given.
+
+    ``where``: the function and the argument the batches came from, for the
+    message refusing a tensor given as batches.
+    """
+    check_batches(batches, *where)
     if not detectors:
         msg = "evaluate needs at least one detector: a mapping name -> detector"
         raise ValueError(msg)
@@ -549,6 +574,8 @@ def _correct(logits: Tensor, labels: Tensor, index: int, key: str) -> int:
             "Drop `target=` (no accuracy), or fix it."
         )
         raise ValueError(msg)
+    if not labels.shape[0]:  # an empty batch: nothing ran, nothing to count
+        return 0
     return int((logits.detach().argmax(dim=1).to("cpu") == labels).sum())
 
 
@@ -615,7 +642,8 @@ def score_sets(
     ValueError
         For no detector, or a set with no batch.
     TypeError
-        For something in ``detectors`` that is not a :class:`Detector`.
+        For something in ``detectors`` that is not a :class:`Detector`, or a
+        set given as a tensor (pass ``[x]``: a list of batches).
 
     Examples
     --------
@@ -640,8 +668,16 @@ def score_sets(
             "score_batches for one set."
         )
         raise TypeError(msg)
+    for name, batches in sets.items():  # all of them, before scoring any
+        check_batches(batches, "score_sets", f"sets[{name!r}]")
     return {
-        name: _score(detectors, batches, input=input, name=name)[0]
+        name: _score(
+            detectors,
+            batches,
+            input=input,
+            name=name,
+            where=("score_sets", f"sets[{name!r}]"),
+        )[0]
         for name, batches in sets.items()
     }
 
@@ -721,6 +757,9 @@ def evaluate(  # noqa: PLR0913 (the data, how to read it, the groups)
     ValueError
         For a group naming an unknown set (naming it and the sets), groups
         with one unnamed OoD set, bad labels, or empty data.
+    TypeError
+        For data given as a tensor, not an iterable of batches (pass
+        ``[x]``: a list of one batch), checked before anything is scored.
 
     Examples
     --------
@@ -753,7 +792,21 @@ def evaluate(  # noqa: PLR0913 (the data, how to read it, the groups)
     for group, members in (("near mean", near), ("far mean", far)):
         if members is not None:
             named[group] = list(members)
-    id_scores, accuracy = _score(detectors, id_batches, input=input, target=target)
+    check_batches(id_batches, "evaluate", "id_batches")
+    ood_sets = (
+        {f"ood_batches[{k!r}]": v for k, v in ood_batches.items()}
+        if isinstance(ood_batches, Mapping)
+        else {"ood_batches": ood_batches}
+    )
+    for where, data in ood_sets.items():
+        check_batches(data, "evaluate", where)
+    id_scores, accuracy = _score(
+        detectors,
+        id_batches,
+        input=input,
+        target=target,
+        where=("evaluate", "id_batches"),
+    )
     if not isinstance(ood_batches, Mapping):
         if named:
             msg = (

@@ -9,7 +9,17 @@ keeps its bank of features, which is what it is).
 
 from __future__ import annotations
 
-__all__ = ["KNN", "Mahalanobis", "ViM", "mahalanobis_scores", "min_mahalanobis"]
+__all__ = [
+    "KNN",
+    "Mahalanobis",
+    "Mapped",
+    "ViM",
+    "class_mahalanobis",
+    "l2_rows",
+    "mahalanobis_scores",
+    "min_mahalanobis",
+    "spread_classes",
+]
 
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,19 +30,19 @@ from torch import Tensor
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
 from ._checks import (
+    check_batches,
     check_feature_count,
-    check_finite_samples,
     feature_count,
-    finite_keep,
-    finite_result,
     last_linear,
     one_label,
 )
+from ._classes import ClassConditional, check_at, class_count
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry
+from ._protocol import Detector, Pass, StateEntry, fit_pass
+from ._search import check_search, nearest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from typing_extensions import Self
 
@@ -41,6 +51,71 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 _F64 = torch.float64
+
+
+def l2_rows(features: Tensor) -> Tensor:
+    """Return each sample's features flattened and L2-normalised, float64.
+
+    ``f / ||f||_2`` (a zero vector stays zero), the features of Mahalanobis++
+    and RMDS++ (Müller & Hein, ICML 2025).
+
+    Examples
+    --------
+    >>> import torch
+    >>> l2_rows(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6, 0.8], [0.0, 0.0]]
+
+    """
+    flat = features.detach().reshape(features.shape[0], -1).to(_F64)
+    return torch.nn.functional.normalize(flat, dim=1)
+
+
+class Mapped:
+    """A reducer fed ``fn(record)`` instead of the record (``fn``: pooling, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder.reduce import Moments
+    >>> r = Mapped(Moments(), lambda t: 2 * t)
+    >>> r.update(torch.ones(3, 2))
+    >>> r.result().mean.tolist(), r.count
+    ([2.0, 2.0], 3)
+
+    """
+
+    def __init__(self, inner: Any, fn: Callable[[Tensor], Tensor]) -> None:
+        """Wrap ``inner``."""
+        self.inner, self.fn = inner, fn
+
+    @property
+    def count(self) -> int:
+        """Samples seen."""
+        return int(self.inner.count)
+
+    def update(self, value: Any, target: Tensor | None = None) -> None:
+        """Feed ``fn(value)``."""
+        self.inner.update(self.fn(value), target)
+
+    def merge(self, other: Mapped) -> None:
+        """Absorb another's inner reducer."""
+        self.inner.merge(other.inner)
+
+    def result(self) -> Any:
+        """Return the inner result."""
+        return self.inner.result()
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the inner state."""
+        return dict(self.inner.state())
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the inner state."""
+        self.inner.load_state(state)
+
+    def fresh(self) -> Mapped:
+        """Return an empty reducer of the same config."""
+        return Mapped(self.inner.fresh(), self.fn)
 
 
 def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
@@ -64,6 +139,46 @@ def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tenso
         centred = flat - mean
         best = torch.minimum(best, ((centred @ precision) * centred).sum(dim=1))
     return best
+
+
+def class_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
+    """Return ``(f - mu_c)^T P (f - mu_c)`` per sample and class, ``[N, C]``, float64.
+
+    One class at a time, as :func:`min_mahalanobis` (whose minimum it has).
+
+    Examples
+    --------
+    >>> import torch
+    >>> means = torch.tensor([[0.0, 0.0], [4.0, 0.0]])
+    >>> class_mahalanobis(torch.tensor([[0.0, 1.0]]), means, torch.eye(2))
+    tensor([[ 1., 17.]], dtype=torch.float64)
+
+    """
+    flat = features.reshape(features.shape[0], -1).to(_F64)
+    means = means.to(device=flat.device, dtype=_F64)
+    precision = precision.to(device=flat.device, dtype=_F64)
+    columns = []
+    for mean in means:
+        centred = flat - mean
+        columns.append(((centred @ precision) * centred).sum(dim=1))
+    if not columns:
+        return flat.new_zeros(flat.shape[0], 0)
+    return torch.stack(columns, dim=1)
+
+
+def spread_classes(scores: Tensor, classes: Tensor, width: int) -> Tensor:
+    """Return ``scores`` as columns ``classes`` of ``[N, width]``, ``inf`` elsewhere.
+
+    Examples
+    --------
+    >>> import torch
+    >>> spread_classes(torch.tensor([[1.0, 2.0]]), torch.tensor([0, 2]), 3)
+    tensor([[1., inf, 2.]])
+
+    """
+    out = scores.new_full((scores.shape[0], width), math.inf)
+    out[:, classes.to(scores.device)] = scores
+    return out
 
 
 def mahalanobis_scores(
@@ -183,7 +298,7 @@ class _Features(Detector):
         return {"layer": list(self.label), "features": self.kind}
 
 
-class Mahalanobis(_Features):
+class Mahalanobis(ClassConditional, _Features):
     """Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
 
     ``fit`` computes the per-class means ``mu_c`` and the covariance ``S``
@@ -191,6 +306,17 @@ class Mahalanobis(_Features):
     in-distribution data, streaming; ``score(x) = min_c (f - mu_c)^T S^+ (f -
     mu_c)``, ``S^+`` the pseudo-inverse (dead features of a ReLU layer have
     zero variance). The single-layer detector without input preprocessing.
+    With ``normalize=True``, **Mahalanobis++** (Müller & Hein, ICML 2025):
+    the same on the L2-normalised features ``f / ||f||_2``, to fit and to
+    score (:func:`l2_rows`), which makes the features closer to the shared
+    Gaussian the score assumes.
+
+    Class-conditional (:class:`~scio_recorder.ood.ClassConditional`):
+    ``score_classes(x)`` is ``(f - mu_c)^T S^+ (f - mu_c)`` for every class
+    (``inf`` for a class absent from the fit data); ``at="predicted"`` reads
+    it at the predicted class, as scio 1.1's ``DeepMahalanobis`` does, whose
+    conformity is minus it times ``(N - 1) / N`` (its covariance divides by
+    ``N - 1``).
 
     Parameters
     ----------
@@ -205,6 +331,10 @@ class Mahalanobis(_Features):
         the net (its output ``[batch, C]``, else the ``out_features`` of its
         last ``nn.Linear``); when neither is known, labels are only checked
         to be non-negative.
+    normalize : bool, default False
+        Mahalanobis++: L2-normalise the features first.
+    at : {"closest", "predicted"}
+        Which class's distance is the score.
 
     Examples
     --------
@@ -217,6 +347,9 @@ class Mahalanobis(_Features):
     >>> maha = Mahalanobis(rnet).fit(data, target=1)
     >>> maha.means.shape, maha(torch.randn(5, 3)).shape
     (torch.Size([2, 4]), torch.Size([5]))
+    >>> plus = Mahalanobis(rnet, normalize=True).fit(data, target=1)
+    >>> plus.means.norm(dim=1).max() <= 1  # means of unit vectors
+    tensor(True)
 
     """
 
@@ -229,11 +362,15 @@ class Mahalanobis(_Features):
         layer: Selector | None = None,
         *,
         num_classes: int | None = None,
+        normalize: bool = False,
+        at: str = "closest",
     ) -> None:
         """Resolve the features' layer; find or check the number of classes."""
+        self.at = check_at(type(self).__name__, at)
         super().__init__(rnet, layer)
+        self.normalize = bool(normalize)
         if num_classes is None:
-            num_classes = _net_classes(rnet)
+            num_classes = self.num_classes  # the net's logits
         elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
             msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
             raise TypeError(msg)
@@ -247,15 +384,28 @@ class Mahalanobis(_Features):
 
     def fit_keep(self) -> dict[Any, Any]:
         """Per-class means and the shared covariance."""
-        return {
-            self._keep_key(self.label, self.kind): finite_keep(
-                SharedCovariance(self.num_classes)
-            )
-        }
+        stats = SharedCovariance(self.num_classes)
+        return {self._keep_key(self.label, self.kind): self.normalised(stats)}
+
+    def normalised(self, reducer: Any) -> Any:
+        """Return ``reducer`` fed the L2-normalised features with ``normalize``."""
+        return Mapped(reducer, l2_rows) if self.normalize else reducer
+
+    def features(self, result: Pass) -> Tensor:
+        """Return the pass's features ``[batch, F]`` (L2-normalised: ``normalize``)."""
+        flat = super().features(result)
+        return l2_rows(flat) if self.normalize else flat
+
+    def config(self) -> dict[str, Any]:
+        """Return the layer, and ``normalize`` when set.
+
+        (Only when set, so that the files saved before the option load.)
+        """
+        return {**super().config(), **({"normalize": True} if self.normalize else {})}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
-        self.fit_classes(finite_result(self, self.label, self.kind, result[self.label]))
+        self.fit_classes(result[self.label])
 
     def fit_classes(self, stats: Any) -> None:
         """Keep the seen classes' means and the precision of a shared covariance."""
@@ -272,7 +422,16 @@ class Mahalanobis(_Features):
         self.means = stats.means[seen]
         self.precision = torch.linalg.pinv(stats.cov, hermitian=True)
 
-    def score_pass(self, result: Pass) -> Tensor:
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return the distance to each class mean, ``[batch, classes]``."""
+        distances = class_mahalanobis(self.features(result), self.means, self.precision)
+        return spread_classes(distances, self.classes, self.class_width(result))
+
+    def class_width(self, result: Pass) -> int:
+        """Return the number of classes scored: the net's logits, or the fitted."""
+        return class_count(int(self.classes.max()) + 1, result)
+
+    def closest_scores(self, result: Pass) -> Tensor:
         """Return the distance to the closest class mean."""
         return min_mahalanobis(self.features(result), self.means, self.precision)
 
@@ -309,7 +468,10 @@ class KNN(_Features):
     Features are L2-normalised; ``fit`` keeps those of the in-distribution
     data (a bank of ``N x F`` float32; ``collect`` spills it to disk beyond a
     ``memory_budget``); ``score(x)`` is the Euclidean distance of ``x``'s
-    normalised features to its ``k``-th nearest in the bank.
+    normalised features to its ``k``-th nearest in the bank (the shared
+    search, :func:`~scio_recorder.ood._search.nearest`: exact, in blocks of
+    bounded memory, faiss when installed). scio 1.1's ``KNN`` conformity
+    is minus its square.
 
     Parameters
     ----------
@@ -321,6 +483,10 @@ class KNN(_Features):
     k : int, default 1
         Kept at 1 for compatibility; pytorch-ood 0.4's default and the
         paper's (CIFAR-10) is 50: pass ``k=50`` for theirs.
+    backend : {"auto", "torch", "faiss"}
+        The search's; ``"auto"``: faiss when installed, for CPU features.
+    search_budget : int, optional
+        Bytes for a block of the search; default 128 MiB.
 
     Examples
     --------
@@ -337,14 +503,22 @@ class KNN(_Features):
     needs_fit: ClassVar[bool] = True
 
     def __init__(
-        self, rnet: Recorder, layer: Selector | None = None, *, k: int = 1
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        k: int = 1,
+        backend: str = "auto",
+        search_budget: int | None = None,
     ) -> None:
-        """Resolve the features' layer; check ``k``."""
+        """Resolve the features' layer; check ``k`` and the search options."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             msg = f"KNN: k must be an int >= 1, got {k!r}"
             raise ValueError(msg)
+        check_search("KNN", backend, search_budget)
         super().__init__(rnet, layer)
         self.k = k
+        self.backend, self.search_budget = backend, search_budget
         self.bank = torch.zeros(0, 0)
 
     def fit_keep(self) -> dict[Any, Any]:
@@ -355,8 +529,6 @@ class KNN(_Features):
         """Keep the normalised features."""
         rows = result[self.label]
         flat = rows.reshape(rows.shape[0], -1)
-        bad = int((~torch.isfinite(flat)).any(dim=1).sum())
-        check_finite_samples(self, self.label, self.kind, bad=bad, n=len(flat))
         bank = torch.nn.functional.normalize(flat.float(), dim=1)
         self._check_k(bank.shape[0])
         self.bank = bank
@@ -372,9 +544,14 @@ class KNN(_Features):
     def score_pass(self, result: Pass) -> Tensor:
         """Return the distance to the k-th nearest bank feature."""
         z = torch.nn.functional.normalize(self.features(result).float(), dim=1)
-        bank = self.bank.to(z.device)
-        distances = torch.cdist(z, bank)
-        return torch.topk(distances, self.k, dim=1, largest=False).values[:, -1]
+        found = nearest(
+            z,
+            self.bank,
+            self.k,
+            backend=self.backend,
+            memory_budget=self.search_budget,
+        )
+        return found.values[:, -1].sqrt()
 
     def config(self) -> dict[str, Any]:
         """Return the layer and ``k``."""
@@ -524,18 +701,20 @@ class ViM(Detector):
         """
         from scio_recorder.collect import InputOf, collect  # noqa: PLC0415 (as the base does)
 
+        check_batches(batches, "ViM.fit")
         passes = [("one for the principal subspace", 1), ("one for alpha", 1)]
         check_reiterable(batches, passes, "ViM.fit")
         key = InputOf(self.label)
         with all_or_nothing([self]):
-            moments = collect(
+            ((_, stats),) = fit_pass(
                 self.rnet,
+                {key: Covariance()},
                 batches,
-                {key: finite_keep(Covariance())},
+                who={key: "ViM"},
                 input=input,
+                target=None,
                 **in_subfolder(options, "pass-0"),
-            )
-            stats = finite_result(self, self.label, "input", moments[self.label])
+            ).values()
             centre = stats.mean.reshape(-1) - self.u
             second = stats.cov_population + torch.outer(centre, centre)
             values, vectors = torch.linalg.eigh(second)
@@ -589,22 +768,3 @@ class ViM(Detector):
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the residual basis and alpha."""
         self.residual, self.alpha = state["residual"], state["alpha"].reshape(())
-
-
-def _net_classes(rnet: Recorder) -> int | None:
-    """Return the net's number of logits: its output ``[1, C]``, or last Linear's."""
-    for row in rnet.table.values():
-        if row.label[0] == 0:
-            size = row.output_size
-            if (
-                isinstance(size, list)
-                and len(size) == 2  # noqa: PLR2004 (a batch of logit vectors)
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in size)
-            ):
-                return int(size[1])
-    linears = [
-        row.module
-        for row in rnet.table.values()
-        if row.recordable and isinstance(row.module, torch.nn.Linear)
-    ]
-    return int(linears[-1].out_features) if linears else None

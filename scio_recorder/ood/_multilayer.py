@@ -28,6 +28,8 @@ __all__ = [
     "Gram",
     "MahalanobisEnsemble",
     "Mapped",
+    "gram_vector",
+    "gram_vectors",
     "pool_features",
     "resolve_layers",
 ]
@@ -40,23 +42,26 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
-from scio_recorder.reduce import MinMax, PerClass, SharedCovariance
+from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance, Tee
 
+from ._bank import Bank
 from ._checks import (
-    checked_targets,
-    finite_keep,
-    finite_result,
     one_label,
     per_sample_size,
 )
-from ._features import _net_classes, min_mahalanobis
-from ._passes import all_or_nothing, check_reiterable, in_subfolder
+from ._classes import ClassConditional, check_at, class_count
+from ._features import (
+    Mapped,
+    class_mahalanobis,
+    l2_rows,
+    min_mahalanobis,
+    spread_classes,
+)
 from ._protocol import Detector, Pass, StateEntry
+from ._pvalues import check_aggregation, combine, p_values
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
-
-    from typing_extensions import Self
+    from collections.abc import Callable, Mapping, Sequence
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -66,6 +71,7 @@ _F64 = torch.float64
 _MAP, _TOKENS = 4, 3  # the ranks of a feature map and of a token sequence
 POOLS = ("mean", None)
 TOKENS = ("cls", "mean")
+_SUM = "sum"  # NAC's pooling of maps and tokens (OpenOOD's): a sum, not a mean
 
 
 def resolve_layers(
@@ -113,7 +119,9 @@ def pool_features(
     ``[B, T, D]`` sequence gives its first token (``token="cls"``) or the mean
     of the tokens where ``mask`` (``[B, T]``, nonzero = a real token) is set
     (``token="mean"``; every token without a mask); other shapes are
-    flattened. ``pool=None`` flattens every sample.
+    flattened. ``pool=None`` flattens every sample. ``pool="sum"`` and
+    ``token="sum"`` sum instead of averaging (NAC's option: OpenOOD's
+    pooling).
 
     Examples
     --------
@@ -129,14 +137,15 @@ def pool_features(
     if pool is None:
         return value.reshape(value.shape[0], -1)
     if value.dim() == _MAP:
-        return value.mean(dim=(2, 3))
+        return value.sum(dim=(2, 3)) if pool == _SUM else value.mean(dim=(2, 3))
     if value.dim() == _TOKENS:
         if token == "cls":  # noqa: S105 (not a password)
             return value[:, 0]
         if mask is None:
-            return value.mean(dim=1)
+            return value.sum(dim=1) if token == _SUM else value.mean(dim=1)
         keep = mask.to(device=value.device, dtype=_F64).reshape(*value.shape[:2], 1)
-        return (value * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        total = (value * keep).sum(dim=1)
+        return total if token == _SUM else total / keep.sum(dim=1).clamp(min=1.0)
     return value.reshape(value.shape[0], -1)
 
 
@@ -168,54 +177,6 @@ def pooled_size(
     return math.prod(size)
 
 
-class Mapped:
-    """A reducer fed ``fn(record)`` instead of the record (``fn``: pooling, ...).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from scio_recorder.reduce import Moments
-    >>> r = Mapped(Moments(), lambda t: 2 * t)
-    >>> r.update(torch.ones(3, 2))
-    >>> r.result().mean.tolist(), r.count
-    ([2.0, 2.0], 3)
-
-    """
-
-    def __init__(self, inner: Any, fn: Callable[[Tensor], Tensor]) -> None:
-        """Wrap ``inner``."""
-        self.inner, self.fn = inner, fn
-
-    @property
-    def count(self) -> int:
-        """Samples seen."""
-        return int(self.inner.count)
-
-    def update(self, value: Any, target: Tensor | None = None) -> None:
-        """Feed ``fn(value)``."""
-        self.inner.update(self.fn(value), target)
-
-    def merge(self, other: Mapped) -> None:
-        """Absorb another's inner reducer."""
-        self.inner.merge(other.inner)
-
-    def result(self) -> Any:
-        """Return the inner result."""
-        return self.inner.result()
-
-    def state(self) -> dict[str, Tensor]:
-        """Return the inner state."""
-        return dict(self.inner.state())
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the inner state."""
-        self.inner.load_state(state)
-
-    def fresh(self) -> Mapped:
-        """Return an empty reducer of the same config."""
-        return Mapped(self.inner.fresh(), self.fn)
-
-
 def _check_choice(who: str, name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
         msg = f"{who}: {name} must be one of {list(choices)}, got {value!r}"
@@ -224,6 +185,11 @@ def _check_choice(who: str, name: str, value: Any, choices: Sequence[Any]) -> No
 
 class _MultiLayer(Detector):
     """A detector reading several layers' outputs in one pass."""
+
+    POOLS: ClassVar[tuple[str | None, ...]] = POOLS
+    """The values of ``pool=`` the detector takes."""
+    TOKENS: ClassVar[tuple[str, ...]] = TOKENS
+    """The values of ``token=`` the detector takes."""
 
     def __init__(
         self,
@@ -236,8 +202,8 @@ class _MultiLayer(Detector):
     ) -> None:
         super().__init__(rnet)
         who = type(self).__name__
-        _check_choice(who, "pool", pool, POOLS)
-        _check_choice(who, "token", token, TOKENS)
+        _check_choice(who, "pool", pool, self.POOLS)
+        _check_choice(who, "token", token, self.TOKENS)
         if mask is not None and (
             isinstance(mask, bool) or not isinstance(mask, int | str)
         ):
@@ -257,8 +223,12 @@ class _MultiLayer(Detector):
     def outputs(self) -> tuple[DepthIdx, ...]:
         return tuple(self.labels)
 
-    def current_mask(self) -> Tensor | None:
-        """Return the mask the net received in its latest call (``mask=``)."""
+    def current_mask(self, rows: Tensor | None = None) -> Tensor | None:
+        """Return the mask the net received in its latest call (``mask=``).
+
+        ``rows``: those rows of it only (a :class:`~._protocol.Pass`
+        restricted to its finite rows holds their indices).
+        """
         if self.mask is None:
             return None
         if self._mask_value is None:
@@ -268,11 +238,17 @@ class _MultiLayer(Detector):
                 "that name, or drop `mask=`."
             )
             raise ValueError(msg)
+        if rows is not None:
+            return self._mask_value[rows.to(self._mask_value.device)]
         return self._mask_value
 
-    def features(self, value: Tensor) -> Tensor:
-        """Pool one layer's record into ``[B, F]`` float64 features."""
-        return pool_features(value, self.pool, self.token, self.current_mask())
+    def features(self, value: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Pool one layer's record into ``[B, F]`` float64 features.
+
+        ``rows``: the rows of the batch ``value`` holds (``Pass.rows``), for
+        the padding mask; ``None``: all of them.
+        """
+        return pool_features(value, self.pool, self.token, self.current_mask(rows))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -323,7 +299,7 @@ def shrunk(cov: Tensor, shrinkage: float) -> Tensor:
     return (1.0 - shrinkage) * cov + shrinkage * scale * eye
 
 
-class MahalanobisEnsemble(_MultiLayer):
+class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     """Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
 
     For each layer ``l`` of ``layers``: features ``f_l`` pooled per channel
@@ -339,7 +315,26 @@ class MahalanobisEnsemble(_MultiLayer):
     covariance shrunk by ``shrinkage`` (:func:`shrunk`) for near-singular
     covariances. pytorch-ood's ``MultiMahalanobis`` scores ``0.5 M_l`` with
     ``S_l = W`` (not divided by ``N``) plus ``1e-6 I``: its scores are ours
-    times ``1 / (2 N)`` (the tests check it).
+    times ``1 / (2 N)`` (the tests check it). With ``normalize=True``, the
+    Mahalanobis++ of each layer (Müller & Hein, ICML 2025): the pooled
+    features L2-normalised (``f_l / ||f_l||_2``) to fit and to score.
+
+    Class-conditional: ``score_classes(x)`` is ``sum_l w_l M_lc(x)``, ``M_lc``
+    the distance to class ``c``'s mean at layer ``l`` (``inf`` for a class
+    absent from the fit data); ``at="predicted"`` reads it at the predicted
+    class, as scio 1.1's ``DeepMahalanobis`` does (its conformity is minus
+    it times ``(N - 1) / N``). ``at="closest"`` (default) takes the closest
+    class **of each layer**, as above: ``sum_l w_l min_c M_lc``.
+
+    ``aggregation=<name>`` combines p-values instead of summing distances
+    (:mod:`~scio_recorder.ood._pvalues`): ``p_lc(x)`` is the fraction of fit
+    samples whose distance to their own class's mean at layer ``l`` is at
+    least ``M_lc(x)`` (calibrated on the fit data themselves, which the
+    means include), ``conformity_c = combine_l p_lc`` (``"fisher"``: ``sum_l
+    log p_lc``), ``score_classes(x) = -conformity_c``, and ``score(x)`` at
+    the class of the highest conformity (``at="closest"``) or the predicted
+    one. The fit then keeps every fit sample's pooled features (``N x sum_l
+    F_l`` float64) until the distances are computed.
 
     Parameters
     ----------
@@ -354,6 +349,14 @@ class MahalanobisEnsemble(_MultiLayer):
         ``mask`` names the net's argument holding the padding mask.
     shrinkage : float, default 0.0
         In ``[0, 1]``.
+    normalize : bool, default False
+        Mahalanobis++: L2-normalise each layer's pooled features.
+    at : {"closest", "predicted"}
+        Which class's distances are the score (above).
+    aggregation : str, optional
+        ``None`` (the weighted sum of distances) or one of
+        :data:`~scio_recorder.ood._pvalues.AGGREGATIONS` (unweighted: no
+        ``weights`` with it).
 
     Examples
     --------
@@ -381,8 +384,21 @@ class MahalanobisEnsemble(_MultiLayer):
         token: str = "cls",  # noqa: S107 (not a password)
         mask: int | str | None = None,
         shrinkage: float = 0.0,
+        normalize: bool = False,
+        at: str = "closest",
+        aggregation: str | None = None,
     ) -> None:
         """Resolve the layers; check the weights and the shrinkage."""
+        self.at = check_at("MahalanobisEnsemble", at)
+        check_aggregation("MahalanobisEnsemble", aggregation, none=True)
+        if aggregation is not None and weights is not None:
+            msg = (
+                "MahalanobisEnsemble: weights weigh the sum of distances, but "
+                f"aggregation={aggregation!r} combines p-values, unweighted; "
+                "drop one of them."
+            )
+            raise ValueError(msg)
+        self.aggregation = aggregation
         super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
         _check_shrinkage("MahalanobisEnsemble", shrinkage)
         if weights is None:
@@ -395,24 +411,39 @@ class MahalanobisEnsemble(_MultiLayer):
             raise ValueError(msg)
         self.weights = [float(w) for w in weights]
         self.shrinkage = float(shrinkage)
-        self.num_classes: int | None = _net_classes(rnet)
+        self.normalize = bool(normalize)
+        self.classes = torch.zeros(0, dtype=torch.int64)
         self.means: list[Tensor] = []
         self.precisions: list[Tensor] = []
+        self.reference = torch.zeros(0, 0, dtype=_F64)
+
+    def features(self, value: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Pool one layer's record (L2-normalised with ``normalize``), ``[B, F]``."""
+        pooled = super().features(value, rows)
+        return l2_rows(pooled) if self.normalize else pooled
 
     def fit_keep(self) -> dict[Any, Any]:
-        """One pooled shared covariance per layer (non-finite samples counted)."""
-        return {
-            label: finite_keep(
-                Mapped(SharedCovariance(self.num_classes), self.features)
-            )
-            for label in self.labels
-        }
+        """One pooled shared covariance per layer (non-finite samples counted).
+
+        With an aggregation, also the pooled features and labels (a bank).
+        """
+        keep = {}
+        for label in self.labels:
+            stats: Any = SharedCovariance(self.num_classes)
+            if self.aggregation is not None:
+                stats = Tee(stats, Bank(dtype=_F64))
+            keep[label] = Mapped(stats, self.features)
+        return keep
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Keep each layer's class means and precision matrix."""
+        """Keep each layer's class means and precision matrix (and the reference)."""
         self.means, self.precisions = [], []
+        banks = []
         for label in self.labels:
-            stats = finite_result(self, label, "output", result[label])
+            stats = result[label]
+            if self.aggregation is not None:
+                stats, bank = stats
+                banks.append(bank)
             seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
             if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
                 msg = (
@@ -423,12 +454,74 @@ class MahalanobisEnsemble(_MultiLayer):
             self.means.append(stats.means[seen])
             cov = shrunk(stats.cov, self.shrinkage)
             self.precisions.append(torch.linalg.pinv(cov, hermitian=True))
+            self.classes = seen.cpu()
+        if self.aggregation is not None:
+            self.reference = torch.stack(
+                [self._own_distances(i, *bank) for i, bank in enumerate(banks)]
+            )
+
+    def _own_distances(self, layer: int, rows: Tensor, labels: Tensor) -> Tensor:
+        """Return the fit samples' distances to their own class mean, sorted."""
+        column = torch.searchsorted(self.classes, labels)
+        own = torch.empty(rows.shape[0], dtype=_F64)
+        for start in range(0, rows.shape[0], 4096):
+            part = slice(start, start + 4096)
+            distances = class_mahalanobis(
+                rows[part], self.means[layer], self.precisions[layer]
+            )
+            own[part] = distances.gather(1, column[part, None])[:, 0].cpu()
+        return own.sort().values
+
+    def layer_class_scores(self, result: Pass) -> Tensor:
+        """Return ``M_lc(x)`` per layer, sample and fitted class, ``[L, B, C']``."""
+        return torch.stack(
+            [
+                class_mahalanobis(
+                    self.features(result.outputs[label], result.rows), mean, precision
+                )
+                for label, mean, precision in zip(
+                    self.labels, self.means, self.precisions, strict=True
+                )
+            ]
+        )
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return each class's weighted distances summed, ``[batch, classes]``.
+
+        With an aggregation: minus the combined p-values.
+        """
+        per_layer = self.layer_class_scores(result)
+        width = class_count(int(self.classes.max()) + 1, result)
+        if self.aggregation is None:
+            weights = torch.tensor(self.weights, dtype=_F64, device=per_layer.device)
+            summed = (per_layer * weights[:, None, None]).sum(dim=0)
+            return spread_classes(summed, self.classes, width)
+        reference = self.reference.to(per_layer.device)
+        p = torch.stack(
+            [
+                p_values(ref, layer)
+                for ref, layer in zip(reference, per_layer, strict=True)
+            ]
+        )
+        # A class absent from the fit data scores +inf (conforms not at all).
+        return spread_classes(-combine(p, self.aggregation, dim=0), self.classes, width)
+
+    def closest_scores(self, result: Pass) -> Tensor:
+        """Return the weighted sum of each layer's closest-class distance.
+
+        With an aggregation: the lowest class score.
+        """
+        if self.aggregation is not None:
+            return self.class_scores(result).amin(dim=1)
+        return self.score_sum(result)
 
     def layer_scores(self, result: Pass) -> Tensor:
         """Return ``M_l(x)`` per sample and layer, ``[B, L]``."""
         return torch.stack(
             [
-                min_mahalanobis(self.features(result.outputs[label]), mean, precision)
+                min_mahalanobis(
+                    self.features(result.outputs[label], result.rows), mean, precision
+                )
                 for label, mean, precision in zip(
                     self.labels, self.means, self.precisions, strict=True
                 )
@@ -436,56 +529,120 @@ class MahalanobisEnsemble(_MultiLayer):
             dim=1,
         )
 
-    def score_pass(self, result: Pass) -> Tensor:
-        """Return the weighted sum of the per-layer distances."""
+    def score_sum(self, result: Pass) -> Tensor:
+        """Return the weighted sum of the per-layer closest-class distances."""
         per_layer = self.layer_scores(result)
         return per_layer @ torch.tensor(
             self.weights, dtype=_F64, device=per_layer.device
         )
 
     def config(self) -> dict[str, Any]:
-        """Return the layers, pooling, weights and shrinkage."""
-        return {
+        """Return the layers, pooling, weights, shrinkage (and the options set).
+
+        ``normalize`` and ``aggregation`` only when set, so that the files
+        saved before them load.
+        """
+        out = {
             **super().config(),
             "weights": self.weights,
             "shrinkage": self.shrinkage,
+            **({"normalize": True} if self.normalize else {}),
         }
+        if self.aggregation is not None:
+            out["aggregation"] = self.aggregation
+        return out
 
     def state(self) -> dict[str, Tensor]:
-        """Return the means and precisions, by layer index."""
-        out: dict[str, Tensor] = {}
+        """Return the classes, means and precisions by layer index (and reference)."""
+        out: dict[str, Tensor] = {"classes": self.classes}
         for i, (mean, precision) in enumerate(
             zip(self.means, self.precisions, strict=True)
         ):
             out[f"means.{i}"], out[f"precision.{i}"] = mean, precision
+        if self.aggregation is not None:
+            out["reference"] = self.reference
         return out
 
     def state_entries(self) -> dict[str, StateEntry]:
         """Per layer ``i``: ``means.i`` ``[classes, F_i]``, ``precision.i``.
 
         ``F_i`` the pooled features of layer ``i`` (:func:`pooled_size`),
-        float64; the same classes in every layer.
+        float64; the same classes in every layer, ``classes`` ``[classes]``
+        their labels; with an aggregation, ``reference`` ``[L, samples]``,
+        the fit samples' sorted distances to their class mean.
         """
-        out: dict[str, StateEntry] = {}
+        out: dict[str, StateEntry] = {"classes": StateEntry(("classes",), torch.int64)}
         for i, label in enumerate(self.labels):
             f = pooled_size(self.rnet, label, self.pool)
             out[f"means.{i}"] = StateEntry(("classes", f), _F64)
             out[f"precision.{i}"] = StateEntry((f, f), _F64)
+        if self.aggregation is not None:
+            out["reference"] = StateEntry((len(self.labels), "samples"), _F64)
         return out
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the means and precisions."""
+        """Set the classes, means and precisions (and the reference)."""
         n = len(self.labels)
+        self.classes = state["classes"]
         self.means = [state[f"means.{i}"] for i in range(n)]
         self.precisions = [state[f"precision.{i}"] for i in range(n)]
+        if self.aggregation is not None:
+            self.reference = state["reference"]
+
+
+_GRAM_CHUNK = 1 << 15  # float64 entries per chunk of samples: 256 kB, in cache
+
+
+def gram_vectors(feature: Tensor, poles: Sequence[int]) -> Tensor:
+    """Row sums of the ``p``-th order Gram matrices, signed ``p``-th root, ``[B, P C]``.
+
+    For each pole ``p``: ``G = (F^p) (F^p)^T`` with ``F`` the ``C x HW`` map
+    of a sample (dim 1 is the channel; a ``[B, T, D]`` token sequence is read
+    as ``D`` channels over ``T`` tokens), its row sums ``g``, then ``sign(g)
+    |g|^(1/p)``, as pytorch-ood's ``Gram``; the poles side by side.
+
+    Computed in float64 without forming ``G``: its row sums are ``F^p s``
+    with ``s = (F^p)^T 1``, the column sums (a matrix-vector product,
+    ``C HW`` operations where ``G`` takes ``C^2 HW``), a chunk of samples at
+    a time, so that the float64 copies stay in the cache, whatever the
+    batch; consecutive poles multiply the previous power once more.
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = gram_vectors(torch.tensor([[[[1.0, 2.0]], [[0.0, 1.0]]]]), [1, 2])
+    >>> g.round(decimals=3).tolist()  # p = 2: sqrt of the row sums 21 and 5
+    [[7.0, 3.0, 4.583, 2.236]]
+
+    """
+    f = feature.detach()
+    if f.dim() == _TOKENS:
+        f = f.transpose(1, 2)
+    f = f.reshape(f.shape[0], f.shape[1], -1)
+    per = max(1, _GRAM_CHUNK // max(1, f.shape[1] * f.shape[2]))
+    parts = []
+    for part in torch.split(f, per):
+        wide = part.to(_F64)
+        rows = []
+        power, have = wide, 1
+        for p in poles:
+            if p == have + 1:
+                power = power * wide
+            elif p != have:
+                power = wide.pow(p)
+            have = p
+            g = torch.bmm(power, power.sum(dim=1).unsqueeze(2)).squeeze(2)
+            rows.append(g if p == 1 else g.sign() * g.abs().pow(1.0 / p))
+        parts.append(torch.cat(rows, dim=1))
+    if not parts:
+        return f.new_zeros(0, len(poles) * f.shape[1], dtype=_F64)
+    return torch.cat(parts)
 
 
 def gram_vector(feature: Tensor, p: int) -> Tensor:
     """Row sums of the ``p``-th order Gram matrix, signed ``p``-th root, ``[B, C]``.
 
-    ``G = (F^p) (F^p)^T`` with ``F`` the ``C x HW`` map of a sample (dim 1 is
-    the channel; a ``[B, T, D]`` token sequence is read as ``D`` channels
-    over ``T`` tokens), as pytorch-ood's ``Gram``, in float64.
+    :func:`gram_vectors` of one pole.
 
     Examples
     --------
@@ -494,58 +651,101 @@ def gram_vector(feature: Tensor, p: int) -> Tensor:
     [[7.0, 3.0]]
 
     """
-    f = feature.detach().to(_F64)
-    if f.dim() == _TOKENS:
-        f = f.transpose(1, 2)
-    f = f.reshape(f.shape[0], f.shape[1], -1) ** p
-    g = torch.matmul(f, f.transpose(1, 2)).sum(dim=2)
-    return g.sign() * g.abs() ** (1.0 / p)
+    return gram_vectors(feature, [p])
 
 
-def _held_out(start: int, n: int, fraction: float) -> Tensor:
-    """Whether samples ``start .. start + n - 1`` of the stream are held out."""
-    i = torch.arange(start, start + n, dtype=_F64)
-    return torch.floor((i + 1) * fraction) > torch.floor(i * fraction)
+def held_out(labels: Tensor, seen: Tensor, fraction: float) -> Tensor:
+    """Whether each sample of a batch is held out, a fraction of each class.
+
+    The ``j``-th sample of class ``c`` in the stream (``j`` from 0,
+    ``seen[c]`` of them before this batch) is held out when ``floor((j + 1)
+    f) > floor(j f)``, ``f = fraction``: one in ``1 / f`` of each class,
+    whatever the order of the labels. ``labels`` and ``seen`` on the CPU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> labels = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
+    >>> held_out(labels, torch.zeros(2, dtype=torch.int64), 0.5).tolist()
+    [False, False, True, True, False, False, True, True]
+
+    """
+    if labels.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    classes = max(int(labels.max()) + 1, seen.shape[0])
+    before = functional.pad(seen, (0, classes - seen.shape[0]))
+    one_hot = functional.one_hot(labels, classes)
+    j = (one_hot.cumsum(dim=0) - 1).gather(1, labels[:, None])[:, 0] + before[labels]
+    j = j.to(_F64)
+    return torch.floor((j + 1) * fraction) > torch.floor(j * fraction)
 
 
-class _Part:
-    """A reducer fed ``fn(record)`` of the held-out samples, or of the others."""
+class _GramFit:
+    """A reducer: a layer's Gram vectors, bounds per class and the held-out ones.
 
-    def __init__(
-        self, inner: Any, fn: Callable[[Tensor], Tensor], fraction: float, *, held: bool
-    ) -> None:
-        self.inner, self.fn, self.fraction, self.held = inner, fn, fraction, held
-        self.seen = 0
+    Each batch's Gram vectors (``fn``) are computed once; the samples
+    :func:`held_out` holds out are kept by class (``PerClass(Concat)``), the
+    others feed the per-class min and max (``PerClass(MinMax)``). The result
+    is ``(bounds, held)``, two mappings class -> result.
+    """
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], fraction: float) -> None:
+        self.fn, self.fraction = fn, fraction
+        self.bounds = PerClass(MinMax())
+        self.held = PerClass(Concat())
+        self.seen = torch.zeros(0, dtype=torch.int64)
 
     @property
     def count(self) -> int:
-        return int(self.inner.count)
+        return int(self.bounds.count) + int(self.held.count)
 
     def update(self, value: Any, target: Tensor | None = None) -> None:
-        n = int(value.shape[0])
-        rows = _held_out(self.seen, n, self.fraction).to(value.device)
-        self.seen += n
-        rows = rows if self.held else ~rows
-        if bool(rows.any()):
-            part = None if target is None else target[rows.to(target.device)]
-            self.inner.update(self.fn(value[rows]), part)
+        if target is None:
+            msg = "Gram needs class labels: pass `target=` to fit."
+            raise ValueError(msg)
+        labels = torch.as_tensor(target).reshape(-1).to("cpu", torch.int64)
+        if labels.numel() == 0:
+            return
+        held = held_out(labels, self.seen, self.fraction)
+        counts = torch.bincount(labels, minlength=self.seen.shape[0])
+        self.seen = functional.pad(self.seen, (0, counts.shape[0] - self.seen.shape[0]))
+        self.seen = self.seen + counts
+        grams = self.fn(value)
+        rows = held.to(grams.device)
+        if bool((~held).any()):
+            self.bounds.update(grams[~rows], labels[~held].to(grams.device))
+        if bool(held.any()):
+            self.held.update(grams[rows], labels[held].to(grams.device))
 
-    def merge(self, other: _Part) -> None:
-        self.inner.merge(other.inner)
-        self.seen += other.seen
+    def merge(self, other: _GramFit) -> None:
+        self.bounds.merge(other.bounds)
+        self.held.merge(other.held)
+        width = max(self.seen.shape[0], other.seen.shape[0])
+        self.seen = functional.pad(self.seen, (0, width - self.seen.shape[0]))
+        self.seen = self.seen + functional.pad(
+            other.seen, (0, width - other.seen.shape[0])
+        )
 
-    def result(self) -> Any:
-        return self.inner.result()
+    def result(self) -> tuple[dict[int, Any], dict[int, Tensor]]:
+        return self.bounds.result(), self.held.result()
 
     def state(self) -> dict[str, Tensor]:
-        return {**self.inner.state(), "_seen": torch.tensor(self.seen)}
+        return {
+            **{f"bounds/{k}": v for k, v in self.bounds.state().items()},
+            **{f"held/{k}": v for k, v in self.held.state().items()},
+            "seen": self.seen,
+        }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
-        self.seen = int(state["_seen"])
-        self.inner.load_state({k: v for k, v in state.items() if k != "_seen"})
+        for name, part in (("bounds", self.bounds), ("held", self.held)):
+            prefix = f"{name}/"
+            part.load_state(
+                {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            )
+        self.seen = state["seen"].to(torch.int64)
 
-    def fresh(self) -> _Part:
-        return _Part(self.inner.fresh(), self.fn, self.fraction, held=self.held)
+    def fresh(self) -> _GramFit:
+        return _GramFit(self.fn, self.fraction)
 
 
 def gram_deviation(g: Tensor, mins: Tensor, maxs: Tensor) -> Tensor:
@@ -566,55 +766,41 @@ def gram_deviation(g: Tensor, mins: Tensor, maxs: Tensor) -> Tensor:
     return (low + high).sum(dim=1)
 
 
-class _Deviations:
-    """A reducer: the sum and count of a layer's Gram deviations (true classes)."""
+def _class_bounds(
+    per_class: Mapping[int, Any], held: Mapping[int, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Stack the per-class min and max, ``[classes, F]``; every class present.
 
-    def __init__(self, mins: Tensor, maxs: Tensor) -> None:
-        self.mins, self.maxs = mins, maxs
-        self.total = torch.zeros((), dtype=_F64)
-        self.n = 0
-
-    @property
-    def count(self) -> int:
-        return self.n
-
-    def update(self, value: Tensor, target: Tensor | None = None) -> None:
-        assert target is not None  # noqa: S101 (Gram.fit passes the labels)
-        cls = target.to(device=self.mins.device, dtype=torch.int64)
-        dev = gram_deviation(value.to(self.mins.device), self.mins[cls], self.maxs[cls])
-        self.total = self.total.to(dev.device) + dev.sum()
-        self.n += int(value.shape[0])
-
-    def merge(self, other: _Deviations) -> None:
-        self.total = self.total + other.total.to(self.total.device)
-        self.n += other.n
-
-    def result(self) -> Tensor:
-        return self.total / max(self.n, 1)
-
-    def state(self) -> dict[str, Tensor]:
-        return {"total": self.total, "count": torch.tensor(self.n)}
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        self.total, self.n = state["total"], int(state["count"])
-
-    def fresh(self) -> _Deviations:
-        return _Deviations(self.mins, self.maxs)
-
-
-def _class_bounds(per_class: Mapping[int, Any]) -> tuple[Tensor, Tensor]:
-    """Stack the per-class min and max, ``[classes, F]``; every class present."""
-    top = max(per_class) + 1 if per_class else 0
+    ``held``: the held-out samples' Gram vectors by class, whose classes
+    need bounds too.
+    """
+    top = max([*per_class, *held], default=-1) + 1
     missing = sorted(set(range(top)) - set(per_class))
     if top < 2 or missing:  # noqa: PLR2004 (bounds per class)
         msg = (
-            f"Gram: the fit data must hold every class 0 .. {max(top - 1, 1)}; "
-            f"missing {missing or 'a second class'}. Check `target=`."
+            f"Gram: the fit data must hold every class 0 .. {max(top - 1, 1)} "
+            f"(outside the held-out samples); missing {missing or 'a second class'}. "
+            "Check `target=`, or fit on more data."
         )
         raise ValueError(msg)
     lo = torch.stack([per_class[c].min.to(_F64) for c in range(top)])
     hi = torch.stack([per_class[c].max.to(_F64) for c in range(top)])
     return lo, hi
+
+
+def _held_out_deviation(held: Mapping[int, Tensor], lo: Tensor, hi: Tensor) -> Tensor:
+    """Return the mean deviation of held-out Gram vectors from their class bounds.
+
+    1 when nothing is held out, or the mean is 0 (float64, a scalar).
+    """
+    total = torch.zeros((), dtype=_F64)
+    n = 0
+    for cls, grams in held.items():
+        g = grams.to(device=lo.device, dtype=_F64)
+        total = total + gram_deviation(g, lo[cls], hi[cls]).sum().cpu()
+        n += int(g.shape[0])
+    mean = total / max(n, 1)
+    return mean if mean > 0 else torch.ones((), dtype=_F64)
 
 
 class Gram(_MultiLayer):
@@ -624,20 +810,24 @@ class Gram(_MultiLayer):
     the row sums of ``(F^p)(F^p)^T`` with their signed ``p``-th root
     (:func:`gram_vector`; ``F`` the layer's ``C x HW`` map, no pooling).
     ``fit`` keeps per class the entry-wise min and max of ``g_lp`` over the
-    fit data (streaming, :class:`~scio_recorder.reduce.MinMax` per class), then
-    in a second pass the mean deviation ``E_l`` of the held-out samples
-    against the bounds of their true class. ``score(x) = sum_l (sum_p
-    dev(g_lp(x), min_lpc, max_lpc)) / E_l``, ``c`` the predicted class,
-    ``dev`` :func:`gram_deviation`. Follows pytorch-ood's ``Gram``.
+    fit data (streaming, :class:`~scio_recorder.reduce.MinMax` per class)
+    and, in the same pass, the Gram vectors of the held-out samples (a
+    fraction of the data, ``P C`` values each), whose mean deviation
+    against the bounds of their true class is ``E_l``. ``score(x) = sum_l
+    (sum_p dev(g_lp(x), min_lpc, max_lpc)) / E_l``, ``c`` the predicted
+    class, ``dev`` :func:`gram_deviation`. Follows pytorch-ood's ``Gram``;
+    one pass over the fit data (pytorch-ood: one per layer, then the
+    held-out deviations), shared by :func:`~scio_recorder.ood.fit_detectors`.
 
-    Where our reading decided: the held-out fraction is chosen
-    deterministically (sample ``i`` of the stream when ``floor((i + 1) f) >
-    floor(i f)``, ``f = validation_fraction``) rather than by a random
-    permutation per class; with ``validation_fraction=0`` nothing is held out
+    Where our reading decided: the held-out samples are a fraction of each
+    class, as pytorch-ood's, but chosen deterministically (:func:`held_out`:
+    the ``j``-th sample of a class in the stream when ``floor((j + 1) f) >
+    floor(j f)``, ``f = validation_fraction``) rather than by a random
+    permutation; with ``validation_fraction=0`` nothing is held out
     and every ``E_l = 1`` (as pytorch-ood when a class has < 10 samples).
     ``E_l = 1`` also when the held-out deviation is 0. Every class from 0 to
-    the largest label must be in the fit data (pytorch-ood's requirement too).
-    The fit data are read twice (a list or a ``DataLoader``).
+    the largest label must be in the fit data outside the held-out samples
+    (pytorch-ood's requirement too).
 
     Parameters
     ----------
@@ -665,7 +855,6 @@ class Gram(_MultiLayer):
 
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
-    fit_passes: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -688,7 +877,6 @@ class Gram(_MultiLayer):
             )
             raise ValueError(msg)
         self.poles = poles
-        self.num_classes: int | None = _net_classes(rnet)
         self.validation_fraction = float(validation_fraction)
         self.mins: list[Tensor] = []
         self.maxs: list[Tensor] = []
@@ -696,79 +884,31 @@ class Gram(_MultiLayer):
 
     def grams(self, value: Tensor) -> Tensor:
         """Return the poles' Gram vectors of one layer, side by side ``[B, P C]``."""
-        return torch.cat([gram_vector(value, p) for p in self.poles], dim=1)
+        return gram_vectors(value, self.poles)
 
-    def fit(
-        self,
-        batches: Iterable[Any],
-        *,
-        input: Any = 0,  # noqa: A002 (collect's name)
-        target: Any = None,
-        **options: Any,
-    ) -> Self:
-        """Two passes: the class bounds, then the held-out deviations.
+    def fit_keep(self) -> dict[Any, Any]:
+        """Per layer: class bounds of the Gram vectors, and the held-out vectors.
 
-        ``batches`` is iterated twice (once with ``validation_fraction=0``):
-        a list or a ``DataLoader``; a generator or another iterator is a
-        ``TypeError``, raised before the first pass. Labels are checked per
-        batch (integers in ``[0, classes)``), non-finite records refused with
-        their count. With ``spill_dir``, the passes use its subfolders
-        ``pass-0`` and ``pass-1`` (each resumable). If the fit fails, the
-        detector is left as it was.
+        The samples not held out feed per-class min/max; the held-out ones
+        (``validation_fraction`` of each class, a Gram vector of ``P C``
+        values each) are kept by class, for their deviations once the
+        bounds are known: one pass over the data.
         """
-        from scio_recorder.collect import collect  # noqa: PLC0415 (as ViM does)
-
-        if target is None:
-            msg = "Gram.fit needs class labels: pass `target=` (e.g. `target=1`)."
-            raise ValueError(msg)
-        f = self.validation_fraction
-        passes = [("one for the class bounds", 1)]
-        if f > 0:
-            passes.append(("one for the held-out deviations", 1))
-        check_reiterable(batches, passes, "Gram.fit")
-        keep = {
-            label: finite_keep(_Part(PerClass(MinMax()), self.grams, f, held=False))
+        return {
+            label: _GramFit(self.grams, self.validation_fraction)
             for label in self.labels
         }
-        with all_or_nothing([self]):
-            bounds = collect(
-                self.rnet,
-                batches,
-                keep,
-                input=input,
-                target=checked_targets(target, input, [self]),
-                **in_subfolder(options, "pass-0"),
-            )
-            self.mins, self.maxs = [], []
-            for label in self.labels:
-                per_class = finite_result(self, label, "output", bounds[label])
-                lo, hi = _class_bounds(per_class)
-                self.mins.append(lo)
-                self.maxs.append(hi)
-            self.norms = torch.ones(len(self.labels), dtype=_F64)
-            if f > 0:
-                second: dict[Any, Any] = {
-                    label: _Part(_Deviations(lo, hi), self.grams, f, held=True)
-                    for label, lo, hi in zip(
-                        self.labels, self.mins, self.maxs, strict=True
-                    )
-                }
-                devs = collect(
-                    self.rnet,
-                    batches,
-                    second,
-                    input=input,
-                    target=checked_targets(target, input, [self]),
-                    **in_subfolder(options, "pass-1"),
-                )
-                expected = torch.stack(
-                    [devs[label].to(_F64).cpu() for label in self.labels]
-                )
-                self.norms = torch.where(
-                    expected > 0, expected, torch.ones_like(expected)
-                )
-            self._fitted = True
-        return self
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the class bounds and each layer's mean held-out deviation."""
+        mins, maxs, norms = [], [], []
+        for label in self.labels:
+            per_class, held = result[label]
+            lo, hi = _class_bounds(per_class, held)
+            mins.append(lo)
+            maxs.append(hi)
+            norms.append(_held_out_deviation(held, lo, hi))
+        self.mins, self.maxs, self.norms = mins, maxs, torch.stack(norms)
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return the normalised deviations summed over layers."""

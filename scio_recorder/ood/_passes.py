@@ -22,11 +22,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder.collect import collect
 from scio_recorder.reduce import Tee
 
-from ._checks import checked_targets
-from ._protocol import run_pass
+from ._checks import check_batches, checked_targets
+from ._protocol import fit_pass, run_pass
+from ._rows import empty_batch, input_rows_non_finite
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterable, Sequence
@@ -76,7 +76,8 @@ def fit_detectors(
     Raises
     ------
     TypeError
-        For a one-shot iterator that would be iterated more than once.
+        For a one-shot iterator that would be iterated more than once, or
+        ``batches`` given as a tensor or a mapping.
     ValueError
         As :meth:`Detector.fit` and :func:`~scio_recorder.collect.collect`.
 
@@ -97,6 +98,7 @@ def fit_detectors(
     group = (
         list(detectors.values()) if isinstance(detectors, Mapping) else list(detectors)
     )
+    check_batches(batches, "fit_detectors")
     if not group:
         return
     rnet = group[0].rnet
@@ -209,20 +211,12 @@ def run_passes(
             msg = "run_passes: every detector must wrap the same Recorder"
             raise ValueError(msg)
         detector.check_fitted()
-    scores: dict[int, Tensor] = {}
-    passes: dict[int, Pass] = {}
-    plain = [(i, d) for i, d in enumerate(detectors) if d.shares_pass]
-    if plain:
-        result = run_pass(
-            rnet,
-            args,
-            kwargs,
-            outputs=[label for _, d in plain for label in d.outputs()],
-            inputs=[label for _, d in plain for label in d.inputs()],
-        )
-        for i, detector in plain:
-            scores[i] = detector.score_pass(result)
-            passes[i] = result
+    empty = empty_batch(args, kwargs)
+    if empty is not None:
+        if logits is not None:
+            logits.extend(empty.reshape(0, 0) for _ in detectors)
+        return [empty for _ in detectors]
+    scores, passes = _score_shared(rnet, detectors, args, kwargs)
     for i, detector in enumerate(detectors):
         if not detector.shares_pass:
             scores[i], scored = detector.score_alone(args, kwargs)
@@ -232,6 +226,28 @@ def run_passes(
         _fill_unedited(rnet, detectors, passes, args, kwargs)
         logits.extend(passes[i].logits for i in range(len(detectors)))
     return [scores[i] for i in range(len(detectors))]
+
+
+def _score_shared(
+    rnet: Recorder,
+    detectors: Sequence[Detector],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> tuple[dict[int, Tensor], dict[int, Pass]]:
+    """Score the detectors that share one unedited pass, by index."""
+    plain = [(i, d) for i, d in enumerate(detectors) if d.shares_pass]
+    if not plain:
+        return {}, {}
+    result = run_pass(
+        rnet,
+        args,
+        kwargs,
+        outputs=[label for _, d in plain for label in d.outputs()],
+        inputs=[label for _, d in plain for label in d.inputs()],
+    )
+    bad = input_rows_non_finite(args, kwargs)
+    scores = {i: detector.score_shared(result, bad) for i, detector in plain}
+    return scores, dict.fromkeys(scores, result)
 
 
 def _fill_unedited(
@@ -273,18 +289,22 @@ def _fit_together(
         key: users[0][1] if len(users) == 1 else Tee(*(r for _, r in users))
         for key, users in keys.items()
     }
-    result = collect(
+    who = {
+        key: ", ".join(sorted({type(d).__name__ for d, _ in users}))
+        for key, users in keys.items()
+    }
+    found = fit_pass(
         rnet,
-        batches,
         keep,
+        batches,
+        who=who,
         input=input,
         target=checked_targets(target, input, shared) if needs_target else None,
         **options,
     )
     views: dict[int, dict[DepthIdx, Any]] = {id(d): {} for d in shared}
     for key, users in keys.items():
-        (label,) = result.labels_of[key]
-        value = result[label]
+        label, value = found[key]
         for position, (detector, _) in enumerate(users):
             views[id(detector)][label] = value if len(users) == 1 else value[position]
     for detector in shared:

@@ -10,8 +10,9 @@ table.
 
 from __future__ import annotations
 
-__all__ = ["GEN", "KLMatching", "gen_score", "output_label"]
+__all__ = ["GEN", "KLMatching", "gen_score", "kl_to_each", "output_label"]
 
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from scio_recorder._outputs import logits_of
 
+from ._classes import ClassConditional, check_at
 from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
@@ -185,6 +187,27 @@ class _PredictedMeans(ClassSums):
         return _PredictedMeans()
 
 
+def kl_to_each(p: Tensor, typical: Tensor) -> Tensor:
+    """Return ``KL(p || d_k)`` per row of ``p`` and row of ``typical``, in float64.
+
+    As :func:`kl_to_closest`, before the minimum: ``[N, K]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> typical = torch.tensor([[0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    >>> kl_to_each(torch.tensor([[1.0, 0.0]], dtype=torch.float64), typical)
+    tensor([[0.6931, 0.0000]], dtype=torch.float64)
+
+    """
+    p = p.to(_F64)
+    typical = typical.to(p)
+    log_d = typical.log().nan_to_num(neginf=torch.finfo(_F64).min)
+    p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(dim=1)
+    kl: Tensor = p_log_p[:, None] - p @ log_d.T
+    return kl
+
+
 def kl_to_closest(p: Tensor, typical: Tensor) -> Tensor:
     """Return ``min_k KL(p || d_k)`` per row of ``p``, in float64.
 
@@ -200,15 +223,10 @@ def kl_to_closest(p: Tensor, typical: Tensor) -> Tensor:
     tensor([0.], dtype=torch.float64)
 
     """
-    p = p.to(_F64)
-    typical = typical.to(p)
-    log_d = typical.log().nan_to_num(neginf=torch.finfo(_F64).min)
-    p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(dim=1)
-    kl = p_log_p[:, None] - p @ log_d.T
-    return kl.amin(dim=1)
+    return kl_to_each(p, typical).amin(dim=1)
 
 
-class KLMatching(Detector):
+class KLMatching(ClassConditional, Detector):
     """KL matching (Hendrycks et al., ICML 2022): KL to the closest typical posterior.
 
     ``fit`` takes, for each class ``k`` the net predicts on the fit data, the
@@ -223,10 +241,16 @@ class KLMatching(Detector):
     d_k = -inf`` is replaced by the lowest finite float, so the score stays
     finite. Sums and the divergence are in float64.
 
+    Class-conditional: ``score_classes(x)`` is ``KL(softmax(f(x)) || d_k)``
+    for every class (``inf`` for a class never predicted on the fit data);
+    ``at="predicted"`` reads it at the class predicted for ``x``.
+
     Parameters
     ----------
     rnet : Recorder
         The wrapped net (a classifier: its logits are ``[batch, classes]``).
+    at : {"closest", "predicted"}
+        Which class's divergence is the score.
 
     Examples
     --------
@@ -242,8 +266,9 @@ class KLMatching(Detector):
 
     needs_fit: ClassVar[bool] = True
 
-    def __init__(self, rnet: Recorder) -> None:
+    def __init__(self, rnet: Recorder, *, at: str = "closest") -> None:
         """Find the net's output."""
+        self.at = check_at("KLMatching", at)
         super().__init__(rnet)
         self.label = output_label(rnet)
         self.classes = torch.zeros(0, dtype=torch.int64)
@@ -260,11 +285,22 @@ class KLMatching(Detector):
         self.classes = seen.cpu()
         self.typical = (sums[seen] / counts[seen, None].to(_F64)).cpu()
 
-    def score_pass(self, result: Pass) -> Tensor:
-        """Return the KL divergence to the closest typical posterior."""
+    def posterior(self, result: Pass) -> Tensor:
+        """Return ``softmax`` of the pass's logits, float64."""
         logits = as_logits(result.logits, "KLMatching")
-        p = torch.softmax(logits.to(_F64), dim=1)
-        return kl_to_closest(p, self.typical)
+        return torch.softmax(logits.to(_F64), dim=1)
+
+    def closest_scores(self, result: Pass) -> Tensor:
+        """Return the KL divergence to the closest typical posterior."""
+        return kl_to_closest(self.posterior(result), self.typical)
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return the KL divergence to each typical posterior (``inf``: none)."""
+        p = self.posterior(result)
+        kl = kl_to_each(p, self.typical)
+        out = kl.new_full((kl.shape[0], p.shape[1]), math.inf)
+        out[:, self.classes.to(kl.device)] = kl
+        return out
 
     def state(self) -> dict[str, Tensor]:
         """Return the predicted classes and their typical posteriors."""

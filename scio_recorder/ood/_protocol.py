@@ -9,6 +9,13 @@ passes of its edits, or passes of its own); :func:`run_pass` is that pass.
 Because a detector *declares* what it reads, the shared passes
 (:mod:`._passes`) can serve several detectors with one pass of the net.
 
+The data rules are the protocol's, the same for every detector (a detector
+states none of them): at scoring, an empty batch scores ``[0]`` and a
+non-finite row scores NaN without touching the others (:mod:`._rows`; a
+pass restricted to the finite rows is :meth:`Pass.take`); at fit,
+non-finite features are refused with their count and layer
+(:func:`fit_pass`), and class labels are checked (:mod:`._checks`).
+
 Fitting goes through :func:`~scio_recorder.collect.collect` (streaming,
 bounded memory, resumable, ``torch.distributed``-aware); fitted state is a
 flat dict of tensors (:class:`StateEntry` declares each), saved and loaded
@@ -18,7 +25,15 @@ here.
 
 from __future__ import annotations
 
-__all__ = ["Detector", "NotFittedError", "Pass", "StateEntry", "run_pass"]
+__all__ = [
+    "Detector",
+    "NotFittedError",
+    "Pass",
+    "StateEntry",
+    "fit_pass",
+    "gradient_fit_inputs",
+    "run_pass",
+]
 
 import dataclasses
 import json
@@ -27,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from scio_recorder._batches import as_arguments, batch_getter, move_to
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
@@ -34,10 +50,23 @@ from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import label_str
 from scio_recorder.recorder import Recorder
 
-from ._checks import checked_targets, per_sample_size
+from ._checks import (
+    check_batches,
+    checked_targets,
+    count_non_finite,
+    net_classes,
+    per_sample_size,
+    refuse_non_finite,
+)
+from ._rows import (
+    empty_batch,
+    finite_rows_edit,
+    input_rows_non_finite,
+    score_finite_rows,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from pathlib import Path
 
     from typing_extensions import Self
@@ -52,11 +81,39 @@ class NotFittedError(RuntimeError):
 
 @dataclasses.dataclass
 class Pass:
-    """What one pass of the net gave the detectors: logits and records."""
+    """What one pass of the net gave the detectors: logits and records.
+
+    ``rows``: which rows of the batch it holds (``None``: all of them, in
+    order); a pass restricted to the finite rows (:meth:`take`) holds their
+    indices, so that a detector reading per-batch state from elsewhere (the
+    padding mask of a net's argument) takes the same rows.
+    """
 
     logits: Tensor
     outputs: Mapping[DepthIdx, Any]
     inputs: Mapping[DepthIdx, Tensor]
+    rows: Tensor | None = None
+
+    def take(self, rows: Tensor) -> Pass:
+        """Return this pass restricted to ``rows`` (indices into its batch).
+
+        Every tensor with the batch's rows (dim 0 as the logits') is indexed;
+        others are kept as they are.
+        """
+        n = self.logits.shape[0] if self.logits.dim() else None
+
+        def pick(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.dim() and value.shape[0] == n:
+                return value[rows.to(value.device)]
+            return value
+
+        before = self.rows
+        return Pass(
+            pick(self.logits),
+            {label: pick(v) for label, v in self.outputs.items()},
+            {label: pick(v) for label, v in self.inputs.items()},
+            rows if before is None else before[rows.to(before.device)],
+        )
 
 
 def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit)
@@ -73,12 +130,14 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     The pass records the outputs and the (first tensor) inputs of the given
     labels, or, with ``edit=(label, fn)``, edits that label's output with
     ``fn`` in flight (and records it); with neither, it records nothing.
-    The recorder's selection is restored after.
+    The edit sees the finite rows of the output only (an SVD or a batch
+    statistic of the edit is not spoiled by a NaN row); the others stay as
+    they are, non-finite. The recorder's selection is restored after.
     """
     if edit is not None:
         label, fn = edit
         with rnet.selecting(label), torch.no_grad():
-            out = rnet(*args, activation_postproc=fn, **kwargs)
+            out = rnet(*args, activation_postproc=finite_rows_edit(fn), **kwargs)
             return _read(rnet, out)
     outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
     if not (outputs or inputs):
@@ -95,6 +154,75 @@ def _read(rnet: Recorder, out: Any) -> Pass:
         for label, call in rnet.inputs.items()
     }
     return Pass(logits_of(out), dict(rnet.activations), inputs)
+
+
+def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
+    rnet: Recorder,
+    keep: Mapping[Any, Any],
+    batches: Iterable[Any],
+    *,
+    who: Mapping[Any, str],
+    input: Any,  # noqa: A002 (collect's name)
+    target: Any,
+    **options: Any,
+) -> dict[Any, tuple[DepthIdx, Any]]:
+    """One ``collect`` pass of ``keep``; non-finite samples refused.
+
+    Every reducer is teed with a count of the samples holding a NaN or an
+    infinity (:func:`~._checks.count_non_finite`); any such sample refuses
+    the fit, naming ``who[key]`` (the detectors keeping that key), the
+    layer and the count. Returns each key's label and its result.
+    """
+    result = collect(
+        rnet, batches, count_non_finite(keep), input=input, target=target, **options
+    )
+    collected = {
+        key: (label, result[label])
+        for key in keep
+        for label in result.labels_of[key][:1]
+    }
+    values = refuse_non_finite(who, rnet, keep, collected)
+    return {key: (collected[key][0], values[key]) for key in keep}
+
+
+def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
+    batches: Iterable[Any],
+    *,
+    input: Any,  # noqa: A002 (collect's name)
+    device: torch.device | str | None,
+    options: Mapping[str, Any],
+    who: str,
+    state: str,
+) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Return the net's arguments of each batch, for a fit with its own gradient loop.
+
+    For the detectors whose fit needs autograd (NAC, AdaScale), which
+    ``collect`` does not give: ``input`` as for ``collect``, ``device`` moves
+    each batch's input, empty batches are skipped. Refused at once (before
+    any batch): ``collect``'s options (``state`` says what the detector
+    keeps instead), and batches given as a tensor or a mapping.
+    """
+    if options:
+        msg = (
+            f"{who}.fit runs its own gradient loop and takes no "
+            f"{', '.join(sorted(options))}; its state is {state}. Drop them "
+            f"(fit {who} apart from fit_detectors when sharing a spill_dir)."
+        )
+        raise TypeError(msg)
+    check_batches(batches, f"{who}.fit")
+    take = batch_getter(input, "input")
+    where = None if device is None else torch.device(device)
+
+    def inputs() -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+        for batch in batches:
+            args, kwargs = as_arguments(take(batch), spread=callable(input))
+            if empty_batch(args, kwargs) is not None:
+                continue
+            if where is not None:
+                args, kwargs = move_to(args, where), move_to(kwargs, where)
+            yield args, kwargs
+
+    return inputs()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +302,9 @@ class Detector:
         self.rnet = rnet
         self.layer = layer
         self._fitted = not self.needs_fit
+        self.num_classes: int | None = net_classes(rnet) if self.needs_target else None
+        """The classes the labels of the fit data must lie in, ``[0, C)``
+        (detectors taking labels: by default the net's logits)."""
 
     # -- what a pass needs ---------------------------------------------------
     def outputs(self) -> tuple[DepthIdx, ...]:
@@ -258,26 +389,40 @@ class Detector:
         -------
         Detector
             ``self``, fitted.
+
+        Raises
+        ------
+        TypeError
+            For ``batches`` given as a tensor or a mapping (not an iterable
+            of batches).
+        ValueError
+            For fit samples with a NaN or an infinity in what the detector
+            reads (naming the layer and their count), for labels that are
+            not class indices of the net, and as
+            :func:`~scio_recorder.collect.collect`.
         """
+        name = type(self).__name__
+        check_batches(batches, f"{name}.fit")
         keep = self.fit_keep()
         if keep:
             if self.needs_target and target is None:
                 msg = (
-                    f"{type(self).__name__}.fit needs class labels: pass `target=` "
+                    f"{name}.fit needs class labels: pass `target=` "
                     "(e.g. `target=1` for (input, label) batches)."
                 )
                 raise ValueError(msg)
-            result = collect(
+            found = fit_pass(
                 self.rnet,
-                batches,
                 keep,
+                batches,
+                who=dict.fromkeys(keep, name),
                 input=input,
                 target=checked_targets(target, input, [self])
                 if self.needs_target
                 else None,
                 **options,
             )
-            self.fit_from(result)
+            self.fit_from(dict(found.values()))
         self._fitted = True
         return self
 
@@ -290,7 +435,9 @@ class Detector:
 
         Runs one pass of the net (under ``torch.no_grad()``); the recorder's
         selection and its latest records are those of that pass during it,
-        and the selection is restored after.
+        and the selection is restored after. An empty batch gives an empty
+        ``[0]`` tensor; a sample with a NaN or an infinity in the inputs or
+        in what the detector reads scores NaN, and the others as without it.
         """
         self.check_fitted()
         scores, _ = self.score_alone(args, kwargs)
@@ -309,21 +456,62 @@ class Detector:
         One pass recording what it reads, or one per edit
         (:meth:`edit_passes`), or the passes of its own
         (:meth:`score_inputs`). Returns the scores and the pass they came
-        from (the first edit's; ``None`` for passes of its own), whose logits
-        ``evaluate`` reads for the closed-set accuracy.
+        from (the first edit's; ``None`` for passes of its own or an empty
+        batch), whose logits ``evaluate`` reads for the closed-set accuracy.
+        The protocol's rules apply (the module's docstring): an empty batch
+        runs nothing; non-finite rows score NaN.
         """
+        empty = empty_batch(args, kwargs)
+        if empty is not None:
+            return empty, None
+        bad = input_rows_non_finite(args, kwargs)
         if self.edits:
             results = [
                 run_pass(self.rnet, args, kwargs, edit=edit)
                 for edit in self.edit_passes()
             ]
-            return self.score_passes(results), results[0]
+            scores = score_finite_rows(
+                results,
+                self.score_passes,
+                outputs=self.outputs(),
+                inputs=self.inputs(),
+                bad_inputs=bad,
+            )
+            return scores, results[0]
         if self.own_passes:
-            return self.score_inputs(args, kwargs), None
+            return self.score_own(args, kwargs, bad), None
         result = run_pass(
             self.rnet, args, kwargs, outputs=self.outputs(), inputs=self.inputs()
         )
-        return self.score_pass(result), result
+        return self.score_shared(result, bad), result
+
+    def score_shared(self, result: Pass, bad_inputs: Tensor | None = None) -> Tensor:
+        """Score a pass that recorded what this detector reads, finite rows only."""
+        return score_finite_rows(
+            [result],
+            lambda results: self.score_pass(results[0]),
+            outputs=self.outputs(),
+            inputs=self.inputs(),
+            bad_inputs=bad_inputs,
+        )
+
+    def score_own(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        bad_inputs: Tensor | None = None,
+    ) -> Tensor:
+        """Score with passes of the detector's own; NaN for non-finite input rows.
+
+        :meth:`score_inputs` runs on the whole batch (its passes may need
+        the whole input); the rows ``bad_inputs`` marks get NaN after.
+        """
+        if bad_inputs is None or not bool(bad_inputs.any()):
+            return self.score_inputs(args, kwargs)
+        if bool(bad_inputs.all()):
+            return torch.full(bad_inputs.shape, float("nan"), device=bad_inputs.device)
+        scores = self.score_inputs(args, kwargs)
+        return scores.masked_fill(bad_inputs.to(scores.device), float("nan"))
 
     __call__ = score
 

@@ -23,11 +23,18 @@ from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
 
-from ._checks import finite_keep, finite_result, last_linear
-from ._features import Mahalanobis, min_mahalanobis
+from ._checks import last_linear
+from ._classes import ClassConditional, check_at
+from ._features import (
+    Mahalanobis,
+    class_mahalanobis,
+    min_mahalanobis,
+    spread_classes,
+)
 from ._logits import energy_score
 from ._probabilities import ClassSums
 from ._protocol import Detector, StateEntry
+from ._search import check_search, nearest
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -242,14 +249,16 @@ class _CorrectMeans(ClassSums):
         return _CorrectMeans(self.owner)
 
 
-class SHE(_LastLayer):
+class SHE(ClassConditional, _LastLayer):
     """SHE, simplified Hopfield energy (Zhang et al., ICLR 2023).
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) stores one
     pattern per class, ``S_c``: the mean of ``fc``'s input features over the
     fit samples of class ``c`` that the net classifies correctly (streaming,
     float64). ``score(x) = -<f, S_{y^}>``, ``y^`` the class ``fc`` predicts
-    for ``x``.
+    for ``x`` (``at="predicted"``, the paper's reading and the default);
+    ``score_classes(x)`` is ``-<f, S_c>`` for every class, and
+    ``at="closest"`` reads the class of the largest inner product.
 
     Where our reading decided, with pytorch-ood 0.4: predictions are
     ``fc``'s (computed from the recorded features with ``fc``'s weight, the
@@ -262,6 +271,8 @@ class SHE(_LastLayer):
         The wrapped net.
     fc : selector, optional
         The classification ``nn.Linear``; default the last one the net calls.
+    at : {"predicted", "closest"}
+        Which class's pattern the score reads.
 
     Examples
     --------
@@ -280,9 +291,13 @@ class SHE(_LastLayer):
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
 
-    def __init__(self, rnet: Recorder, *, fc: Selector | None = None) -> None:
-        """Find ``fc``."""
+    def __init__(
+        self, rnet: Recorder, *, fc: Selector | None = None, at: str = "predicted"
+    ) -> None:
+        """Find ``fc``; labels are its classes."""
+        self.at = check_at("SHE", at)
         super().__init__(rnet, fc)
+        self.num_classes = self.linear.out_features
         self.patterns = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
@@ -303,12 +318,21 @@ class SHE(_LastLayer):
             raise ValueError(msg)
         self.patterns = (sums / counts[:, None].to(_F64)).cpu()
 
-    def score_pass(self, result: Pass) -> Tensor:
-        """Return minus the inner product with the predicted class's pattern."""
+    def predicted(self, result: Pass) -> Tensor:
+        """Return the class ``fc`` predicts (from the recorded features)."""
+        return self.logits(self.features(result)).argmax(dim=1)
+
+    def scores_at(self, result: Pass, classes: Tensor) -> Tensor:
+        """Return minus the inner product with the given class's pattern."""
         f = self.features(result)
-        predicted = self.logits(f).argmax(dim=1)
         patterns = self.patterns.to(f.device)
-        return -(f.to(_F64) * patterns[predicted]).sum(dim=1)
+        return -(f.to(_F64) * patterns[classes.to(f.device)]).sum(dim=1)
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return minus the inner product with each class's pattern."""
+        f = self.features(result).to(_F64)
+        scores: Tensor = -(f @ self.patterns.to(f.device).T)
+        return scores
 
     def state(self) -> dict[str, Tensor]:
         """Return the patterns."""
@@ -347,6 +371,9 @@ class NNGuide(_LastLayer):
         Neighbours averaged.
     fc : selector, optional
         The classification ``nn.Linear``; default the last one the net calls.
+    backend, search_budget
+        The search's options (:func:`~scio_recorder.ood._search.nearest`,
+        the largest inner products).
 
     Examples
     --------
@@ -363,14 +390,22 @@ class NNGuide(_LastLayer):
     needs_fit: ClassVar[bool] = True
 
     def __init__(
-        self, rnet: Recorder, k: int = 10, *, fc: Selector | None = None
+        self,
+        rnet: Recorder,
+        k: int = 10,
+        *,
+        fc: Selector | None = None,
+        backend: str = "auto",
+        search_budget: int | None = None,
     ) -> None:
-        """Find ``fc``; check ``k``."""
+        """Find ``fc``; check ``k`` and the search options."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             msg = f"NNGuide: k must be an int >= 1, got {k!r}"
             raise ValueError(msg)
+        check_search("NNGuide", backend, search_budget)
         super().__init__(rnet, fc)
         self.k = k
+        self.backend, self.search_budget = backend, search_budget
         self.bank = torch.zeros(0, 0)
 
     def fit_keep(self) -> dict[Any, Any]:
@@ -403,11 +438,14 @@ class NNGuide(_LastLayer):
         f = self.features(result).float()
         energy = torch.logsumexp(self.logits(f), dim=1)
         z = functional.normalize(f, dim=1)
-        top = z.new_full((z.shape[0], 0), float("-inf"))
-        for start in range(0, self.bank.shape[0], 65536):
-            part = z @ self.bank[start : start + 65536].to(z.device).T
-            both = torch.cat([top, part], dim=1)
-            top = torch.topk(both, min(self.k, both.shape[1]), dim=1).values
+        top = nearest(
+            z,
+            self.bank,
+            self.k,
+            metric="ip",
+            backend=self.backend,
+            memory_budget=self.search_budget,
+        ).values
         scores: Tensor = -(top.mean(dim=1) * energy)
         return scores
 
@@ -441,10 +479,19 @@ class RMDS(Mahalanobis):
     = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
     MD_0(f))``.
 
+    With ``normalize=True``, **RMDS++** (Müller & Hein, ICML 2025): the same
+    on the L2-normalised features ``f / ||f||_2`` (both Gaussians, and the
+    scored features).
+
     Where our reading decided: pseudo-inverses (dead ReLU features have zero
     variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
     and adds a ``1e-6`` ridge before inverting, so its scores are ours
     divided by ``N`` (the same ranking), up to the ridge.
+
+    Class-conditional: ``score_classes(x)`` is ``MD_c(f) - MD_0(f)`` for
+    every class; scio 1.1's ``RelativeMahalanobis`` reads it at the
+    predicted class (``at="predicted"``), its conformity minus it times
+    ``(N - 1) / N`` (both its covariances divide by ``N - 1``).
 
     Parameters
     ----------
@@ -453,6 +500,10 @@ class RMDS(Mahalanobis):
     layer : selector, optional
         Features: that layer's output; default the input of the last
         ``nn.Linear``.
+    normalize : bool, default False
+        RMDS++: L2-normalise the features first.
+    at : {"closest", "predicted"}
+        Which class's relative distance is the score.
 
     Examples
     --------
@@ -468,34 +519,50 @@ class RMDS(Mahalanobis):
 
     """
 
-    def __init__(self, rnet: Recorder, layer: Selector | None = None) -> None:
+    def __init__(
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        normalize: bool = False,
+        at: str = "closest",
+    ) -> None:
         """Resolve the features' layer."""
-        super().__init__(rnet, layer)
+        super().__init__(rnet, layer, normalize=normalize, at=at)
         self.background_mean = torch.zeros(0, dtype=_F64)
         self.background_precision = torch.zeros(0, 0, dtype=_F64)
 
     def fit_keep(self) -> dict[Any, Any]:
         """Class statistics and the class-agnostic covariance of the same records."""
         both = Tee(SharedCovariance(self.num_classes), Covariance())
-        return {self._keep_key(self.label, self.kind): finite_keep(both)}
+        return {self._keep_key(self.label, self.kind): self.normalised(both)}
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the class and the background Gaussians."""
-        stats = finite_result(self, self.label, self.kind, result[self.label])
-        classes, background = stats
+        classes, background = result[self.label]
         self.fit_classes(classes)
         self.background_mean = background.mean.reshape(-1)
         self.background_precision = torch.linalg.pinv(
             background.cov_population, hermitian=True
         )
 
-    def score_pass(self, result: Pass) -> Tensor:
-        """Return the smallest class distance minus the background distance."""
-        f = self.features(result)
-        background = min_mahalanobis(
+    def background(self, f: Tensor) -> Tensor:
+        """Return the distance to the background Gaussian, ``MD_0(f)``."""
+        return min_mahalanobis(
             f, self.background_mean[None, :], self.background_precision
         )
-        return min_mahalanobis(f, self.means, self.precision) - background
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return each class's distance minus the background distance."""
+        f = self.features(result)
+        distances = class_mahalanobis(f, self.means, self.precision)
+        relative = distances - self.background(f)[:, None]
+        return spread_classes(relative, self.classes, self.class_width(result))
+
+    def closest_scores(self, result: Pass) -> Tensor:
+        """Return the smallest class distance minus the background distance."""
+        f = self.features(result)
+        return min_mahalanobis(f, self.means, self.precision) - self.background(f)
 
     def state(self) -> dict[str, Tensor]:
         """Return the class statistics and the background Gaussian."""

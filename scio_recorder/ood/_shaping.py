@@ -20,7 +20,7 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._checks import one_label
+from ._checks import one_label, one_tensor
 from ._logits import energy_score
 from ._protocol import Detector, StateEntry
 
@@ -139,15 +139,8 @@ class _Shaping(Detector):
 
     def edit(self, output: Tensor) -> Tensor:
         """Return the shaped output; refuse an output that is not one tensor."""
-        if not isinstance(output, Tensor):
-            row = self.rnet.table[self.label]
-            msg = (
-                f"{type(self).__name__}: layer {row.describe()} outputs a "
-                f"{type(output).__name__}, not one tensor; choose a layer whose "
-                "output is a tensor."
-            )
-            raise TypeError(msg)
-        return self.shape(output)
+        who = type(self).__name__
+        return self.shape(one_tensor(output, self.rnet, self.label, who))
 
     def shape(self, output: Tensor) -> Tensor:
         """Return the edited activations."""
@@ -219,17 +212,7 @@ class ReAct(_Shaping):
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the quantile as the threshold."""
-        threshold = result[self.label].reshape(-1)[0].to(torch.float32)
-        if not torch.isfinite(threshold):
-            msg = (
-                f"ReAct: the fit activations of layer "
-                f"{self.rnet.table[self.label].describe()} hold non-finite values "
-                f"(NaN or Inf), so the clipping threshold is {float(threshold)}. "
-                "Drop or repair those samples before fitting (find them with "
-                "`torch.isfinite` on the inputs), or look for an overflow in the net."
-            )
-            raise ValueError(msg)
-        self.threshold = threshold
+        self.threshold = result[self.label].reshape(-1)[0].to(torch.float32)
 
     def shape(self, output: Tensor) -> Tensor:
         """Clip at the threshold."""

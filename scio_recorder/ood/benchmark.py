@@ -77,6 +77,7 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
+from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
@@ -84,8 +85,10 @@ from ._edits import VRA, RankFeat
 from ._evaluate import OoDResults, evaluate, legend
 from ._features import KNN, Mahalanobis, ViM
 from ._gradient import GradNorm
+from ._jtla import JTLA
 from ._logits import MSP, Energy, Entropy, MaxLogit
 from ._multilayer import Gram, MahalanobisEnsemble
+from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
@@ -248,11 +251,11 @@ def catalogue(
     Detectors that read the logits or the last ``nn.Linear`` (``fc=``) find
     them themselves; the others read:
 
-    * ``penultimate``: the layer whose activations ReAct, ASH, Scale and VRA
-      edit (the ReLU before the last ``nn.Linear``);
+    * ``penultimate``: the layer whose activations ReAct, ASH, Scale, VRA and
+      AdaScale edit (the ReLU before the last ``nn.Linear``);
     * ``blocks``: feature maps of the convolutional part, for RankFeat (one
-      edited pass per block), Gram (these blocks), MahalanobisEnsemble and
-      NAC (these blocks and ``penultimate``: 2-3 layers);
+      edited pass per block), Gram (these blocks), MahalanobisEnsemble,
+      NAC, DkNN and JTLA (these blocks and ``penultimate``: 2-3 layers);
     * ``d``: the principal subspace of ViM and Residual (default half the
       penultimate width), NECO's is the number of classes.
 
@@ -260,7 +263,9 @@ def catalogue(
     :func:`~scio_recorder.models.demo_model` pass
     ``blocks=("features.1", "features.4")``. Other hyperparameters are the
     detectors' defaults, except ``KNN(k=10)`` (the paper's 50 is for 50,000
-    training images; the digits have 541).
+    training images; the digits have 541), and for the scores without a
+    default: ``LID(k=10)``, ``Trust(alpha=0.1)``, ``DkNN(k=10)``,
+    ``JTLA(test={"type": "multinomial", "k": 10})``.
 
     Parameters
     ----------
@@ -276,7 +281,8 @@ def catalogue(
     Returns
     -------
     dict of str to Detector
-        Class name -> unfitted detector, in the order of the docs' table.
+        Class name -> unfitted detector, in the order of the docs' table;
+        ``"Mahalanobis++"`` and ``"RMDS++"`` are ``normalize=True``.
 
     Examples
     --------
@@ -285,7 +291,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (28, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (35, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
@@ -324,6 +330,13 @@ def catalogue(
         "Residual": Residual(rnet, d=d_vim),
         "RankFeat": RankFeat(rnet, layers=list(blocks)),
         "VRA": VRA(rnet, layer=penultimate),
+        "AdaScale": AdaScale(rnet, layer=penultimate),
+        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
+        "RMDS++": RMDS(rnet, normalize=True),
+        "LID": LID(rnet, k=10),
+        "Trust": Trust(rnet, alpha=0.1),
+        "DkNN": DkNN(rnet, layers=deep, k=10),
+        "JTLA": JTLA(rnet, layers=deep, test={"type": "multinomial", "k": 10}),
     }
 
 
@@ -759,4 +772,11 @@ _CATALOGUE_NAMES = (
     "Residual",
     "RankFeat",
     "VRA",
+    "AdaScale",
+    "Mahalanobis++",
+    "RMDS++",
+    "LID",
+    "Trust",
+    "DkNN",
+    "JTLA",
 )

@@ -1,0 +1,279 @@
+"""The manifest of an activation set: what it holds, checked, and its assembly.
+
+Holds :data:`MANIFEST` (``manifest.json``, the set: layers with dtypes and
+sizes, shards in reading order with their token counts and row offsets,
+the parts appended, the model, the statistics file), :func:`read_manifest`
+(every field checked against the others), :func:`assemble` (a new part's
+ranks added to the set: shards listed in part, rank and shard order,
+statistics merged with Chan's rule, files written atomically, the manifest
+last) and :func:`model_info`.
+
+Why: the manifest is the one file a reader trusts. It is written once per
+part, after every rank has finished its shards, and replaced atomically, so
+a set is always either its previous state or its new one; what it names
+is checked before anything is read or deleted.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "assemble",
+    "column_dtypes",
+    "load_moments",
+    "merged_statistics",
+    "model_info",
+    "read_manifest",
+    "stats_name",
+]
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import safetensors.torch
+
+from scio_recorder._files import (
+    is_count,
+    is_file_name,
+    library_version,
+    parse_dtype,
+    write_atomic,
+)
+from scio_recorder._public import public_module
+from scio_recorder.reduce import Moments
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+    import torch
+    from torch import Tensor, nn
+
+MANIFEST = "manifest.json"
+"""The manifest file of an activation set."""
+
+FORMAT = "scio_recorder.activations/1"
+"""The format this version writes and reads (the manifest's ``"format"``)."""
+
+
+def stats_name(part: int) -> str:
+    """Return the statistics file written when part ``part`` completes the set."""
+    return f"stats-p{part}.safetensors"
+
+
+def model_info(net: nn.Module) -> dict[str, Any]:
+    """Describe the model a set came from: class, ``name_or_path``, config."""
+    cls = type(net)
+    info: dict[str, Any] = {"class": f"{public_module(cls)}.{cls.__qualname__}"}
+    config = getattr(net, "config", None)
+    if config is not None:
+        info["name_or_path"] = getattr(config, "_name_or_path", None) or getattr(
+            config, "name_or_path", None
+        )
+        try:
+            info["config"] = json.loads(config.to_json_string(use_diff=False))
+        except Exception:  # noqa: BLE001 (a config that is not JSON: left out)
+            info["config"] = None
+    return info
+
+
+def _damaged(path: Path, what: str, fix: str) -> ValueError:
+    return ValueError(
+        f"The manifest '{path}' of the activation set is damaged or was edited: "
+        f"{what}. {fix}"
+    )
+
+
+def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: C901, PLR0912 (one check per field)
+    """Return the checked manifest of the set in ``folder`` (``None``: no set).
+
+    ``fix`` ends the message of a damaged manifest (what the caller can do).
+    """
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise _damaged(path, f"it is not JSON ({error})", fix) from error
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise _damaged(path, f"its format is {found!r}, not {FORMAT!r}", fix)
+    layers = data.get("layers")
+    if not isinstance(layers, dict) or not layers:
+        raise _damaged(path, f"'layers' is {layers!r}", fix)
+    for name, entry in layers.items():
+        try:
+            parse_dtype(entry["dtype"])
+            ok = isinstance(entry["shape"], list) and all(map(is_count, entry["shape"]))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _damaged(path, f"layer {name!r} is {entry!r}", fix)
+    shards = data.get("shards")
+    if not isinstance(shards, list):
+        raise _damaged(path, f"'shards' is {shards!r}", fix)
+    for entry in shards:
+        if (
+            not isinstance(entry, dict)
+            or not is_file_name(entry.get("file"))
+            or not all(
+                is_count(entry.get(key))
+                for key in ("tokens", "part", "rank", "row_offset")
+            )
+        ):
+            raise _damaged(path, f"the shard entry {entry!r} is not valid", fix)
+    for field in ("tokens", "rows"):
+        if not is_count(data.get(field)):
+            raise _damaged(path, f"{field!r} is {data.get(field)!r}", fix)
+    if data["tokens"] != sum(entry["tokens"] for entry in shards):
+        raise _damaged(
+            path,
+            f"'tokens' is {data['tokens']}, but its shards hold "
+            f"{sum(entry['tokens'] for entry in shards)}",
+            fix,
+        )
+    parts = data.get("parts")
+    if (
+        not isinstance(parts, list)
+        or not parts
+        or not all(
+            isinstance(part, dict) and isinstance(part.get("fingerprint"), dict)
+            for part in parts
+        )
+    ):
+        raise _damaged(path, f"'parts' is {parts!r}", fix)
+    stats = data.get("stats")
+    if stats is not None and not is_file_name(stats):
+        raise _damaged(path, f"'stats' is {stats!r}", fix)
+    return data
+
+
+def load_moments(states: Mapping[str, Tensor], prefix: str) -> Moments:
+    """Return a :class:`Moments` from the keys of ``states`` under ``prefix``."""
+    moments = Moments()
+    moments.load_state(
+        {
+            key.removeprefix(prefix): value
+            for key, value in states.items()
+            if key.startswith(prefix)
+        }
+    )
+    return moments
+
+
+def merged_statistics(
+    names: list[str], parts: list[Mapping[str, Tensor]]
+) -> dict[str, Tensor]:
+    """Merge statistics states (``stats/<name>/...``, ``norms/<name>/...``) in order."""
+    out: dict[str, Tensor] = {}
+    for name in names:
+        for group in ("stats", "norms"):
+            total = Moments()
+            for states in parts:
+                total.merge(load_moments(states, f"{group}/{name}/"))
+            for key, value in total.state().items():
+                out[f"{group}/{name}/{key}"] = value.to("cpu").contiguous()
+    return out
+
+
+def assemble(  # noqa: PLR0913 (what a part adds)
+    folder: Path,
+    previous: dict[str, Any] | None,
+    *,
+    part: int,
+    fingerprint: dict[str, Any],
+    ranks: list[dict[str, Any]],
+    statistics: Sequence[Mapping[str, Tensor]] | None,
+    layers: list[str],
+    calls: dict[str, str],
+    model: dict[str, Any],
+    metadata: Any,
+) -> dict[str, Any]:
+    """Add a finished part (every rank's summary, in rank order) to the set.
+
+    Writes the merged statistics (a new file) and then the manifest, both
+    atomically; returns the manifest. ``layers`` names the layers, ``calls``
+    describes each one's call in words.
+    """
+    rows_before = previous["rows"] if previous is not None else 0
+    shards = list(previous["shards"]) if previous is not None else []
+    offset = rows_before
+    columns: dict[str, Any] | None = None
+    for summary in ranks:
+        for entry in summary["shards"]:
+            shards.append(
+                {
+                    "file": entry["file"],
+                    "tokens": entry["tokens"],
+                    "part": part,
+                    "rank": summary["rank"],
+                    "row_offset": offset,
+                }
+            )
+        offset += summary["rows"]
+        columns = columns or summary["columns"]
+    if previous is not None:
+        described = previous["layers"]
+    else:
+        described = {
+            name: {
+                "dtype": columns[name]["dtype"] if columns else None,
+                "shape": columns[name]["shape"] if columns else None,
+                "call": call,
+            }
+            for name, call in calls.items()
+        }
+    stats_file = None
+    if statistics is not None:
+        parts = list(statistics)
+        if previous is not None and previous.get("stats"):
+            parts.insert(
+                0, safetensors.torch.load_file(str(folder / previous["stats"]))
+            )
+        merged = merged_statistics(layers, parts)
+        stats_file = stats_name(part)
+        write_atomic(
+            folder / stats_file,
+            lambda path: safetensors.torch.save_file(merged, str(path)),
+        )
+    tokens_part = sum(int(s["tokens"]) for s in ranks)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "library_version": library_version(),
+        "complete": True,
+        "tokens": sum(int(entry["tokens"]) for entry in shards),
+        "rows": offset,
+        "layers": described,
+        "index": {"dtype": "int64", "columns": ["row", "column"]},
+        "model": model if previous is None else previous["model"],
+        "metadata": metadata if previous is None else previous.get("metadata"),
+        "parts": [
+            *(previous["parts"] if previous is not None else []),
+            {
+                "fingerprint": fingerprint,
+                "tokens": tokens_part,
+                "rows": offset - rows_before,
+                "world": len(ranks),
+            },
+        ],
+        "shards": shards,
+        "stats": stats_file,
+    }
+    text = json.dumps(manifest, indent=1)
+    write_atomic(folder / MANIFEST, lambda path: path.write_text(text, "utf-8"))
+    if (
+        previous is not None
+        and previous.get("stats")
+        and previous["stats"] != stats_file
+    ):
+        (folder / previous["stats"]).unlink(missing_ok=True)
+    return manifest
+
+
+def column_dtypes(manifest: Mapping[str, Any]) -> dict[str, torch.dtype]:
+    """Each layer's stored dtype."""
+    return {
+        name: parse_dtype(entry["dtype"]) for name, entry in manifest["layers"].items()
+    }

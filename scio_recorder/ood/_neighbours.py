@@ -1,0 +1,724 @@
+"""Detectors from the nearest fit samples: LID, Trust, DkNN (JTLA in ``_jtla``).
+
+Each keeps a bank of the fit samples' features (and their class labels)
+and looks up a sample's nearest ones with the shared search
+(:func:`~._search.nearest`: exact, in blocks of bounded memory, faiss when
+installed). Fitting is one streaming :func:`~scio_recorder.collect.collect`
+pass that keeps the features (:class:`Bank`); what needs the whole bank (a
+fit sample's neighbours among the others, leaving itself out) is computed
+after it. **The bank grows with the fit data** (``N x F`` float32), as
+KNN's: fit on a subset of a large training set.
+
+Conventions follow scio 1.1 (``scio.scores``), each mapping said on the
+detector: squared Euclidean distances where scio's faiss index gives them,
+features flattened and not normalised unless ``act_norm=``, multi-layer
+features per layer (``pool=None`` flattens a feature map as scio does;
+``pool="mean"``, our default for every multi-layer detector, averages it
+per channel).
+"""
+
+from __future__ import annotations
+
+__all__ = ["LID", "DkNN", "Trust", "lid_estimate", "trust_scores"]
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from scio_recorder.reduce import Concat
+
+from ._bank import Bank
+from ._classes import ClassConditional, check_at, class_count
+from ._features import _Features
+from ._multilayer import _MultiLayer, pooled_size
+from ._protocol import StateEntry
+from ._pvalues import check_aggregation, combine, p_values
+from ._search import check_search, nearest
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from scio_recorder.layers import DepthIdx
+    from scio_recorder.recorder import Recorder
+    from scio_recorder.select import Selector
+
+    from ._protocol import Pass
+
+_F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
+
+
+def normalized(rows: Tensor, act_norm: float | None) -> Tensor:
+    """Divide each row by its ``act_norm``-norm (rows of norm 0 kept); ``None``: as is.
+
+    scio's ``normalize_samples`` for a positive order.
+
+    Examples
+    --------
+    >>> import torch
+    >>> normalized(torch.tensor([[3.0, 4.0], [0.0, 0.0]]), 2.0).tolist()
+    [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+
+    """
+    if act_norm is None:
+        return rows
+    norms = torch.linalg.vector_norm(rows, ord=act_norm, dim=1, keepdim=True)
+    scaled: Tensor = rows / norms.where(norms != 0, 1)
+    return scaled
+
+
+def check_k(who: str, k: int, name: str = "k") -> int:
+    """Return ``k`` if it is an int >= 1; raise naming ``who``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        msg = f"{who}: {name} must be an int >= 1, got {k!r}"
+        raise ValueError(msg)
+    return k
+
+
+def check_act_norm(who: str, act_norm: float | None) -> float | None:
+    """Return ``act_norm`` as a float if it is ``None`` or a positive number."""
+    if act_norm is None:
+        return None
+    if isinstance(act_norm, bool) or not isinstance(act_norm, int | float):
+        msg = f"{who}: act_norm must be a positive number or None, got {act_norm!r}"
+        raise TypeError(msg)
+    if not act_norm > 0:
+        msg = f"{who}: act_norm must be a positive number or None, got {act_norm!r}"
+        raise ValueError(msg)
+    return float(act_norm)
+
+
+def enough_samples(who: str, k: int, n: int, *, loo: bool = False) -> None:
+    """Refuse ``k`` neighbours out of ``n`` fit samples (``n - 1`` leaving one out)."""
+    have = n - loo
+    if k > have:
+        others = " other" if loo else ""
+        msg = (
+            f"{who}: k={k} neighbours, but a fit sample has {have}{others} fit "
+            "samples; fit on more data or lower k."
+        )
+        raise ValueError(msg)
+
+
+def label_counts(labels: Tensor, indices: Tensor, classes: int) -> Tensor:
+    """Count each class among the neighbours ``indices`` ``[Q, k]``: ``[Q, classes]``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> label_counts(torch.tensor([0, 1, 1]), torch.tensor([[0, 1], [1, 2]]), 3)
+    tensor([[1, 1, 0],
+            [0, 2, 0]])
+
+    """
+    found = labels.to(indices.device)[indices]
+    counts = torch.zeros(indices.shape[0], classes, dtype=_I64, device=indices.device)
+    return counts.scatter_add_(1, found, torch.ones_like(found))
+
+
+# ----------------------------------------------------------------- LID
+def lid_estimate(squared: Tensor) -> Tensor:
+    """Return the maximum-likelihood LID of each row of squared distances.
+
+    ``squared`` ``[Q, k]``, the squared distances to the ``k`` nearest
+    neighbours, increasing. With ``r_i`` the distances: ``LID = -1 / ((1 /
+    k) sum_i log(r_i / r_k))`` (Amsaleg et al. 2015; Ma et al., ICLR 2018),
+    ``0`` where the nearest distance is 0 and ``inf`` where all are equal
+    (scio's conventions).
+
+    Examples
+    --------
+    >>> import torch
+    >>> lid_estimate(torch.tensor([[1.0, 4.0], [0.0, 1.0]]))
+    tensor([2.8854, 0.0000])
+
+    """
+    k = squared.shape[1]
+    ratios = squared[:, -1:] / squared
+    # log of squared distances: twice the log of distances.
+    estimate = 2 * k / ratios.log().sum(dim=1)
+    at_a_sample = squared[:, 0] == 0
+    zero = torch.zeros((), dtype=estimate.dtype, device=estimate.device)
+    return torch.where(at_a_sample, zero, estimate).nan_to_num(nan=math.inf)
+
+
+class LID(_Features):
+    """Local intrinsic dimensionality (Ma et al., ICLR 2018), as scio 1.1 scores it.
+
+    ``fit`` keeps the features of the fit data (a bank of ``N x F`` float32,
+    spilled to disk by ``collect`` beyond a ``memory_budget``; no labels).
+    ``score(x)`` is the maximum-likelihood estimate of the local intrinsic
+    dimensionality at ``x`` from its ``k`` nearest bank features,
+    :func:`lid_estimate`: higher = the neighbourhood is spread in more
+    dimensions than the data's, more OoD.
+
+    scio 1.1's ``LID`` conformity is minus this score (it estimates from
+    squared distances and doubles: the same number). Features are not
+    normalised (scio's ``act_norm=None``), the distances Euclidean.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+    k : int
+        Neighbours, at least 2 (with 1 the estimate is always infinite).
+    backend : {"auto", "torch", "faiss"}
+        The search's (:func:`~scio_recorder.ood._search.nearest`).
+    search_budget : int, optional
+        Bytes for a block of the search; default 128 MiB.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> lid = LID(Recorder(net, input_size=(1, 3)), k=5)
+    >>> lid.fit([torch.randn(64, 3)], input=None)(torch.randn(4, 3)).shape
+    torch.Size([4])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        k: int,
+        backend: str = "auto",
+        search_budget: int | None = None,
+    ) -> None:
+        """Resolve the features' layer; check ``k`` and the search options."""
+        check_k("LID", k)
+        if k < 2:  # noqa: PLR2004 (an estimate from one neighbour is infinite)
+            msg = f"LID: k must be at least 2 (one distance gives no estimate), got {k}"
+            raise ValueError(msg)
+        check_search("LID", backend, search_budget)
+        super().__init__(rnet, layer)
+        self.k = k
+        self.backend, self.search_budget = backend, search_budget
+        self.bank = torch.zeros(0, 0)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Every feature row."""
+        return {self._keep_key(self.label, self.kind): Concat()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the features (float32)."""
+        rows = result[self.label]
+        flat = rows.reshape(rows.shape[0], -1)
+        enough_samples("LID", self.k, flat.shape[0])
+        self.bank = flat.to(_F32)
+
+    def score_pass(self, result: Pass) -> Tensor:
+        """Return the LID estimate from the ``k`` nearest bank features."""
+        found = nearest(
+            self.features(result).to(_F32),
+            self.bank,
+            self.k,
+            backend=self.backend,
+            memory_budget=self.search_budget,
+        )
+        return lid_estimate(found.values)
+
+    def config(self) -> dict[str, Any]:
+        """Return the layer and ``k``."""
+        return {**super().config(), "k": self.k}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the bank."""
+        return {"bank": self.bank}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the entries: the features ``[N, F]``, float32."""
+        return {"bank": StateEntry(("samples", self.feature_count()), _F32)}
+
+    def fitted_features(self) -> int:
+        """Return the features' size of the bank."""
+        return int(self.bank.shape[1])
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the bank."""
+        enough_samples("LID", self.k, state["bank"].shape[0])
+        self.bank = state["bank"]
+
+
+# ----------------------------------------------------------------- Trust
+def trust_scores(distances: Tensor) -> Tensor:
+    """Return each class's trust: the closest *other* class's distance over its own.
+
+    ``distances`` ``[Q, C]``, to each class's high-density set: ``trust_c =
+    min_{c' != c} d_c' / d_c`` (Jiang et al., NeurIPS 2018, Algorithm 2);
+    ``0 / 0`` (two sets at distance 0, or none reachable) is 1, as in scio.
+
+    Examples
+    --------
+    >>> import torch
+    >>> trust_scores(torch.tensor([[1.0, 2.0, 4.0]]))
+    tensor([[2.0000, 0.5000, 0.2500]])
+
+    """
+    two = distances.topk(2, dim=1, largest=False).values
+    first, second = two[:, :1], two[:, 1:]
+    # The closest other class: the second for the closest class (unless two
+    # share the smallest distance), the closest for every other class.
+    closest = (distances == first) & (second > first)
+    other = torch.where(closest, second, first)
+    return (other / distances).nan_to_num(nan=1.0)
+
+
+class Trust(ClassConditional, _Features):
+    """Trust score (Jiang et al., NeurIPS 2018), as scio 1.1 computes it.
+
+    ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, per
+    class, the **alpha-high-density set** of its fit features: the class's
+    samples without the fraction ``alpha`` whose ``k``-th nearest neighbour
+    within the class (leaving the sample itself out) is farthest
+    (``floor(alpha n_c)`` removed; among equal distances the earlier sample
+    first). With ``d_c(x)`` the Euclidean distance of ``x``'s features to
+    the nearest point of class ``c``'s set: ``trust_c(x) = min_{c' != c}
+    d_c'(x) / d_c(x)`` (:func:`trust_scores`), and ``score_classes(x) =
+    -trust_c(x)``. ``score(x) = -trust``: at the closest class (default; its
+    trust is the ratio of the two smallest distances, at least 1) or at the
+    predicted one (``at="predicted"``, the paper's and scio's reading).
+
+    A class without fit samples is at distance ``inf``. Features are not
+    normalised (scio's ``act_norm=None``).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net (a classifier).
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+    alpha : float
+        The fraction of each class's fit samples left out, in ``[0, 1)``.
+    k : int, default 10
+        The neighbour whose distance measures density (scio's default).
+    at : {"closest", "predicted"}
+        Which class's trust is the score.
+    backend, search_budget
+        The search's options (:func:`~scio_recorder.ood._search.nearest`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> trust = Trust(Recorder(net, input_size=(1, 3)), alpha=0.1, k=3)
+    >>> trust.fit([(torch.randn(40, 3), torch.arange(40) % 2)], target=1)
+    Trust(layer=[1, 3], features='input', alpha=0.1, k=3, fitted)
+    >>> trust.score_classes(torch.randn(4, 3)).shape
+    torch.Size([4, 2])
+
+    """
+
+    needs_fit: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = True
+
+    def __init__(  # noqa: PLR0913 (scio's hyperparameters and the search's)
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        alpha: float,
+        k: int = 10,
+        at: str = "closest",
+        backend: str = "auto",
+        search_budget: int | None = None,
+    ) -> None:
+        """Resolve the features' layer; check the hyperparameters."""
+        if (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, int | float)
+            or not 0 <= alpha < 1
+        ):
+            msg = f"Trust: alpha must be a fraction in [0, 1), got {alpha!r}"
+            raise ValueError(msg)
+        check_k("Trust", k)
+        self.at = check_at("Trust", at)
+        check_search("Trust", backend, search_budget)
+        super().__init__(rnet, layer)
+        self.alpha, self.k = float(alpha), k
+        self.backend, self.search_budget = backend, search_budget
+        self.bank = torch.zeros(0, 0)
+        self.class_sizes = torch.zeros(0, dtype=_I64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Every feature row and its label."""
+        return {self._keep_key(self.label, self.kind): Bank()}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep each class's alpha-high-density set, the classes one after another."""
+        rows, labels = result[self.label]
+        assert labels is not None  # noqa: S101 (needs_target: fit passes labels)
+        classes = max(self.num_classes or 0, int(labels.max()) + 1)
+        kept, sizes = [], []
+        for c in range(classes):
+            population = rows[labels == c]
+            kept.append(self._dense(population, c))
+            sizes.append(kept[-1].shape[0])
+        self.bank = torch.cat(kept)
+        self.class_sizes = torch.tensor(sizes, dtype=_I64)
+
+    def _dense(self, population: Tensor, c: int) -> Tensor:
+        """Return the class's samples without the ``floor(alpha n)`` least dense."""
+        n = population.shape[0]
+        drop = int(self.alpha * n)
+        if drop == 0:
+            return population
+        if self.k > n - 1:
+            msg = (
+                f"Trust: class {c} has {n} fit samples, so a sample has {n - 1} "
+                f"other ones, fewer than k={self.k}: fit on more data of that "
+                "class, or lower k (or alpha=0, which needs no neighbours)."
+            )
+            raise ValueError(msg)
+        kth = nearest(
+            population,
+            population,
+            self.k,
+            exclude=torch.arange(n),
+            backend=self.backend,
+            memory_budget=self.search_budget,
+        ).values[:, -1]
+        # Remove the largest k-th distances; among equal ones the earlier sample.
+        removed = torch.sort(kth, descending=True, stable=True).indices[:drop]
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[removed] = False
+        return population[keep]
+
+    def distances(self, result: Pass) -> Tensor:
+        """Return the distance to each class's dense set, ``[batch, classes]``."""
+        z = self.features(result).to(_F32)
+        columns, start = [], 0
+        for size in self.class_sizes.tolist():
+            if size == 0:
+                columns.append(torch.full((z.shape[0],), math.inf, device=z.device))
+            else:
+                found = nearest(
+                    z,
+                    self.bank[start : start + size],
+                    1,
+                    backend=self.backend,
+                    memory_budget=self.search_budget,
+                )
+                columns.append(found.values[:, 0].sqrt())
+            start += size
+        return torch.stack(columns, dim=1)
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return minus the trust of each class."""
+        d = self.distances(result)
+        width = class_count(d.shape[1], result)
+        if width > d.shape[1]:
+            pad = d.new_full((d.shape[0], width - d.shape[1]), math.inf)
+            d = torch.cat([d, pad], dim=1)
+        return -trust_scores(d)
+
+    def config(self) -> dict[str, Any]:
+        """Return the layer, ``alpha`` and ``k``."""
+        return {**super().config(), "alpha": self.alpha, "k": self.k}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the kept features and the number of each class's."""
+        return {"bank": self.bank, "class_sizes": self.class_sizes}
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return the kept features ``[M, F]`` (float32), one class after another.
+
+        And ``class_sizes`` ``[classes]``, how many rows each class has.
+        """
+        return {
+            "bank": StateEntry(("kept", self.feature_count()), _F32),
+            "class_sizes": StateEntry(("classes",), _I64),
+        }
+
+    def fitted_features(self) -> int:
+        """Return the features' size of the bank."""
+        return int(self.bank.shape[1])
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the kept features and the class sizes (they must add up)."""
+        if int(state["class_sizes"].sum()) != state["bank"].shape[0]:
+            msg = (
+                f"Trust: the class sizes add up to {int(state['class_sizes'].sum())} "
+                f"rows but the bank has {state['bank'].shape[0]}; the state was "
+                "edited. Save the fitted detector again."
+            )
+            raise ValueError(msg)
+        self.bank, self.class_sizes = state["bank"], state["class_sizes"]
+
+
+# ----------------------------------------------------------------- DkNN
+class _Neighbourhoods(ClassConditional, _MultiLayer):
+    """A multi-layer detector keeping a bank of each layer's fit features."""
+
+    needs_fit: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = True
+
+    def __init__(  # noqa: PLR0913 (the layers, the features and the search)
+        self,
+        rnet: Recorder,
+        layers: Sequence[Selector],
+        *,
+        at: str,
+        act_norm: float | None,
+        index_metric: str,
+        pool: str | None,
+        token: str,
+        mask: int | str | None,
+        backend: str,
+        search_budget: int | None,
+    ) -> None:
+        who = type(self).__name__
+        self.at = check_at(who, at)
+        self.act_norm = check_act_norm(who, act_norm)
+        if index_metric not in ("l2", "ip"):
+            msg = f"{who}: index_metric must be 'l2' or 'ip', got {index_metric!r}"
+            raise ValueError(msg)
+        check_search(who, backend, search_budget)
+        super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
+        self.index_metric = index_metric
+        self.backend, self.search_budget = backend, search_budget
+        self.banks: list[Tensor] = []
+        self.bank_labels = torch.zeros(0, dtype=_I64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Each layer's (pooled) features with the class labels."""
+        return {label: Bank(self.features) for label in self.labels}
+
+    def keep_banks(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Set ``banks`` and ``bank_labels`` from the collected banks."""
+        banks = []
+        classes = None
+        for label in self.labels:
+            rows, classes = result[label]
+            banks.append(normalized(rows, self.act_norm))
+        assert classes is not None  # noqa: S101 (needs_target: fit passes labels)
+        self.banks, self.bank_labels = banks, classes
+
+    def classes(self) -> int:
+        """Return the number of classes: the net's logits, or the labels'."""
+        return max(self.num_classes or 0, int(self.bank_labels.max()) + 1)
+
+    def layer_features(self, result: Pass) -> list[Tensor]:
+        """Return each layer's features of a pass, float32, normalised as the bank."""
+        return [
+            normalized(self.features(result.outputs[label]).to(_F32), self.act_norm)
+            for label in self.labels
+        ]
+
+    def search(
+        self, queries: Tensor, bank: Tensor, k: int, exclude: Tensor | None = None
+    ) -> Tensor:
+        """Return the bank indices of each query's ``k`` nearest, ``[Q, k]``."""
+        return nearest(
+            queries,
+            bank,
+            k,
+            metric=self.index_metric,
+            exclude=exclude,
+            backend=self.backend,
+            memory_budget=self.search_budget,
+        ).indices
+
+    def bank_entries(self) -> dict[str, StateEntry]:
+        """Per layer ``i``: ``bank.i`` ``[samples, F_i]`` float32; ``labels``."""
+        out = {
+            f"bank.{i}": StateEntry(
+                ("samples", pooled_size(self.rnet, label, self.pool)), _F32
+            )
+            for i, label in enumerate(self.labels)
+        }
+        out["labels"] = StateEntry(("samples",), _I64)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        """Return the layers, the pooling, the norm and the metric."""
+        return {
+            **super().config(),
+            "act_norm": self.act_norm,
+            "index_metric": self.index_metric,
+        }
+
+
+class DkNN(_Neighbourhoods):
+    """Deep k-nearest neighbours (Papernot & McDaniel, 2018), as scio 1.1 scores it.
+
+    ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
+    each layer of ``layers`` (read in one pass), the fit samples' features
+    and labels. The conformity of ``x`` to class ``c`` counts the fit
+    samples of class ``c`` among the ``k`` nearest neighbours of ``x``'s
+    features, layer by layer:
+
+    * ``aggregation=None`` (scio's default): the counts summed over the
+      layers, ``sum_l n_lc(x)``;
+    * ``aggregation=<name>`` (scio's ``per_layer=True``): each layer's count
+      becomes a p-value against the fit samples' own counts, *leaving each
+      sample out of its own neighbours* (``p_lc = #{i: a_li < n_lc(x)} /
+      N``, ``a_li`` the neighbours of fit sample ``i`` of its class: fewer
+      agreeing neighbours than ``x`` has), and the layers' p-values are
+      combined by the named rule (:func:`~._pvalues.combine`: ``"fisher"``
+      sums their logs, ...).
+
+    ``score_classes(x) = -conformity``; ``score(x)`` at the closest class
+    (the one with the highest conformity; default) or the predicted one
+    (``at="predicted"``, scio's reading).
+
+    Where our reading decided: features are pooled per layer as for every
+    multi-layer detector (``pool="mean"``); ``pool=None`` flattens them as
+    scio does. scio's ``per_class`` calibration is not offered. Neighbours
+    at equal distances: the earlier fit sample first.
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net (a classifier).
+    layers : list of selectors
+        Each resolves to one call whose output is a tensor.
+    k : int
+        Neighbours per layer.
+    aggregation : str, optional
+        ``None`` or one of :data:`~._pvalues.AGGREGATIONS`.
+    at : {"closest", "predicted"}
+        Which class's conformity is the score.
+    act_norm : float, optional
+        Divide each sample's features by their ``act_norm``-norm (scio's
+        option; default as scio's DkNN: none).
+    index_metric : {"l2", "ip"}
+        Euclidean neighbours or largest inner products (scio's option).
+    pool, token, mask
+        How a layer's output becomes features
+        (:func:`~scio_recorder.ood._multilayer.pool_features`).
+    backend, search_budget
+        The search's options (:func:`~scio_recorder.ood._search.nearest`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder import Recorder
+    >>> from scio_recorder.models import demo_model
+    >>> _ = torch.manual_seed(0)
+    >>> rnet = Recorder(demo_model(3), input_size=(1, 3, 32, 32))
+    >>> data = [(torch.randn(24, 3, 32, 32), torch.arange(24) % 3)]
+    >>> dknn = DkNN(rnet, ["features.1", "features.4"], k=5, aggregation="fisher")
+    >>> dknn.fit(data, target=1).score_classes(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 3])
+
+    """
+
+    def __init__(  # noqa: PLR0913 (scio's hyperparameters, pooling and search)
+        self,
+        rnet: Recorder,
+        layers: Sequence[Selector],
+        *,
+        k: int,
+        aggregation: str | None = None,
+        at: str = "closest",
+        act_norm: float | None = None,
+        index_metric: str = "l2",
+        pool: str | None = "mean",
+        token: str = "cls",  # noqa: S107 (not a password)
+        mask: int | str | None = None,
+        backend: str = "auto",
+        search_budget: int | None = None,
+    ) -> None:
+        """Resolve the layers; check the hyperparameters."""
+        self.k = check_k("DkNN", k)
+        check_aggregation("DkNN", aggregation, none=True)
+        self.aggregation = aggregation
+        super().__init__(
+            rnet,
+            layers,
+            at=at,
+            act_norm=act_norm,
+            index_metric=index_metric,
+            pool=pool,
+            token=token,
+            mask=mask,
+            backend=backend,
+            search_budget=search_budget,
+        )
+        self.class_count = 0
+        self.calibration = torch.zeros(0, 0)
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the banks; with an aggregation, the fit samples' own counts."""
+        self.keep_banks(result)
+        n = self.bank_labels.shape[0]
+        enough_samples("DkNN", self.k, n, loo=self.aggregation is not None)
+        self.class_count = self.classes()
+        if self.aggregation is None:
+            return
+        calibration = []
+        for bank in self.banks:
+            near = self.search(bank, bank, self.k, exclude=torch.arange(n))
+            agree = (self.bank_labels[near] == self.bank_labels[:, None]).sum(dim=1)
+            # As scores (higher = more OoD), sorted: minus the agreeing counts.
+            calibration.append((-agree.to(_F64)).sort().values)
+        self.calibration = torch.stack(calibration)
+
+    def conformity(self, result: Pass) -> Tensor:
+        """Return the conformity to each class, ``[batch, classes]`` (float64)."""
+        width = class_count(self.class_count, result)
+        counts = [
+            label_counts(self.bank_labels, self.search(z, bank, self.k), width)
+            for z, bank in zip(self.layer_features(result), self.banks, strict=True)
+        ]
+        if self.aggregation is None:
+            return torch.stack(counts).sum(dim=0).to(_F64)
+        p = torch.stack(
+            [
+                p_values(reference.to(n.device), -n.to(_F64), ties=False)
+                for reference, n in zip(self.calibration, counts, strict=True)
+            ]
+        )
+        return combine(p, self.aggregation, dim=0)
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return minus the conformity to each class."""
+        return -self.conformity(result)
+
+    def config(self) -> dict[str, Any]:
+        """Return the layers, pooling, ``k`` and the aggregation."""
+        return {**super().config(), "k": self.k, "aggregation": self.aggregation}
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the banks, labels, class count and calibration."""
+        out = {f"bank.{i}": bank for i, bank in enumerate(self.banks)}
+        out["labels"] = self.bank_labels
+        out["class_count"] = torch.tensor([self.class_count], dtype=_I64)
+        if self.aggregation is not None:
+            out["calibration"] = self.calibration
+        return out
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Per layer ``i`` ``bank.i``; ``labels``, ``class_count``, ``calibration``.
+
+        ``calibration`` ``[layers, samples]`` (with an aggregation): minus
+        each fit sample's agreeing neighbours, sorted.
+        """
+        out = self.bank_entries()
+        out["class_count"] = StateEntry((1,), _I64)
+        if self.aggregation is not None:
+            out["calibration"] = StateEntry((len(self.labels), "samples"), _F64)
+        return out
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the banks, labels and calibration."""
+        self.banks = [state[f"bank.{i}"] for i in range(len(self.labels))]
+        self.bank_labels = state["labels"]
+        self.class_count = int(state["class_count"][0])
+        if self.aggregation is not None:
+            self.calibration = state["calibration"]
