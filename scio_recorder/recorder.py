@@ -168,6 +168,7 @@ class Recorder(RecorderViews):
 
     _net_direct: nn.Module
     _passes: Passes
+    _gate: _Gate
 
     def __init__(
         self,
@@ -204,7 +205,7 @@ class Recorder(RecorderViews):
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
         empty = CallPlan.empty(self._table.mode_description)
-        self._passes = Passes(self, self._table, empty)
+        self._passes = Passes(self, self._table, empty, net)
         self._compiler = compiler
         self._enter(compiler)
 
@@ -217,8 +218,10 @@ class Recorder(RecorderViews):
         """
         entry = entry_point(self, self._passes.token)
         object.__setattr__(self, "__call__", entry)
+        object.__setattr__(self, "_gate", _Gate(self, self._passes))
         if compiler is not None:
             object.__setattr__(self, "_compiled_call_impl", compiler(entry))
+            self._gate.compiled = True
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile the recorder's pass in place, as ``nn.Module.compile`` does.
@@ -243,6 +246,7 @@ class Recorder(RecorderViews):
         entry = self.__dict__["__call__"]
         compiled = torch.compile(entry, *args, **kwargs)
         object.__setattr__(self, "_compiled_call_impl", compiled)
+        self._gate.compiled = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
@@ -254,33 +258,42 @@ class Recorder(RecorderViews):
         JIT tracing, ``torch.fx`` tracing (which patches
         ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual,
         and so does a pass that Dynamo traces (it traces torch's own path with
-        fewer guards than this one's checks).
+        fewer guards than this one's checks). A pass without options, when
+        nothing is recorded or edited (see ``Passes.update_idle``), is the net's
+        call itself. Every check here reads plain attributes (see
+        :class:`_Gate`): on a small net, each costs a visible share of a pass.
         """
-        if torch.compiler.is_compiling():  # Dynamo traces torch's own path best
-            return _MODULE_CALL(self, *args, **kwargs)
+        # `torch.compiler.is_compiling()`, in one Python call instead of two:
+        # Dynamo folds the function to True; non-strict export sets the flag.
+        if _is_dynamo_compiling() or _COMPILER_FLAGS._is_compiling_flag:  # noqa: SLF001
+            return _MODULE_CALL(
+                self, *args, **kwargs
+            )  # Dynamo traces torch's path best
+        gate = self._gate
         if (
-            self._forward_hooks
-            or self._forward_pre_hooks
-            or self._backward_hooks
-            or self._backward_pre_hooks
+            gate.forward_hooks
+            or gate.forward_pre_hooks
+            or gate.backward_hooks
+            or gate.backward_pre_hooks
+            or gate.compiled
+            or _GLOBAL_FORWARD_PRE_HOOKS
+            or _GLOBAL_FORWARD_HOOKS
+            or _GLOBAL_BACKWARD_PRE_HOOKS
+            or _GLOBAL_BACKWARD_HOOKS
             or nn.Module.__call__ is not _MODULE_CALL
-            or _GLOBAL_HOOKS[0]
-            or _GLOBAL_HOOKS[1]
-            or _GLOBAL_HOOKS[2]
-            or _GLOBAL_HOOKS[3]
-            or self.__dict__.get("_compiled_call_impl") is not None
-            or torch._C._get_tracing_state()  # noqa: SLF001 (what torch checks)
+            or _tracing_state()
         ):
-            if (
-                kwargs.get("early_exit")
-                and self.__dict__.get("_compiled_call_impl") is not None
-            ):  # said here: Dynamo would hide the message of `forward`'s refusal
+            if kwargs.get("early_exit") and gate.compiled:
+                # said here: Dynamo would hide the message of `forward`'s refusal
                 raise RuntimeError(_EARLY_EXIT_COMPILED)
             # Looked up now: `torch.fx` tracing patches `nn.Module.__call__`.
             return nn.Module.__call__(self, *args, **kwargs)
-        if not kwargs and not self._own_forward:  # no option to read: one frame less
-            return self._passes.run(self._net_direct, args, kwargs, None, False)  # noqa: FBT003 (dont_record)
-        return self._fast_forward(*args, **kwargs)
+        if kwargs or gate.own_forward:
+            return self._fast_forward(*args, **kwargs)
+        passes = gate.passes
+        if passes.idle:  # nothing recorded, edited or listened to
+            return passes.net(*args)
+        return passes.run(passes.net, args, kwargs, None, False)  # noqa: FBT003 (dont_record)
 
     _own_forward = False
     """Whether a subclass defines its own ``forward`` (``__call__`` calls it)."""
@@ -906,7 +919,7 @@ class Recorder(RecorderViews):
 
     # The attributes a copy (deep copy, pickle) builds afresh: what ties a
     # recorder to its hooks, its passes and its process.
-    _FRESH = frozenset({"_passes", "_compiled_call_impl", "__call__"})
+    _FRESH = frozenset({"_passes", "_compiled_call_impl", "__call__", "_gate"})
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
         """Return a recorder of a deep copy of the net, with its own hooks.
@@ -971,7 +984,8 @@ class Recorder(RecorderViews):
         places its own.
         """
         drop_copied_hooks(self._net)
-        object.__setattr__(self, "_passes", Passes(self, self._table, plan))
+        passes = Passes(self, self._table, plan, self._net_direct)
+        object.__setattr__(self, "_passes", passes)
         self._enter(self._compiler)
 
 
@@ -980,13 +994,62 @@ _EARLY_EXIT_COMPILED = (
     "whole): call the recorder uncompiled to stop after the last recorded call."
 )
 
+
+class _Gate:
+    """What ``Recorder.__call__`` reads on every call, as plain attributes.
+
+    A recorder's own attributes are read through ``nn.Module``'s attribute
+    machinery (it defines ``__getattr__``), about five times slower than an
+    attribute of a plain object; the hook dicts are the recorder's very
+    dicts (``nn.Module`` never replaces them).
+    """
+
+    __slots__ = (
+        "backward_hooks",
+        "backward_pre_hooks",
+        "compiled",
+        "forward_hooks",
+        "forward_pre_hooks",
+        "own_forward",
+        "passes",
+    )
+
+    def __init__(self, recorder: Recorder, passes: Passes) -> None:
+        self.forward_hooks = recorder._forward_hooks  # noqa: SLF001 (what torch checks)
+        self.forward_pre_hooks = recorder._forward_pre_hooks  # noqa: SLF001
+        self.backward_hooks = recorder._backward_hooks  # noqa: SLF001
+        self.backward_pre_hooks = recorder._backward_pre_hooks  # noqa: SLF001
+        self.compiled = recorder.__dict__.get("_compiled_call_impl") is not None
+        self.own_forward = recorder._own_forward  # noqa: SLF001 (its class's)
+        self.passes = passes
+
+
 _MODULE_CALL = nn.Module.__call__
-_GLOBAL_HOOKS = (
-    _module_impl._global_forward_pre_hooks,  # noqa: SLF001 (what torch checks)
-    _module_impl._global_forward_hooks,  # noqa: SLF001 (what torch checks)
-    _module_impl._global_backward_pre_hooks,  # noqa: SLF001 (what torch checks)
-    _module_impl._global_backward_hooks,  # noqa: SLF001 (what torch checks)
+_GLOBAL_FORWARD_PRE_HOOKS = _module_impl._global_forward_pre_hooks  # noqa: SLF001 (what torch checks)
+_GLOBAL_FORWARD_HOOKS = _module_impl._global_forward_hooks  # noqa: SLF001
+_GLOBAL_BACKWARD_PRE_HOOKS = _module_impl._global_backward_pre_hooks  # noqa: SLF001
+_GLOBAL_BACKWARD_HOOKS = _module_impl._global_backward_hooks  # noqa: SLF001
+_is_dynamo_compiling = getattr(
+    torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
 )
+"""Bound once (Dynamo knows the function, not the path to it)."""
+
+
+class _CompilingFlag:
+    """``torch.compiler``'s flag, for a torch that has none (reads the function)."""
+
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return bool(torch.compiler.is_compiling())
+
+
+_COMPILER_FLAGS: Any = (
+    torch.compiler
+    if hasattr(torch.compiler, "_is_compiling_flag")
+    else _CompilingFlag()
+)
+"""Where ``torch.compiler.is_compiling()`` reads whether export or compile runs."""
+_tracing_state = torch._C._get_tracing_state  # noqa: SLF001 (what torch checks)
 
 
 def _fake_reference(reference_tensors: str) -> bool:

@@ -370,3 +370,38 @@ def test_copies_work_while_a_scope_or_generate_is_open(lm, copier, what, when):
         assert list(copied.activations) == list(copied.recording)
     watch.assert_clean()
     assert torch.equal(rnet.generate(IDS, **GENERATE), generated)
+
+
+# -- a pass that records nothing is the net's call ------------------------------
+
+
+def test_a_pass_recording_nothing_clears_the_records_and_feeds_a_scope(trip):
+    """The shortcut for passes that record nothing keeps every duty of a pass.
+
+    It clears the latest records, is fed to an open scope, and an inner call
+    made from an edit (whose extra hooks are on the net) is its own pass.
+    """
+    net, rnet = trip
+    rnet(X)
+    assert dict(rnet.activations)
+    rnet.record()
+    out = rnet(X)
+    assert dict(rnet.activations) == {}
+    assert torch.equal(out, net(X))
+    with rnet.scope() as scope:
+        rnet(X)
+        rnet(X)
+    assert scope.passes == 2
+    inner = []
+
+    def edit(t):
+        inner.append(rnet(X))  # a nested pass, recording nothing
+        return t * 2
+
+    watch = Watch(net)
+    edited = rnet(X, activation_postproc={"2": edit})
+    watch.assert_clean()
+    assert len(inner) == 1
+    assert torch.equal(inner[0], net(X))
+    h = torch.relu(net[0](X)) * 2
+    assert torch.equal(edited, net[3](h))

@@ -245,7 +245,7 @@ class TracedPass(PassState):
         self.net = net
         self.postproc = postproc
         self.dont_record = dont_record
-        self.versions = []  # `postprocess` refreshes them: none here
+        self.watched = []  # `postprocess` refreshes their versions: none here
         self.records = {}
         self.token = traced.token
         self.options = traced.options

@@ -240,7 +240,8 @@ class _PostHook(_RecorderHook):
                 version = output._version  # noqa: SLF001 (version counter)
             except RuntimeError:  # inference tensors have no version counter
                 return None
-            state.versions.append((label, "activations", output, version))
+            state.watched.append(output)
+            state.versions.append(version)
             return None
         return state.end_call(module, self.specs[k], output)
 

@@ -77,20 +77,29 @@ class Passes:
         Its layer table (for messages and record views).
     plan : CallPlan
         The plan to start with (placed at once).
+    net : nn.Module
+        The net its passes call.
     """
 
-    def __init__(self, owner: object, table: LayerTable, plan: CallPlan) -> None:
+    def __init__(
+        self, owner: object, table: LayerTable, plan: CallPlan, net: nn.Module
+    ) -> None:
         self.token = new_token()
         self.table = table
+        self.net = net
         self.hooks = HookSet(owner, self.token)
         self.latest = Latest()
         self.deposits = GradDeposits()
         self.listeners: list[Any] = []
         """The scopes open on this recorder (a selection cannot change then)."""
         self.warned: set[tuple[str, DepthIdx]] = set()
-        self.extra_lock = threading.Lock()
+        self.lock = threading.Lock()
         self.extra_hooks: dict[int, list[Any]] = {}
         """id of an extended plan -> [passes using it, its extra hooks]."""
+        self.busy = 0
+        """Listeners registered and extended edit plans in use, in all threads."""
+        self.idle = True
+        """Whether a pass is the net's call and nothing more (:meth:`update_idle`)."""
         self.plan = plan
         self.traced_key = 0
         self.early_cache: tuple[CallPlan, CallPlan, Needs] | None = None
@@ -106,6 +115,35 @@ class Passes:
         self.edit_plans: dict[Any, CallPlan] = {}
         self.traced_key = traced_key(plan, self.token, self.deposits)
         self.hooks.place(plan)
+        self.update_idle()
+
+    def update_idle(self) -> None:
+        """Say whether a plain pass (no option) is just the net's call.
+
+        It is when the plan hooks nothing, the latest records are empty (a
+        pass would clear them) and no listener (a scope, ``generate``) nor
+        extended edit plan is in use in any thread (a pass would be fed to
+        the listener, or counted by the extra hooks). ``Recorder.__call__``
+        then calls the net at once. Recomputed wherever one of these
+        changes; publishing a pass (:meth:`close`) only clears it.
+        """
+        plan, latest = self.plan, self.latest
+        self.idle = not (
+            plan.ends
+            or plan.starts
+            or self.busy
+            or latest.activations
+            or latest.inputs
+            or latest.grads
+            or latest.traced_grads
+            or latest.steps
+        )
+
+    def add_busy(self, n: int) -> None:
+        """Count a listener or an extended edit plan in (+1) or out (-1)."""
+        with self.lock:
+            self.busy += n
+        self.update_idle()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -132,71 +170,62 @@ class Passes:
         dont_record: bool,  # noqa: FBT001 (positional: called on every pass)
         edits: Edits | None = None,
         early_exit: bool = False,  # noqa: FBT001, FBT002 (positional, as the others)
+        plan: CallPlan | None = None,
     ) -> Any:
         """Run ``net(*args, **kwargs)`` as one recording pass; return its output.
 
         ``edits`` (``activation_postproc`` or ``input_postproc`` given by
         selector, resolved to labels) replaces ``postproc``; calls that are
-        edited but not recorded get hooks for this pass only. With
+        edited but not recorded get hooks for this pass only (the pass then
+        runs again through here, on the extended ``plan``). With
         ``early_exit`` the pass stops after the last recorded call and
         returns ``None`` (see :mod:`.early`; the recorder checked that
-        something is recorded).
+        something is recorded). One frame for the usual pass: on a small
+        net, each Python call is a visible share of a pass.
         """
         states = ACTIVE.states
-        key = self.token
-        outer = states.get(key)
-        plan = self.plan
-        if edits is None and outer is None and not plan.ends and not plan.starts:
-            latest = self.latest  # nothing recorded, nothing edited
-            if (
-                latest.activations
-                or latest.inputs
-                or latest.grads
-                or latest.traced_grads
-            ):
-                self.clear()
-            return net(*args, **kwargs)
-        if edits is not None:
-            with self.editing(edits) as plan:
-                return self._run(
-                    net, args, kwargs, plan, edits, dont_record, outer, early_exit
-                )
-        return self._run(
-            net, args, kwargs, plan, postproc, dont_record, outer, early_exit
-        )
-
-    def _run(  # noqa: PLR0913, PLR0917 (run's, resolved)
-        self,
-        net: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        plan: CallPlan,
-        postproc: Any,
-        dont_record: bool,  # noqa: FBT001 (run's)
-        outer: Any,
-        early_exit: bool,  # noqa: FBT001 (run's)
-    ) -> Any:
-        listener = outer if isinstance(outer, Listener) else None
+        outer = states.get(self.token)
+        if plan is None:
+            plan = self.plan
+            if edits is not None:
+                with self.editing(edits) as extended:
+                    return self.run(
+                        net,
+                        args,
+                        kwargs,
+                        edits,
+                        dont_record,
+                        None,
+                        early_exit,
+                        extended,
+                    )
+            if outer is None and not plan.ends and not plan.starts:
+                if not self.idle:  # nothing recorded, nothing edited: clear the latest
+                    self.clear()
+                return net(*args, **kwargs)
         if early_exit:
+            listener = outer if isinstance(outer, Listener) else None
             state = self.early_state(
                 plan, postproc, dont_record, net.training, listener
             )
+        elif outer is None and type(postproc) is not Edits:  # the usual pass
+            state = PassState(plan, postproc, dont_record, net.training)
         else:
+            listener = outer if isinstance(outer, Listener) else None
             state = self.new_state(plan, postproc, dont_record, net.training, listener)
-        ACTIVE.states[self.token] = state
+        states[self.token] = state
         try:
             out = net(*args, **kwargs)
         except EarlyExit as stop:
-            self.settle(net)
             if stop.state is not state:  # not this pass's: it fails this pass too
-                self.close(state, outer, completed=False)
+                self.close(state, outer, False, states)  # noqa: FBT003 (completed)
                 raise
+            self.settle(net)  # the modules it stopped in (accelerate)
             out = None  # every recorded call happened; the rest did not run
         except BaseException:  # KeyboardInterrupt included
-            self.settle(net)
-            self.close(state, outer, completed=False)
+            self.close(state, outer, False, states)  # noqa: FBT003 (completed)
             raise
-        self.close(state, outer, completed=True)
+        self.close(state, outer, True, states)  # noqa: FBT003 (completed)
         return out
 
     def settle(self, net: nn.Module) -> None:
@@ -278,7 +307,7 @@ class Passes:
         # Passes of two threads with the same edits share one set of extra
         # hooks (two sets would count each call twice): the first to come
         # places them, the last to leave removes them.
-        with self.extra_lock:
+        with self.lock:
             users = self.extra_hooks.get(id(extended))
             if users is None:
                 users = self.extra_hooks[id(extended)] = [
@@ -286,15 +315,19 @@ class Passes:
                     self.hooks.add_for(extended, skip=plan),
                 ]
             users[0] += 1
+            self.busy += 1
+        self.update_idle()
         try:
             yield extended
         finally:
-            with self.extra_lock:
+            with self.lock:
                 users[0] -= 1
+                self.busy -= 1
                 if not users[0]:
                     for handle in users[1]:
                         handle.remove()
                     del self.extra_hooks[id(extended)]
+            self.update_idle()
 
     # -- compiled passes ---------------------------------------------------
     def run_traced(
@@ -381,6 +414,7 @@ class Passes:
                     raise
                 raise failed(error) from error
         self.latest.steps = [state.records for state in steps.states]
+        self.idle = False
         if not steps.states:
             msg = (
                 f"`rnet.{name}(...)` never called the net: nothing was recorded "
@@ -417,16 +451,18 @@ class Passes:
         states = ACTIVE.states
         previous = states.get(self.token)
         states[self.token] = listener
+        self.add_busy(1)
         return previous
 
     def unlisten(self, listener: Listener, previous: Any) -> None:
-        """Undo :meth:`listen` (if ``listener`` is still the one registered)."""
+        """Undo :meth:`listen` (the registry: if ``listener`` is still there)."""
         states = ACTIVE.states
         if states.get(self.token) is listener:
             if previous is None:
                 del states[self.token]
             else:
                 states[self.token] = previous
+        self.add_busy(-1)
 
     def listening(self, listener: Listener) -> bool:
         """Whether ``listener`` is registered in this thread, no pass open."""
@@ -450,38 +486,60 @@ class Passes:
         self,
         state: PassState,
         outer: Any,
-        *,
-        completed: bool,
+        completed: bool,  # noqa: FBT001 (positional: called on every pass)
+        states: dict[int, Any],
     ) -> bool:
         """End the pass ``state``; return whether it completed and was published.
 
         The one end of every pass (``rnet(x)``, a scope's direct passes, the
-        steps of ``generate``), whatever ended it: the registry gets back
-        ``outer``, what it held when the pass opened (a scope's listener, an
-        outer pass, or nothing). A pass that did not complete (its call
-        raised anything, ``KeyboardInterrupt`` included) is dropped: the
-        latest records are cleared and the listener is told. One that
-        completed is checked against the call plan (which raises on a
-        mismatch, dropping it), published and fed to the listener.
+        steps of ``generate``), whatever ended it: the registry ``states``
+        (this thread's ``ACTIVE.states``) gets back ``outer``, what it held
+        when the pass opened (a scope's listener, an outer pass, or nothing).
+        A pass that did not complete (its call raised anything,
+        ``KeyboardInterrupt`` included) is dropped: the latest records are
+        cleared and the listener is told. One that completed is checked
+        against the call plan (which raises on a mismatch, dropping it),
+        published as the latest records and fed to the listener; then the
+        version counter of every record is compared with the one it had
+        when recorded: a change means that an in-place operation overwrote
+        the record afterwards (a warning).
         """
-        states = ACTIVE.states
         if outer is None:
             states.pop(self.token, None)
+            listener = None
         else:
             states[self.token] = outer
-        listener = outer if isinstance(outer, Listener) else None
-        if completed:
+            listener = outer if isinstance(outer, Listener) else None
+        if not completed:
+            self.settle(self.net)  # the modules it stopped in (accelerate)
+            self.drop(listener)
+            return False
+        plan = state.plan
+        if (
+            state.counts != plan.expected_counts
+            or state.starts != plan.expected_start_counts
+        ):
             try:
-                state.check_counts()
+                state.check_counts()  # raises, unless the pass exited early
             except BaseException:
                 self.drop(listener)
                 raise
-            self.publish(state)
-            if listener is not None:
-                listener.feed(state)
-            return True
-        self.drop(listener)
-        return False
+        latest = self.latest
+        latest.activations = state.records
+        latest.inputs = state.inputs
+        latest.grads = state.grads
+        if latest.traced_grads:
+            latest.traced_grads = {}
+        if latest.steps:
+            latest.steps = []
+        self.idle = False
+        watched = state.watched
+        if watched and [t._version for t in watched] != state.versions:  # noqa: SLF001
+            for label, kind in state.changed():
+                self.warn_inplace(label, kind)
+        if listener is not None:
+            listener.feed(state)
+        return True
 
     def drop(self, listener: Listener | None) -> None:
         """Forget a pass that failed: clear the latest records, tell ``listener``."""
@@ -500,23 +558,7 @@ class Passes:
         latest.activations, latest.inputs, latest.grads = {}, {}, {}
         latest.traced_grads = {}
         latest.steps = []
-
-    def publish(self, state: PassState) -> None:
-        """Make ``state``'s records the latest pass's (called after success).
-
-        Then compare the version counter of every recorded tensor with the one
-        it had when recorded: a change means an in-place operation overwrote
-        the record afterwards.
-        """
-        latest = self.latest
-        latest.activations = state.records
-        latest.inputs = state.inputs
-        latest.grads = state.grads
-        latest.traced_grads = {}
-        latest.steps = []
-        for label, kind, tensor, version in state.versions:
-            if tensor._version != version:  # noqa: SLF001 (version counter)
-                self.warn_inplace(label, kind)
+        self.update_idle()
 
     def warn_inplace(self, label: DepthIdx, kind: str) -> None:
         """Warn, once per label and kind, that a record was changed in place."""
@@ -653,7 +695,7 @@ class RootPasses:
         current = self.current
         if current is not None and self.passes.is_open(current):
             self.current = None
-            self.passes.close(current, self.listener, completed=False)
+            self.passes.close(current, self.listener, False, ACTIVE.states)  # noqa: FBT003 (completed)
 
     def _open(self, module: nn.Module, _args: Any) -> None:
         passes, listener = self.passes, self.listener
@@ -679,7 +721,7 @@ class RootPasses:
         completed = self.completed
         self.current, self.completed = None, False
         try:
-            passes.close(current, self.listener, completed=completed)
+            passes.close(current, self.listener, completed, ACTIVE.states)
         except BaseException as error:
             if self.failed is None:
                 raise

@@ -186,6 +186,10 @@ class CallPlan:
     """The slot of each pre-hooked module in a pass's start counts (derived)."""
     expected_start_counts: list[int] = dataclasses.field(init=False, repr=False)
     """Call starts per pass of the module of each slot (derived)."""
+    zero_counts: list[int] = dataclasses.field(init=False, repr=False)
+    """A zero per slot: a pass's counts start as a copy (derived; never mutated)."""
+    zero_starts: list[int] = dataclasses.field(init=False, repr=False)
+    """A zero per start slot (derived; never mutated)."""
 
     def __post_init__(self) -> None:
         derived = {
@@ -193,6 +197,8 @@ class CallPlan:
             "expected_counts": [len(specs) for specs in self.ends.values()],
             "start_slots": {module: i for i, module in enumerate(self.starts)},
             "expected_start_counts": [len(labels) for labels in self.starts.values()],
+            "zero_counts": [0] * len(self.ends),
+            "zero_starts": [0] * len(self.starts),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)

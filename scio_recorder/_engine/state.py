@@ -247,12 +247,14 @@ class PassState:
         self.training = training
         if grad_sink is not None:
             self.grad_sink = grad_sink
-        self.counts = [0] * len(plan.expected_counts)
-        self.starts = [0] * len(plan.expected_start_counts)
+        self.counts = plan.zero_counts[:]
+        self.starts = plan.zero_starts[:]
         self.records: dict[DepthIdx, Any] = {}
-        # (label, kind, tensor, version), one per recorded tensor, checked at
-        # the end of the pass to detect in-place modifications of records.
-        self.versions: list[tuple[DepthIdx, str, Tensor, int]] = []
+        # Every recorded tensor and its version counter when recorded, checked
+        # at the end of the pass to detect in-place modifications of records
+        # (two flat lists: checked in one comprehension, see `changed`).
+        self.watched: list[Tensor] = []
+        self.versions: list[int] = []
 
     def on_input(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
         """Handle the start of a call of a module whose inputs are captured.
@@ -302,16 +304,16 @@ class PassState:
         record = CallInputs(tuple(args), dict(kwargs))
         self.inputs[label] = record
         if not options.clone:
-            versions = self.versions
             for item in (*record.args, *record.kwargs.values()):
                 if isinstance(item, Tensor):  # the common case, without a tree walk
                     try:
                         version = item._version  # noqa: SLF001 (version counter)
                     except RuntimeError:  # inference tensors have no version counter
                         continue
-                    versions.append((label, "inputs", item, version))
+                    self.watched.append(item)
+                    self.versions.append(version)
                 else:
-                    versions += _versions(label, "inputs", item)
+                    self.watch(item)
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module`` (the general path).
@@ -370,9 +372,10 @@ class PassState:
                 except RuntimeError:  # inference tensors have no version counter
                     pass
                 else:
-                    self.versions.append((label, "activations", record, version))
+                    self.watched.append(record)
+                    self.versions.append(version)
             else:
-                self.versions += _versions(label, "activations", record)
+                self.watch(record)
         if wants_grad and not self.dont_record:
             self.watch_grad(module, label, output if result is None else result)
         return result
@@ -417,12 +420,36 @@ class PassState:
                     f"{label[0]}-{label[1]} of {self.plan.describe[module]}"
                 ),
             )
-        if self.versions:  # in-place edits by postprocessors are the user's
-            self.versions = [
-                (label, kind, t, t._version)  # noqa: SLF001 (version counter)
-                for label, kind, t, _ in self.versions
-            ]
+        if self.watched:  # in-place edits by postprocessors are the user's
+            self.versions = [t._version for t in self.watched]  # noqa: SLF001
         return result
+
+    def watch(self, record: Any) -> None:
+        """Keep the version counter of every tensor inside ``record``."""
+        for tensor in iter_tensors(record):
+            if not tensor.is_inference():  # inference tensors have no counter
+                self.watched.append(tensor)
+                self.versions.append(tensor._version)  # noqa: SLF001 (version counter)
+
+    def changed(self) -> list[tuple[DepthIdx, str]]:
+        """Return ``(label, kind)`` of each record changed in place since taken.
+
+        The pass compares every version counter at once, in one
+        comprehension (the usual answer: none changed), and asks this only
+        when one changed: the labels are looked up for changed tensors.
+        """
+        found: list[tuple[DepthIdx, str]] = []
+        for tensor, version in zip(self.watched, self.versions, strict=True):
+            if tensor._version == version:  # noqa: SLF001 (version counter)
+                continue
+            for kind, records in (
+                ("activations", self.records),
+                ("inputs", self.inputs),
+            ):
+                for label, record in records.items():
+                    if any(t is tensor for t in iter_tensors(record)):
+                        found.append((label, kind))
+        return list(dict.fromkeys(found))
 
     def watch_grad(self, module: nn.Module, label: DepthIdx, output: Any) -> None:
         """Capture the gradient that will flow back into ``output``.
@@ -593,17 +620,6 @@ def _autocasting(device_type: str) -> bool:
         if device_type == "cpu":
             return bool(torch.is_autocast_cpu_enabled())
         return bool(torch.is_autocast_enabled())
-
-
-def _versions(
-    label: DepthIdx, kind: str, record: Any
-) -> list[tuple[DepthIdx, str, Tensor, int]]:
-    """Return the version entries of every tensor of ``record``."""
-    return [
-        (label, kind, tensor, tensor._version)  # noqa: SLF001 (version counter)
-        for tensor in iter_tensors(record)
-        if not tensor.is_inference()  # inference tensors have no version counter
-    ]
 
 
 class Latest:
