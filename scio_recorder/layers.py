@@ -52,6 +52,7 @@ __all__ = [
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import math
 import threading
 import warnings
@@ -1213,6 +1214,7 @@ def build_table(
     mode: Mode = "train" if str(kwargs.get("mode", "eval")) == "train" else "eval"
 
     log = _CallLog(net, kwargs.get("batch_dim"))
+    before = _first_device(net)
     name = type(net).__name__
     previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
     handles = log.install()
@@ -1237,12 +1239,43 @@ def build_table(
         else:
             cache[name] = previous
 
+    _warn_if_moved(net, before, kwargs)
     shared = _assign_params(net, log.rows)
     statistics = _restatistics(summary, log.rows, shared)
     if verbose:
         print(statistics)  # noqa: T201 (the user asked torchinfo to print)
     rows = _to_layers(log)
     return LayerTable(rows, mode=mode, grad_enabled=False, statistics=statistics)
+
+
+def _first_device(net: nn.Module) -> torch.device | None:
+    """Return the device of the net's first parameter or buffer (``None``: none)."""
+    for tensor in itertools.chain(net.parameters(), net.buffers()):
+        return tensor.device
+    return None
+
+
+def _warn_if_moved(
+    net: nn.Module, before: torch.device | None, kwargs: Mapping[str, Any]
+) -> None:
+    """Warn when torchinfo moved ``net`` to another device that nobody asked for.
+
+    Given ``input_size`` alone, torchinfo moves a CPU net to CUDA when CUDA is
+    available (the reference ``Recorder`` too, so the move stays; a net
+    placed by accelerate never moves, see :func:`reference_kwargs`).
+    """
+    after = _first_device(net)
+    if before is None or after is None or after == before or "device" in kwargs:
+        return
+    msg = (
+        f"Building the layer table moved the net from {before} to {after}: "
+        "torchinfo does so when only `input_size` is given and a CUDA device is "
+        "available (as the reference Recorder does), so inputs on "
+        f"{before} no longer fit it. To keep the net where it is, pass "
+        f"`device={str(before)!r}` or `input_data` (an example input on the "
+        "device you want) instead of `input_size`."
+    )
+    warnings.warn(msg, UserWarning, stacklevel=4)
 
 
 def _restatistics(

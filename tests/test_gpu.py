@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -77,8 +78,11 @@ def no_host_sync() -> Iterator[None]:
     """Make any host-device synchronisation inside the block an error."""
     torch.cuda.synchronize()
     mode = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
     try:
+        with warnings.catch_warnings():
+            # torch warns that the mode is a prototype each time it is set
+            warnings.filterwarnings("ignore", "Synchronization debug mode")
+            torch.cuda.set_sync_debug_mode("error")
         yield
     finally:
         torch.cuda.set_sync_debug_mode(mode)
@@ -188,6 +192,21 @@ def test_records_stay_on_the_gpu_equal_a_hook_and_match_the_cpu():
         assert torch.equal(record, seen[name])
         (reference,) = rcpu.activations_of(name)
         assert_close_to_cpu(record, reference, MLP_TERMS)
+
+
+def test_a_cpu_net_given_input_size_alone_moves_as_torchinfo_moves_it_and_is_said():
+    """torchinfo moves a CPU net to CUDA given `input_size` alone: kept, and warned.
+
+    The reference Recorder moves it too (code written for it may rely on
+    it); `device="cpu"` keeps the net where it is.
+    """
+    net = mlp()
+    with pytest.warns(UserWarning, match="moved the net from cpu to cuda"):
+        Recorder(net, input_size=(1, 32))
+    assert next(net.parameters()).is_cuda
+    kept = mlp()
+    Recorder(kept, input_size=(1, 32), device="cpu")
+    assert next(kept.parameters()).device.type == "cpu"
 
 
 def test_a_recorded_and_edited_pass_never_syncs_with_the_host():

@@ -20,7 +20,7 @@ from torch import nn
 
 from scio_recorder import CallPlanError, Recorder, models
 from scio_recorder._render import middle_truncate
-from scio_recorder.layers import RaggedDim
+from scio_recorder.layers import RaggedDim, _warn_if_moved, build_table
 from tests.nets import (
     DirectChildNet,
     HolderNet,
@@ -1193,3 +1193,27 @@ def test_recorder_html_shades_recorded_rows_and_says_what_is_recorded():
     shaded = [row for row in html.split("<tr") if "background-color" in row]
     assert len(shaded) == 2
     assert all("Linear" in row for row in shaded)
+
+
+def test_a_net_moved_by_torchinfo_is_said():
+    """torchinfo moves a CPU net given only `input_size` when CUDA is there: warned.
+
+    The move itself needs a GPU (tests/test_gpu.py checks it there): here the
+    check after the reference pass sees a net that another device now holds.
+    """
+    net = nn.Sequential(nn.Linear(3, 2), nn.ReLU()).to("meta")
+    with pytest.warns(UserWarning, match=r"moved the net from cpu to meta") as seen:
+        _warn_if_moved(net, torch.device("cpu"), {"input_size": (1, 3)})
+    assert "`device='cpu'`" in str(seen[0].message)
+    # asked for with `device=`, or not moved: nothing said
+    _warn_if_moved(net, torch.device("cpu"), {"input_size": (1, 3), "device": "meta"})
+    _warn_if_moved(net, torch.device("meta"), {"input_size": (1, 3)})
+
+
+def test_a_net_torchinfo_moves_off_its_tensors_type_is_put_back(monkeypatch):
+    """A move that swaps the parameters (here to ``meta``) is undone, unwarned."""
+    monkeypatch.setattr(torchinfo_impl, "get_device", lambda *_: torch.device("meta"))
+    net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    build_table(net, {"input_size": (1, 3)})
+    build_table(net, {"input_data": torch.zeros(1, 3)})
+    assert net[0].weight.device.type == "cpu"

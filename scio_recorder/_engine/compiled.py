@@ -168,13 +168,25 @@ class TracedPlan(NamedTuple):
     """
 
     token: int
-    ends: tuple[tuple[int, tuple[EndSpec | None, ...]], ...]
-    """``CallPlan.ends`` as ``(id(module), specs)`` pairs."""
+    ends: tuple[tuple[int, tuple[tuple[DepthIdx, bool, bool] | None, ...]], ...]
+    """``CallPlan.ends`` as ``(id(module), specs)`` pairs, each spec a plain tuple.
+
+    Plain tuples, not :class:`EndSpec`: Dynamo of torch 2.11 cannot unpack a
+    named tuple read from this plan (``InternalTorchDynamoError:
+    NotImplementedError`` in its ``iter`` polyfill, seen on CUDA).
+    """
     starts: tuple[tuple[int, tuple[DepthIdx | None, ...]], ...]
     """``CallPlan.starts`` as ``(id(module), labels)`` pairs."""
     options: tuple[bool, bool, torch.device | None, torch.dtype | None] | None
     """``(clone, detach, device, dtype)``, ``None`` when records are the tensors."""
     deposit_key: int
+
+
+def _plain(
+    specs: tuple[EndSpec | None, ...],
+) -> tuple[tuple[DepthIdx, bool, bool] | None, ...]:
+    """Return ``specs`` as plain tuples (see :attr:`TracedPlan.ends`)."""
+    return tuple(None if s is None else (s.label, s.output, s.grad) for s in specs)
 
 
 _TRACED_PLANS: list[TracedPlan] = []
@@ -190,7 +202,7 @@ def traced_key(plan: CallPlan, token: int, deposits: GradDeposits) -> int:
     """
     content = TracedPlan(
         token,
-        tuple((id(m), specs) for m, specs in plan.ends.items()),
+        tuple((id(m), _plain(specs)) for m, specs in plan.ends.items()),
         tuple((id(m), labels) for m, labels in plan.starts.items()),
         plan.options.as_tuple() if plan.options.transforms else None,
         deposits.key,

@@ -195,7 +195,9 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
     Returns
     -------
     Tensor
-        ``[len(layers), len(positions)]``, float, detached.
+        ``[len(layers), len(positions)]``, float (the default dtype),
+        detached, on the device of what ``metric`` returns (a model on a GPU
+        gives the grid on the GPU, without a copy to the host per cell).
 
     Raises
     ------
@@ -298,9 +300,14 @@ class _Sweep:
         labels: Sequence[DepthIdx],
         cells: list[tuple[int, int]],
         columns: list[int],
-        grid: Tensor,
+        values: dict[tuple[int, int], Tensor],
+        first_row: int = 0,
     ) -> None:
-        """Run ``cells`` (``(row, column)``) in one pass; write their metric."""
+        """Run ``cells`` (``(row, column)``) in one pass; keep their metric.
+
+        Each value stays where ``metric`` left it (a GPU's tensor on the GPU:
+        no copy to the host, so no wait for the device, per cell).
+        """
         rnet, batch = self.rnet, self.batch
         edits = {
             label: _sweep_edit(
@@ -322,7 +329,8 @@ class _Sweep:
         )
         for k, (i, j) in enumerate(cells):
             value = self.metric(_cell_output(output, k, batch, rows))
-            grid[i, j] = one_number(value, "patch_sweep", "metric").double()
+            number = one_number(value, "patch_sweep", "metric").detach()
+            values[first_row + i, j] = number.to(torch.get_default_dtype())
 
     def batched(
         self, labels: list[DepthIdx], columns: list[int], max_batch: int | None
@@ -330,11 +338,11 @@ class _Sweep:
         """Every cell a copy of the corrupted inputs, every block run."""
         cells = [(i, j) for i in range(len(labels)) for j in range(len(columns))]
         per_pass = len(cells) if max_batch is None else max_batch // self.batch
-        grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
+        values: dict[tuple[int, int], Tensor] = {}
         with self.rnet.selecting(*labels), torch.no_grad():
             for start in range(0, len(cells), per_pass):
-                self.run(labels, cells[start : start + per_pass], columns, grid)
-        return grid.to(torch.get_default_dtype())
+                self.run(labels, cells[start : start + per_pass], columns, values)
+        return _grid(values, len(labels), len(columns))
 
     def from_prefix(
         self,
@@ -350,7 +358,7 @@ class _Sweep:
             rnet, self.corrupted, list(blocks), input_postproc=self.reading
         )
         per_pass = len(columns) if max_batch is None else max_batch // batch
-        grid = torch.empty(len(labels), len(columns), dtype=torch.float64)
+        values: dict[tuple[int, int], Tensor] = {}
         for i, label in enumerate(labels):
             with rnet.selecting(label), torch.no_grad():
                 for start in range(0, len(columns), per_pass):
@@ -363,8 +371,15 @@ class _Sweep:
                         for block in answered[label]
                     }
                     with answering(answers):
-                        self.run([label], cells, columns, grid[i : i + 1])
-        return grid.to(torch.get_default_dtype())
+                        self.run([label], cells, columns, values, i)
+        return _grid(values, len(labels), len(columns))
+
+
+def _grid(values: dict[tuple[int, int], Tensor], rows: int, columns: int) -> Tensor:
+    """Return the ``[rows, columns]`` grid of ``values``, where the first one is."""
+    device = values[0, 0].device
+    cells = [values[i, j].to(device) for i in range(rows) for j in range(columns)]
+    return torch.stack(cells).reshape(rows, columns)
 
 
 def _answer(output: Any, times: int, batch: int) -> Callable[[], Any]:
