@@ -32,6 +32,7 @@ from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
 from ._checks import (
     check_batches,
+    check_count,
     check_feature_count,
     feature_count,
     last_linear,
@@ -578,9 +579,7 @@ class KNN(_Features):
         search_budget: int | None = None,
     ) -> None:
         """Resolve the features' layer; check ``k`` and the search options."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            msg = f"KNN: k must be an int >= 1, got {k!r}"
-            raise ValueError(msg)
+        check_count("KNN", "k", k, low=1)
         check_search("KNN", backend, search_budget)
         super().__init__(rnet, layer)
         self.k = k

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._checks import check_count
 from ._classes import class_count
-from ._neighbours import _Neighbourhoods, check_k, enough_samples, label_counts
+from ._neighbours import _Neighbourhoods, enough_samples, label_counts
 from ._probabilities import as_logits, output_label
 from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
@@ -79,7 +80,7 @@ def parse_test(test: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "type": "multinomial",
         "mode": mode,
-        "k": check_k("JTLA", test.get("k"), "test['k']"),  # type: ignore[arg-type] # checked
+        "k": check_count("JTLA", "test['k']", test.get("k"), low=1),
     }
     for key in ("prior", "special_prior"):
         if key in test:

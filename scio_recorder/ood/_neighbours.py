@@ -30,6 +30,7 @@ from torch import Tensor
 from scio_recorder.reduce import Concat
 
 from ._bank import Bank
+from ._checks import check_count
 from ._classes import ClassConditional, check_at, class_count
 from ._features import _Features
 from ._multilayer import _MultiLayer, pooled_size
@@ -66,14 +67,6 @@ def normalized(rows: Tensor, act_norm: float | None) -> Tensor:
     norms = torch.linalg.vector_norm(rows, ord=act_norm, dim=1, keepdim=True)
     scaled: Tensor = rows / norms.where(norms != 0, 1)
     return scaled
-
-
-def check_k(who: str, k: int, name: str = "k") -> int:
-    """Return ``k`` if it is an int >= 1; raise naming ``who``."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        msg = f"{who}: {name} must be an int >= 1, got {k!r}"
-        raise ValueError(msg)
-    return k
 
 
 def check_act_norm(who: str, act_norm: float | None) -> float | None:
@@ -196,7 +189,7 @@ class LID(_Features):
         search_budget: int | None = None,
     ) -> None:
         """Resolve the features' layer; check ``k`` and the search options."""
-        check_k("LID", k)
+        check_count("LID", "k", k, low=1)
         if k < 2:  # noqa: PLR2004 (an estimate from one neighbour is infinite)
             msg = f"LID: k must be at least 2 (one distance gives no estimate), got {k}"
             raise ValueError(msg)
@@ -345,7 +338,7 @@ class Trust(ClassConditional, _Features):
         ):
             msg = f"Trust: alpha must be a fraction in [0, 1), got {alpha!r}"
             raise ValueError(msg)
-        check_k("Trust", k)
+        check_count("Trust", "k", k, low=1)
         self.at = check_at("Trust", at)
         check_search("Trust", backend, search_budget)
         super().__init__(rnet, layer)
@@ -635,7 +628,7 @@ class DkNN(_Neighbourhoods):
         search_budget: int | None = None,
     ) -> None:
         """Resolve the layers; check the hyperparameters."""
-        self.k = check_k("DkNN", k)
+        self.k = check_count("DkNN", "k", k, low=1)
         check_aggregation("DkNN", aggregation, none=True)
         self.aggregation = aggregation
         super().__init__(

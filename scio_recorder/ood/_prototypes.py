@@ -23,7 +23,7 @@ from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
 
-from ._checks import last_linear
+from ._checks import check_count, last_linear
 from ._classes import ClassConditional, check_at
 from ._features import (
     Mahalanobis,
@@ -400,9 +400,7 @@ class NNGuide(_LastLayer):
         search_budget: int | None = None,
     ) -> None:
         """Find ``fc``; check ``k`` and the search options."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            msg = f"NNGuide: k must be an int >= 1, got {k!r}"
-            raise ValueError(msg)
+        check_count("NNGuide", "k", k, low=1)
         check_search("NNGuide", backend, search_budget)
         super().__init__(rnet, fc)
         self.k = k
