@@ -516,15 +516,25 @@ class Recorder(RecorderViews):
                 net, args, kwargs, activation_postproc, dont_record
             )
         if early_exit:
-            self._check_early_exit(args, kwargs, dont_record=dont_record)
+            self._check_early_exit(
+                args, kwargs, dont_record=dont_record, early_exit=early_exit
+            )
         return self._passes.run(
             net, args, kwargs, activation_postproc, dont_record, edits, early_exit
         )
 
     def _check_early_exit(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, dont_record: bool
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        dont_record: bool,
+        early_exit: object,
     ) -> None:
-        """Raise if ``early_exit=True`` cannot apply to this pass."""
+        """Raise if ``early_exit`` (truthy) is not ``True``, or cannot apply."""
+        if early_exit is not True:
+            msg = f"`early_exit` must be True or False, got {early_exit!r}"
+            raise TypeError(msg)
         selection = self._selection
         if dont_record or not (selection.outputs or selection.inputs):
             why = (
@@ -587,7 +597,9 @@ class Recorder(RecorderViews):
         if input_postproc is not None or isinstance(activation_postproc, Mapping):
             edits = self._edits(activation_postproc, input_postproc)
         if early_exit:
-            self._check_early_exit(args, kwargs, dont_record=dont_record)
+            self._check_early_exit(
+                args, kwargs, dont_record=dont_record, early_exit=early_exit
+            )
         return self._passes.run(
             self._net_direct,
             args,

@@ -18,6 +18,7 @@ import re
 import socket
 from typing import Any
 
+import numpy as np
 import pytest
 import safetensors
 import safetensors.torch
@@ -1019,6 +1020,39 @@ def test_items_slices_and_lists_read_the_same_tokens(tmp_path):
             ds[bad]
     with pytest.raises(IndexError, match=rf"index {n} is out of range"):
         ds[[0, n]]
+
+
+def test_masks_arrays_and_reversed_slices_select_as_torch_does(tmp_path):
+    """A boolean mask selects where it is true (never rows 0 and 1)."""
+    ds = write(
+        recorder(gpt2()),
+        make_batches("right", 2),
+        tmp_path,
+        layers=["transformer.h.0"],
+        shard_size=4,
+    )
+    n = len(ds)
+    column = ds[:]["transformer.h.0"]
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[[3, 5]] = True
+    for mask in (keep, keep.numpy(), keep.tolist()):
+        assert torch.equal(ds[mask]["transformer.h.0"], column[keep])
+    assert torch.equal(ds[np.array([4, 1])]["transformer.h.0"], column[[4, 1]])
+    assert torch.equal(ds[np.int64(2)]["transformer.h.0"], column[2])
+    assert torch.equal(ds[torch.tensor(2)]["transformer.h.0"], column[2])
+    assert torch.equal(ds[::-1]["transformer.h.0"], column.flip(0))
+    assert ds[[]]["transformer.h.0"].shape == (0, column.shape[1])
+    with pytest.raises(
+        IndexError, match=rf"mask of shape \[3\] does not fit a set of {n}"
+    ):
+        ds[torch.ones(3, dtype=torch.bool)]
+    with pytest.raises(TypeError, match=r"not torch.float32 values: round them"):
+        ds[torch.tensor([1.0, 2.0])]
+    with pytest.raises(IndexError, match=r"not a tensor of shape \[1, 2\]: flatten"):
+        ds[torch.tensor([[0, 1]])]
+    for bad in (1.7, "transformer.h.0", None):
+        with pytest.raises(TypeError, match=r"Index a set with an int, .* not "):
+            ds[bad]
 
 
 def test_a_missing_or_damaged_set_is_refused(tmp_path):

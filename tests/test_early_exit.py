@@ -182,6 +182,21 @@ def test_early_exit_with_nothing_recorded_is_refused(small):
         rnet(x, early_exit=True, dont_record=True)
 
 
+def test_early_exit_takes_a_bool_only(small):
+    """A truthy non-bool (`"no"`, `1`) is refused, never taken for True."""
+    _net, rnet = small
+    rnet.record((1, 1))
+    x = torch.ones(2, 4)
+    for value in ("no", 1, "yes"):
+        with pytest.raises(
+            TypeError, match=rf"^`early_exit` must be True or False, got {value!r}$"
+        ):
+            rnet(x, early_exit=value)
+        with pytest.raises(TypeError, match=r"^`early_exit` must be True or False"):
+            rnet.forward(x, early_exit=value)
+    assert rnet(x, early_exit=False) is not None
+
+
 def test_early_exit_with_gradients_is_refused(small):
     """Gradients selected, or an input that requires grad: refused (no output)."""
     net, rnet = small

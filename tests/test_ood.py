@@ -291,6 +291,9 @@ def test_bad_requests_name_the_fix(rnet, data):
     )
     with pytest.raises(NotFittedError, match=f"^{re.escape(msg)}$"):
         ReAct(rnet, layer="fc1")(x)
+    saving = msg.replace("before scoring", "before saving")
+    with pytest.raises(NotFittedError, match=f"^{re.escape(saving)}$"):
+        ReAct(rnet, layer="fc1").save("never-written.safetensors")
     with pytest.raises(
         ValueError, match=r"^Mahalanobis.fit needs class labels: pass `target=`"
     ):

@@ -31,6 +31,7 @@ from scio_recorder.ood import (
     fit_detectors,
     score_sets,
 )
+from scio_recorder.ood._neighbours import lid_estimate, trust_scores
 
 EPS32 = torch.finfo(torch.float32).eps
 CLASSES = 3
@@ -160,6 +161,28 @@ def test_trust_refuses_a_class_too_small_for_k(setup):
         r"which needs no neighbours\)\.$",
     ):
         Trust(rnet, layer="0", alpha=0.5, k=20).fit([(x, y)], target=1)
+
+
+def test_trust_refuses_fit_data_of_one_class(setup):
+    """One class: no other class to compare with (every score was the same)."""
+    _, rnet, x, _, _ = setup
+    one = torch.zeros(len(x), dtype=torch.long)
+    with pytest.raises(
+        ValueError,
+        match=r"^Trust needs fit samples of at least two classes .* the targets "
+        r"hold only class 0\. Check `target=` and the batches\.$",
+    ):
+        Trust(rnet, layer="0", alpha=0.1, k=3).fit([(x, one)], target=1)
+
+
+def test_infinite_lid_and_trust_stay_infinite():
+    """``inf`` where the docstrings say ``inf`` (not the largest float32)."""
+    assert lid_estimate(torch.tensor([[1.0, 1.0], [2.0, 2.0]])).tolist() == [
+        math.inf,
+        math.inf,
+    ]
+    trust = trust_scores(torch.tensor([[1.0, math.inf, math.inf], [0.0, 0.0, 2.0]]))
+    assert trust.tolist() == [[math.inf, 0.0, 0.0], [1.0, 1.0, 0.0]]
 
 
 # ----------------------------------------------------------------- DkNN

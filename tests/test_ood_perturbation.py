@@ -313,10 +313,11 @@ def test_odds_refuses_what_it_cannot_use(setup):
         Odds(rnet, epsilon=0.1).fit(train)
     with pytest.raises(TypeError, match=r"^Odds\.fit runs its own loop .* spill_dir"):
         Odds(rnet, epsilon=0.1).fit(train, target=1, spill_dir="x")
-    with pytest.raises(
-        ValueError, match=r"^Odds: epsilon must be a finite number >= 0"
-    ):
-        Odds(rnet, epsilon=-1.0)
+    for epsilon in (-1.0, 0, 0.0):  # no noise: every z-score would be x / 0
+        with pytest.raises(
+            ValueError, match=r"^Odds: epsilon must be a finite number > 0, got"
+        ):
+            Odds(rnet, epsilon=epsilon)
     with pytest.raises(ValueError, match=r"^Odds: noise_samples must be an int >= 1"):
         Odds(rnet, epsilon=0.1, noise_samples=0)
     with pytest.raises(ValueError, match=r"^Odds: z_aggregation must be one of"):

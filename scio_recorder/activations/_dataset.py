@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = ["ActivationDataset"]
 
 import bisect
+import operator
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -74,14 +75,29 @@ class _Stats(Mapping[str, Mapping[str, Tensor]]):
         return f"<statistics of {list(self._values)}>"
 
 
+_BAD_INDEX = (
+    "Index a set with an int, a list or 1-D tensor of ints, a boolean mask or "
+    "a slice, not {item!r}"
+)
+
+
+def _one_int(item: Any) -> int:
+    """Return ``item`` as an int; refuse a float, a string, ... (as sequences do)."""
+    try:
+        return operator.index(item)
+    except TypeError as error:
+        raise TypeError(_BAD_INDEX.format(item=item)) from error
+
+
 class ActivationDataset(Dataset[dict[str, Tensor]]):
     """The activation set written by :func:`write` in ``path``, memory mapped.
 
     ``len(ds)`` is the number of tokens; ``ds[i]`` is ``{layer: tensor
     [d]}`` for token ``i`` (in the stored order: shuffled if the set was
     written with ``shuffle_buffer``), and ``ds.index[i]`` its ``(row,
-    column)`` in the token stream. ``ds[indices]`` (a list, a tensor, a
-    slice) gives ``{layer: tensor [n, d]}`` at once. A
+    column)`` in the token stream. ``ds[indices]`` (a list, a tensor or an
+    array of ints, a boolean mask of ``len(ds)``, a slice) gives ``{layer:
+    tensor [n, d]}`` at once. A
     :class:`~torch.utils.data.DataLoader` with a ``batch_size`` reads a
     batch in one go (``__getitems__``), from any number of workers, each
     mapping the shards itself.
@@ -259,28 +275,62 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         return reader
 
     def __getitem__(self, item: Any) -> dict[str, Tensor]:
-        """Token ``item`` as ``{layer: [d]}``; a list, tensor or slice: ``[n, d]``."""
-        if isinstance(item, slice):
-            return self._gather(torch.arange(len(self))[item])
-        if isinstance(item, list | tuple | Tensor) or hasattr(item, "__array__"):
-            indices = torch.as_tensor(item, dtype=torch.int64)
-            if indices.dim() == 1:
-                return self._gather(indices)
-            item = int(indices)
-        try:
-            i = int(item)
-        except TypeError as error:
-            msg = f"Index a set with an int, a list, a tensor or a slice, not {item!r}"
-            raise TypeError(msg) from error
+        """Token ``item`` as ``{layer: [d]}``; a list, tensor or slice: ``[n, d]``.
+
+        A boolean mask of ``len(ds)`` (a tensor, an array or a list) selects
+        the tokens where it is true, as in torch and numpy.
+        """
+        selected = self._selected(item)
+        if isinstance(selected, Tensor):
+            return self._gather(selected)
         n = len(self)
-        if not -n <= i < n:
-            msg = f"index {i} is out of range for a set of {n} tokens"
+        if not -n <= selected < n:
+            msg = f"index {selected} is out of range for a set of {n} tokens"
             raise IndexError(msg)
-        i %= n
+        i = selected % n
         shard = bisect.bisect_right(self._starts, i) - 1
         columns = self._reader(shard).columns
         local = i - self._starts[shard]
         return {name: columns[name][local] for name in self.layers}
+
+    def _selected(self, item: Any) -> Tensor | int:
+        """Return the tokens ``item`` selects (1-D), or its one int; refuse the rest."""
+        n = len(self)
+        if isinstance(item, slice):
+            return torch.tensor(range(n)[item], dtype=torch.int64)
+        if not isinstance(item, list | tuple | Tensor) and not hasattr(
+            item, "__array__"
+        ):
+            return _one_int(item)
+        try:
+            indices = torch.as_tensor(item)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(_BAD_INDEX.format(item=item)) from error
+        if not indices.numel() and indices.dim() == 1:
+            return indices.to(torch.int64)  # `[]`: no token (as_tensor makes floats)
+        if indices.dtype == torch.bool:
+            if indices.shape != (n,):
+                msg = (
+                    f"A boolean mask of shape {list(indices.shape)} does not fit a "
+                    f"set of {n} tokens: give one of shape [{n}]."
+                )
+                raise IndexError(msg)
+            return indices.nonzero().squeeze(1)
+        if indices.is_floating_point() or indices.is_complex():
+            msg = (
+                f"Index a set with ints or a boolean mask, not {indices.dtype} "
+                "values: round them and convert them with `.long()` first."
+            )
+            raise TypeError(msg)
+        if indices.dim() == 0:
+            return int(indices)
+        if indices.dim() > 1:
+            msg = (
+                "Index a set with one int or a 1-D sequence of them, not a tensor "
+                f"of shape {list(indices.shape)}: flatten it first."
+            )
+            raise IndexError(msg)
+        return indices.to(torch.int64)
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Tensor]]:
         """Return a batch of tokens (what a ``DataLoader`` asks), read in one go."""

@@ -133,7 +133,9 @@ def lid_estimate(squared: Tensor) -> Tensor:
     estimate = 2 * k / ratios.log().sum(dim=1)
     at_a_sample = squared[:, 0] == 0
     zero = torch.zeros((), dtype=estimate.dtype, device=estimate.device)
-    return torch.where(at_a_sample, zero, estimate).nan_to_num(nan=math.inf)
+    # `nan_to_num` would also turn `inf` into the largest float: keep it `inf`
+    estimate = torch.where(at_a_sample, zero, estimate)
+    return estimate.nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)
 
 
 class LID(_Features):
@@ -264,7 +266,8 @@ def trust_scores(distances: Tensor) -> Tensor:
     # share the smallest distance), the closest for every other class.
     closest = (distances == first) & (second > first)
     other = torch.where(closest, second, first)
-    return (other / distances).nan_to_num(nan=1.0)
+    trust = other / distances  # `inf` stays `inf` (a class out of reach)
+    return trust.nan_to_num(nan=1.0, posinf=math.inf, neginf=-math.inf)
 
 
 class Trust(ClassConditional, _Features):
@@ -355,6 +358,15 @@ class Trust(ClassConditional, _Features):
         """Keep each class's alpha-high-density set, the classes one after another."""
         rows, labels = result[self.label]
         assert labels is not None  # noqa: S101 (needs_target: fit passes labels)
+        seen = torch.unique(labels).tolist()
+        if len(seen) < 2:  # noqa: PLR2004 (trust compares with another class)
+            msg = (
+                "Trust needs fit samples of at least two classes (a class's trust "
+                "is the distance to the closest *other* class over its own); the "
+                f"targets hold only class {seen[0] if seen else 'none'}. Check "
+                "`target=` and the batches."
+            )
+            raise ValueError(msg)
         classes = max(self.num_classes or 0, int(labels.max()) + 1)
         kept, sizes = [], []
         for c in range(classes):

@@ -501,7 +501,7 @@ class Odds(ClassConditional):
         The wrapped net (a classifier); its first positional input is moved
         (a floating tensor, :func:`floating_input`).
     epsilon : float
-        The noise's scale (``L-infinity``), on the input's scale.
+        The noise's scale (``L-infinity``), on the input's scale; ``> 0``.
     noise_samples : int, default 256
         Draws per sample (the paper's and scio's).
     seed : int, default 0
@@ -548,7 +548,8 @@ class Odds(ClassConditional):
     ) -> None:
         """Check the hyperparameters."""
         self.at = check_at("Odds", at)
-        epsilon = check_epsilon("Odds", epsilon)
+        # no noise, no odds: every shift's spread would be 0 (z-scores x / 0)
+        epsilon = check_number("Odds", "epsilon", epsilon, zero=False)
         check_count("Odds", "noise_samples", noise_samples, low=1)
         check_count("Odds", "seed", seed, low=0)
         if z_aggregation not in Z_AGGREGATIONS:

@@ -553,11 +553,11 @@ class Detector:
 
     __call__ = score
 
-    def check_fitted(self) -> None:
-        """Raise :class:`NotFittedError` if the detector cannot score yet."""
+    def check_fitted(self, before: str = "scoring") -> None:
+        """Raise :class:`NotFittedError` if the detector cannot score (or save) yet."""
         if not self._fitted:
             msg = (
-                f"{type(self).__name__} must be fitted before scoring: call "
+                f"{type(self).__name__} must be fitted before {before}: call "
                 f"`detector.fit(batches{', target=1' if self.needs_target else ''})` "
                 "on in-distribution data, or `detector.load(path)`."
             )
@@ -628,7 +628,7 @@ class Detector:
         True
 
         """
-        self.check_fitted()
+        self.check_fitted("saving")
         meta = {
             "ood.detector": type(self).__name__,
             "ood.config": json.dumps(self.config(), sort_keys=True),
