@@ -230,7 +230,13 @@ def _build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="folder for the pictures (default: %(default)s)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the first seed: the demo runs seeds N, N+1, N+2 (one with --quick; "
+        "default: %(default)s)",
+    )
     demo.add_argument(
         "--quick", action="store_true", help="one seed, fewer epochs: a smoke run"
     )
@@ -656,7 +662,12 @@ def _summary(args: argparse.Namespace) -> int:
         try:
             rnet.record(*(_selector(s) for s in args.record))
         except (KeyError, ValueError, TypeError) as error:
-            raise CLIError(str(error).strip("'\"")) from error
+            said = str(error).strip("'\"")
+            msg = (
+                f"--record {' '.join(args.record)}: {said} (`scio-recorder "
+                "summary` without --record lists the labels and names to record)"
+            )
+            raise CLIError(msg) from error
     if args.full:
         print(rnet.summary)
     else:
@@ -769,9 +780,19 @@ def _write_graph(graph: ExecutionGraph, args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    # Checked before the run (about 20 s), not when the pictures are drawn.
+    if out.exists() and not out.is_dir():
+        msg = f"--out {out} is a file, not a folder: give a folder for the pictures"
+        raise CLIError(msg)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        msg = f"--out {out}: cannot make that folder ({error.strerror}); give another"
+        raise CLIError(msg) from error
     from scio_recorder.demo import run_demo  # noqa: PLC0415 (heavier imports)
 
-    run_demo(args.out, seed=args.seed, quick=args.quick)
+    run_demo(out, seed=args.seed, quick=args.quick)
     return 0
 
 
@@ -811,7 +832,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = getattr(args, "target", None)
     try:
         with contextlib.nullcontext() if target is None else _as_program(target):
-            return COMMANDS[args.command](args)
+            status = COMMANDS[args.command](args)
+            sys.stdout.flush()  # a closed pipe fails here, not at the exit
+            return status
+    except BrokenPipeError:
+        # The reader left (`scio-recorder summary ... | head`): stop quietly, as
+        # Unix tools do; stdout goes nowhere so that the exit's flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as error:
         if args.debug:
             raise

@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 import re
+import subprocess
 import sys
 import textwrap
 
@@ -212,7 +213,10 @@ def test_summary_of_a_transformers_model_from_a_file(capsys, tmp_path):
         ),
         (
             ["summary", "demo", "--record", "9-9"],
-            "Following layers not found: {(9, 9)}",
+            (
+                "--record 9-9: Following layers not found: {(9, 9)}. Operation "
+                "cancelled (`scio-recorder summary` without --record lists the labels"
+            ),
         ),
         (["graph", "demo", "-o", "g.jpg"], "Cannot render to 'jpg'"),
         (
@@ -687,7 +691,9 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(
     # the digits benchmark, its conventions named, near/far sets and means
     assert "ID digits 0-5" in out
     assert "FPR95-ID: false-positive rate at 95 % ID recall (ID positive" in out
-    assert "mean ± std over the seeds" in out
+    # one seed (--quick): no spread shown, and the header says so
+    assert "1 seed (0); one run: no spread over seeds" in out
+    assert " ± " not in out.split("no spread over seeds", 1)[1].split("\n", 1)[1]
     header = re.search(
         r"^detector +digits-6-9 +noise +inverted +rotated +near mean +far mean$",
         out,
@@ -695,9 +701,7 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(
     )
     assert header is not None, out
     for name in ("MSP", "Energy", "ReAct", "Mahalanobis", "KNN", "ViM", "NAC", "Gram"):
-        assert re.search(rf"^{name} +\d\.\d{{3}} ± \d\.\d{{3}}", out, re.MULTILINE), (
-            name
-        )
+        assert re.search(rf"^{name} +\d\.\d{{3}} +\d\.\d{{3}}", out, re.MULTILINE), name
     files = {p.name for p in (tmp_path / "demo").iterdir()}
     assert {"scores-digits-6-9.png", "roc-digits-6-9.png", "gradcam.png"} <= files
     assert {"graph.svg", "graph.dot"} & files
@@ -767,6 +771,39 @@ def test_demo_is_deterministic_for_a_seed():
             assert second.evaluations[name][detector] == metrics
     assert first.accuracy == second.accuracy
     assert first.table() == second.table()
+
+
+def test_demo_refuses_a_bad_out_before_the_run(capsys, tmp_path, monkeypatch):
+    """A file or an unmakeable folder as --out: said at once, nothing run."""
+
+    def never(*_args, **_kwargs):
+        msg = "the demo ran"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr("scio_recorder.demo.run_demo", never)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, err = run(capsys, "demo", "--quick", "--out", str(afile))
+    assert code == 2
+    assert f"--out {afile} is a file, not a folder: give a folder" in err
+    code, _, err = run(capsys, "demo", "--out", str(afile / "below"))
+    assert code == 2
+    assert f"--out {afile / 'below'}: cannot make that folder" in err
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`scio-recorder summary ... | head`: no error when the pipe closes."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scio_recorder", "summary", "transformer"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader is gone before the first line
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert err == b""
 
 
 def test_demo_refuses_an_unknown_ood_set():

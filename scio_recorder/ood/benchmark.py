@@ -478,11 +478,16 @@ class BenchmarkResults:
         seeds = ", ".join(map(str, self.seeds))
         groups = "; ".join(f"{g} = {', '.join(s)}" for g, s in self.groups.items())
         acc = self.accuracy
+        spread = (
+            "one run: no spread over seeds (run several for mean ± std)"
+            if len(self.runs) < 2  # noqa: PLR2004 (a spread needs two runs)
+            else "mean ± std over the seeds (sample std, n - 1)"
+        )
+        count = f"{len(self.runs)} seed{'s' if len(self.runs) > 1 else ''}"
         lines = [
             (
                 f"OoD benchmark {self.benchmark!r}: {len(self.detectors)} detectors, "
-                f"{len(self.runs)} seeds ({seeds}); mean ± std over the seeds "
-                "(sample std, n - 1)"
+                f"{count} ({seeds}); {spread}"
             ),
         ]
         if self.description:
@@ -553,6 +558,8 @@ class BenchmarkResults:
 
 
 def _cell(values: Sequence[float]) -> str:
+    if len(values) < 2:  # noqa: PLR2004 (one run: no spread to show)
+        return f"{_mean(values):.3f}"
     return f"{_mean(values):.3f} ± {_std(values):.3f}"
 
 
