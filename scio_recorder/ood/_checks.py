@@ -26,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "CheckedTargets",
     "NonFinite",
+    "check_bank_k",
     "check_batches",
     "check_count",
     "check_feature_count",
@@ -111,6 +112,25 @@ def check_feature_count(
 
 def _is_size(n: object) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def check_bank_k(who: str, k: int, n: int) -> None:
+    """Refuse ``k`` nearest neighbours out of a bank of ``n`` fit samples.
+
+    Examples
+    --------
+    >>> check_bank_k("KNN", 5, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: KNN: k=5 is more than the 3 fit samples; fit on more data or lower k.
+
+    """
+    if k > n:
+        msg = (
+            f"{who}: k={k} is more than the {n} fit samples; fit on more data or "
+            "lower k."
+        )
+        raise ValueError(msg)
 
 
 def check_count(who: str, name: str, value: object, *, low: int) -> int:

@@ -31,6 +31,7 @@ from torch import Tensor
 from scio_recorder.reduce import Concat, Covariance, SharedCovariance
 
 from ._checks import (
+    check_bank_k,
     check_batches,
     check_count,
     check_feature_count,
@@ -595,16 +596,8 @@ class KNN(_Features):
         rows = result[self.label]
         flat = rows.reshape(rows.shape[0], -1)
         bank = torch.nn.functional.normalize(flat.float(), dim=1)
-        self._check_k(bank.shape[0])
+        check_bank_k("KNN", self.k, bank.shape[0])
         self.bank = bank
-
-    def _check_k(self, n: int) -> None:
-        if self.k > n:
-            msg = (
-                f"KNN: k={self.k} is more than the {n} fit samples; fit on more "
-                "data or lower k."
-            )
-            raise ValueError(msg)
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return the distance to the k-th nearest bank feature."""
@@ -636,7 +629,7 @@ class KNN(_Features):
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the bank."""
-        self._check_k(state["bank"].shape[0])
+        check_bank_k("KNN", self.k, state["bank"].shape[0])
         self.bank = state["bank"]
 
 

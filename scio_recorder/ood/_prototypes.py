@@ -23,7 +23,7 @@ from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
 
-from ._checks import check_count, last_linear
+from ._checks import check_bank_k, check_count, last_linear
 from ._classes import ClassConditional, check_at
 from ._features import (
     Mahalanobis,
@@ -415,7 +415,7 @@ class NNGuide(_LastLayer):
         """Keep the energy-scaled normalised features, chunk by chunk."""
         rows = result[self.label]
         rows = rows.reshape(rows.shape[0], -1)
-        self._check_k(rows.shape[0])
+        check_bank_k("NNGuide", self.k, rows.shape[0])
         device = self.linear.weight.device
         chunks = []
         for start in range(0, rows.shape[0], 4096):
@@ -423,14 +423,6 @@ class NNGuide(_LastLayer):
             energy = torch.logsumexp(self.logits(z), dim=1)
             chunks.append((functional.normalize(z, dim=1) * energy[:, None]).cpu())
         self.bank = torch.cat(chunks)
-
-    def _check_k(self, n: int) -> None:
-        if self.k > n:
-            msg = (
-                f"NNGuide: k={self.k} is more than the {n} fit samples; fit on "
-                "more data or lower k."
-            )
-            raise ValueError(msg)
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return minus the energy times the guidance."""
@@ -462,7 +454,7 @@ class NNGuide(_LastLayer):
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:
         """Set the bank."""
-        self._check_k(state["bank"].shape[0])
+        check_bank_k("NNGuide", self.k, state["bank"].shape[0])
         self.bank = state["bank"]
 
 
