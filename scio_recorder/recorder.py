@@ -103,14 +103,16 @@ class Recorder(RecorderViews):
     net : torch.nn.Module
         The network to record. It is kept as the submodule ``_net``.
     force_static_flow : bool, default True
-        If true, refuse networks with data-dependent control flow: a forward
-        on fake tensors (shapes without values, nothing computed) with the
-        table's example inputs must read no tensor value into Python
-        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``), unless
-        :func:`torch.fx.symbolic_trace` traces the net. Control flow on
-        shapes, ``print``, keyword-only arguments and Hugging Face models
-        pass; the error names the line that reads a value. With ``False`` any
-        network is accepted. Either way every recording pass checks that each
+        If true, refuse networks with data-dependent control flow: the
+        reference pass, watched, must read no tensor value into Python
+        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``); if it does, a
+        forward on fake tensors (shapes without values) must read none, or
+        :func:`torch.fx.symbolic_trace` must trace the net, or every value
+        read must change nothing the net computes (a yes/no deciding only a
+        warning or a log line, tried both ways). Control flow on shapes,
+        ``print``, keyword-only arguments and Hugging Face models (whatever
+        their config) pass; the error names the line that reads a value.
+        With ``False`` any network is accepted. Either way every recording pass checks that each
         recorded module is called as often as in the reference pass, and
         raises otherwise, so a dynamic flow gives either the right
         activations or an error. See ``docs/guarantees.md``.

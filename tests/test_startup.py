@@ -112,6 +112,8 @@ def library_steps() -> dict[str, set[str]]:
         rnet(torch.ones(3, 4))
         repr(rnet)
         step("plain recorder")
+        Recorder(net, input_size=(1, 4))
+        step("checked recorder")
         scio_recorder.collect
         step("collect")
         import scio_recorder.ood
@@ -133,10 +135,20 @@ def test_import_loads_no_compiler_no_tool_no_optional_library(library_steps):
 def test_a_plain_recorder_pass_loads_no_compiler(library_steps):
     """Building a recorder (no static-flow check), a pass, its table: no more.
 
-    The static-flow check (``force_static_flow=True``, the default) runs the
-    net under torch's ``FakeTensorMode``, which imports ``torch._dynamo``.
+    The default static-flow check is the next test.
     """
     assert _heavy(library_steps["plain recorder"]) == []
+
+
+def test_the_default_check_loads_no_compiler_on_a_net_that_reads_no_value(
+    library_steps,
+):
+    """`force_static_flow=True` watches the reference pass: no fake tensors, no Dynamo.
+
+    Only a net that reads tensor values into Python gets a fake-tensor pass
+    (``scio_recorder._flow``), whose ``FakeTensorMode`` imports ``torch._dynamo``.
+    """
+    assert _heavy(library_steps["checked recorder"]) == []
 
 
 def test_ood_detectors_load_one_family_at_a_time(library_steps):
