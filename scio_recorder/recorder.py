@@ -61,6 +61,7 @@ from ._engine.plan import (
     Selection,
     make_plan,
 )
+from ._engine.shards import Shards
 from ._engine.state import CallInputs, InPlaceWarning
 from ._flow import table_of
 from ._tree import iter_tensors
@@ -125,6 +126,14 @@ class Recorder(RecorderViews):
         a recorder inside the net, a net torchinfo would move to another
         device) the pass runs on real tensors, with a warning. See
         ``docs/labels.md``.
+    shards : {"whole", "local"}, default "whole"
+        For a tensor-parallel net (sharded by torch's ``parallelize_module``
+        or transformers' ``tp_plan``, on every rank): ``"whole"`` gathers the
+        pieces that column-parallel layers return and row-parallel layers
+        take, so records are the unsharded layer's tensors and an edit given
+        a whole tensor is cut back into this rank's piece; ``"local"`` keeps
+        each rank's piece, for records and edits. No effect on other nets.
+        See ``docs/bigmodels.md``.
     **summary_kwargs
         Passed to :func:`torchinfo.summary`. ``input_data`` or ``input_size``
         is required. Defaults: ``col_names=("input_size", "output_size",
@@ -179,6 +188,7 @@ class Recorder(RecorderViews):
         *,
         force_static_flow: bool = True,
         reference_tensors: Literal["real", "fake"] = "real",
+        shards: Literal["whole", "local"] = "whole",
         **summary_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -206,7 +216,11 @@ class Recorder(RecorderViews):
         object.__setattr__(self, "_net_direct", net)
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
-        empty = CallPlan.empty(self._table.mode_description)
+        if shards not in {"whole", "local"}:
+            msg = f'`shards` is "whole" or "local", got {shards!r}'
+            raise ValueError(msg)
+        self._shards = Shards.of(net) if shards == "whole" else None
+        empty = CallPlan.empty(self._table.mode_description, self._shards)
         self._passes = Passes(self, self._table, empty, net)
         self._compiler = compiler
         self._enter(compiler)
@@ -404,7 +418,9 @@ class Recorder(RecorderViews):
             device=torch.device(device) if device is not None else None,
             dtype=dtype,
         )
-        plan = make_plan(table, outputs, input_rows, grad_rows, options)
+        plan = make_plan(
+            table, outputs, input_rows, grad_rows, options, shards=self._shards
+        )
         self._selection = Selection(
             tuple(sorted(row.label for row in outputs)),
             tuple(sorted(row.label for row in input_rows)),

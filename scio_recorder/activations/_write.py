@@ -25,6 +25,7 @@ import safetensors.torch
 import torch
 
 from scio_recorder._batches import batch_getter
+from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._files import differences, dtype_name, parse_dtype
 from scio_recorder._fingerprint import describe_spec
 from scio_recorder._lock import FolderLock
@@ -348,7 +349,9 @@ def write(  # noqa: PLR0913 (the documented options)
         device=None if device is None else torch.device(device),
     )
     folder = Path(path)
-    placed = rank_and_world()
+    # Tensor parallelism: every rank runs the same batches and holds the same
+    # whole records, so each rank writes a set of its own (to its own folder).
+    placed = None if tensor_parallel(rnet.net) else rank_and_world()
     rank, world = placed if placed is not None else (0, 1)
     size = shard_size if shard_size is not None else default_shard_size(specs, dtype)
     fingerprint = _fingerprint(

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from scio_recorder._batches import batch_getter
+from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
@@ -413,7 +414,9 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         local = {
             slot.label: slot.store.tensor() for slot in slots if slot.store is not None
         }
-        if world > 1 and gather is not None:
+        # Tensor parallelism: every rank ran the same batches, and its records
+        # are whole (the recorder gathered them): each rank's results are all.
+        if world > 1 and gather is not None and not tensor_parallel(rnet.net):
             merged = merge_across_ranks(
                 slots,
                 local,
