@@ -64,6 +64,7 @@ from ._engine.plan import (
 from ._engine.shards import Shards
 from ._engine.state import CallInputs, InPlaceWarning
 from ._flow import table_of
+from ._quantized import gradient_cuts
 from ._tree import iter_tensors
 from ._views import RecorderViews, labels_text
 from .scope import Scope
@@ -408,6 +409,17 @@ class Recorder(RecorderViews):
         outputs = resolve(table, net, selectors)
         input_rows = resolve(table, net, as_list(inputs))
         grad_rows = resolve(table, net, as_list(grads))
+        if grad_rows and (cuts := gradient_cuts(net)):
+            msg = (
+                f"Cannot record gradients of this net: {len(cuts)} of its layers "
+                f"(`{cuts[0]}` first) quantize their input to int8 "
+                "(torchao's dynamic activation quantization), through which torch "
+                "passes no gradient, so every gradient before them would silently "
+                "miss their paths. Record gradients on the float model, or on one "
+                "quantized weight-only (`Int8WeightOnlyConfig`), whose input "
+                "gradients are exact."
+            )
+            raise ValueError(msg)
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
