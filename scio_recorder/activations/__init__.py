@@ -25,7 +25,9 @@ This package is the public face; its private modules, one concept each:
 * ``_shuffle``: the shuffle buffer;
 * ``_shards``: safetensors shards written without a copy, mapped back;
 * ``_manifest``: the set's manifest, checked and assembled;
-* ``_dataset``: :class:`ActivationDataset`.
+* ``_dataset``: :class:`ActivationDataset`;
+* ``_stream``: :func:`token_batches` (a stream's batches as ``write`` takes
+  them, for tools that measure over the same tokens).
 
 Examples
 --------
@@ -54,8 +56,9 @@ Examples
 
 from __future__ import annotations
 
-__all__ = ["MANIFEST", "ActivationDataset", "write"]
+__all__ = ["MANIFEST", "ActivationDataset", "TokenBatch", "token_batches", "write"]
 
 from ._dataset import ActivationDataset
 from ._manifest import MANIFEST
+from ._stream import TokenBatch, token_batches
 from ._write import write

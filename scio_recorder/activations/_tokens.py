@@ -25,6 +25,7 @@ __all__ = [
     "record_tensor",
     "resolve_layers",
     "take",
+    "token_ids",
 ]
 
 import dataclasses
@@ -247,7 +248,7 @@ def _padding_id(rnet: Recorder) -> int | None:
     return None if pad in special else pad
 
 
-def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+def token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     """Return the ``[batch, positions]`` token ids among the arguments, if any."""
     ids = kwargs.get("input_ids")
     if isinstance(ids, Tensor):
@@ -365,7 +366,7 @@ class Batches:
         """Refuse ``mask=None`` on a batch holding the config's padding token."""
         if self.get_mask is not None or self.padding_id is None:
             return
-        ids = _token_ids(args, kwargs)
+        ids = token_ids(args, kwargs)
         if ids is not None and bool((ids == self.padding_id).any()):
             msg = (
                 f"Batch {index} holds the padding token id {self.padding_id} "
