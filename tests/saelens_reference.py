@@ -26,8 +26,8 @@ from typing import Any
 def build(folder: Path) -> list[str]:
     """Build, save and run every case of ``folder/cases.json``; return their names."""
     import torch  # noqa: PLC0415 (run under SAELENS_PYTHON only)
-    from safetensors.torch import save_file  # noqa: PLC0415 (idem)
     from sae_lens import SAE  # noqa: PLC0415 (idem)
+    from safetensors.torch import save_file  # noqa: PLC0415 (idem)
 
     cases: list[dict[str, Any]] = json.loads((folder / "cases.json").read_text())
     done = []
@@ -63,4 +63,4 @@ def build(folder: Path) -> list[str]:
 
 if __name__ == "__main__":
     names = build(Path(sys.argv[1]))
-    print(json.dumps(names))  # noqa: T201 (the caller reads it)
+    print(json.dumps(names))

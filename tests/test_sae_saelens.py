@@ -41,6 +41,7 @@ import safetensors.torch
 import torch
 
 from scio_recorder.sae import SparseAutoencoder, load_saelens
+from scio_recorder.sae._saelens import ARCHITECTURES
 
 SAELENS_PYTHON = os.environ.get("SAELENS_PYTHON", "")
 pytestmark = [
@@ -94,7 +95,9 @@ CASES = [
         d_out=D_IN,
         apply_b_dec_to_input=False,
     ),
-    _case("skip_transcoder", "skip_transcoder", d_out=D_OUT, apply_b_dec_to_input=False),
+    _case(
+        "skip_transcoder", "skip_transcoder", d_out=D_OUT, apply_b_dec_to_input=False
+    ),
     _case(
         "jumprelu_transcoder",
         "jumprelu_transcoder",
@@ -181,6 +184,4 @@ def test_encode_decode_and_forward_equal_saelens(saved, case):
 
 def test_the_architectures_compared_are_those_load_saelens_reads(saved):
     """Every architecture the reader accepts is among the cases compared."""
-    from scio_recorder.sae._saelens import ARCHITECTURES
-
     assert {case["cfg"]["architecture"] for case in CASES} == set(ARCHITECTURES)

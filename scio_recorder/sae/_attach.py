@@ -147,37 +147,8 @@ def attach(
 
     """
     name = _check_name(name)
-    if not isinstance(postprocs, Mapping) or not postprocs:
-        msg = (
-            "`attach` takes a dict {selector: postprocessor}, e.g. "
-            "`{'transformer.h.6': splice(sae)}`."
-        )
-        raise TypeError(msg)
     net = rnet.net
-    targets: list[tuple[Layer, bool, Callable[[Any], Any]]] = []
-    seen: set[tuple[Any, bool]] = set()
-    for selector, fn in postprocs.items():
-        if not callable(fn):
-            msg = f"`attach`: the value for {selector!r} is not callable: {fn!r}."
-            raise TypeError(msg)
-        of_input = isinstance(selector, InputOf)
-        target = selector.selector if isinstance(selector, InputOf) else selector
-        row = resolve_one(rnet.table, net, target, "`attach`", hint="{label}")
-        if (row.label, of_input) in seen:
-            msg = f"`attach`: {selector!r} is given twice (as {row.label_str})."
-            raise ValueError(msg)
-        seen.add((row.label, of_input))
-        if isinstance(fn, Splice) and (
-            name in row.module._modules  # noqa: SLF001 (children by name)
-            or any(row.module is other.module for other, _, f in targets if isinstance(f, Splice))
-        ):
-            msg = (
-                f"`attach`: the module of {selector!r} already has a child "
-                f"{name!r}: pass another `name=` (a module spliced at two of its "
-                "calls needs two `attach` blocks, with two names)."
-            )
-            raise ValueError(msg)
-        targets.append((row, of_input, fn))
+    targets = _targets(rnet, postprocs, name)
     counts = _Counts()
     handles: list[RemovableHandle] = []
     added: list[tuple[nn.Module, str]] = []
@@ -213,6 +184,48 @@ def attach(
             handle.remove()
         for module, child_name in added:
             del module._modules[child_name]  # noqa: SLF001 (the child we added)
+
+
+def _targets(
+    rnet: Recorder, postprocs: Mapping[Any, Callable[[Any], Any]], name: str
+) -> list[tuple[Layer, bool, Callable[[Any], Any]]]:
+    """Resolve ``attach``'s dict: (row, whether an input, postprocessor) each."""
+    if not isinstance(postprocs, Mapping) or not postprocs:
+        msg = (
+            "`attach` takes a dict {selector: postprocessor}, e.g. "
+            "`{'transformer.h.6': splice(sae)}`."
+        )
+        raise TypeError(msg)
+    net = rnet.net
+    targets: list[tuple[Layer, bool, Callable[[Any], Any]]] = []
+    seen: set[tuple[Any, bool]] = set()
+    for selector, fn in postprocs.items():
+        if not callable(fn):
+            msg = f"`attach`: the value for {selector!r} is not callable: {fn!r}."
+            raise TypeError(msg)
+        of_input = isinstance(selector, InputOf)
+        target = selector.selector if isinstance(selector, InputOf) else selector
+        row = resolve_one(rnet.table, net, target, "`attach`", hint="{label}")
+        if (row.label, of_input) in seen:
+            msg = f"`attach`: {selector!r} is given twice (as {row.label_str})."
+            raise ValueError(msg)
+        seen.add((row.label, of_input))
+        if isinstance(fn, Splice) and (
+            name in row.module._modules  # noqa: SLF001 (children by name)
+            or any(
+                row.module is other.module
+                for other, _, f in targets
+                if isinstance(f, Splice)
+            )
+        ):
+            msg = (
+                f"`attach`: the module of {selector!r} already has a child "
+                f"{name!r}: pass another `name=` (a module spliced at two of its "
+                "calls needs two `attach` blocks, with two names)."
+            )
+            raise ValueError(msg)
+        targets.append((row, of_input, fn))
+    return targets
 
 
 def _start_hook(

@@ -70,11 +70,56 @@ def _check_k(activation: str, k: object, d_sae: int) -> int | None:
             raise ValueError(msg)
         return None
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_sae:
-        msg = (
-            f"A top-k SAE needs `k`, an int from 1 to d_sae = {d_sae}, got {k!r}."
-        )
+        msg = f"A top-k SAE needs `k`, an int from 1 to d_sae = {d_sae}, got {k!r}."
         raise ValueError(msg)
     return k
+
+
+def _check_shapes(
+    tensors: dict[str, Tensor], w_skip: Tensor | None
+) -> tuple[int, int, int]:
+    """Check ``from_state``'s tensors against each other; return the sizes."""
+    for name, value in tensors.items():
+        if not isinstance(value, Tensor):
+            msg = f"`{name}` must be a tensor, got {type(value).__name__}."
+            raise TypeError(msg)
+    w_enc, w_dec = tensors["W_enc"], tensors["W_dec"]
+    if w_enc.dim() != 2 or w_dec.dim() != 2:  # noqa: PLR2004 (matrices)
+        msg = (
+            f"`W_enc` must be [d_in, d_sae] and `W_dec` [d_sae, d_out] (as in "
+            f"SAELens), got shapes {list(w_enc.shape)} and {list(w_dec.shape)}."
+        )
+        raise ValueError(msg)
+    d_in, d_sae = (int(n) for n in w_enc.shape)
+    d_out = int(w_dec.shape[1])
+    expected = {"W_dec": [d_sae, d_out], "b_enc": [d_sae], "b_dec": [d_out]}
+    for name, shape in expected.items():
+        if list(tensors[name].shape) != shape:
+            msg = (
+                f"`{name}` has shape {list(tensors[name].shape)}, but `W_enc` "
+                f"{list(w_enc.shape)} and `W_dec` {list(w_dec.shape)} make it "
+                f"{shape} (W_enc is [d_in, d_sae], W_dec [d_sae, d_out], as in "
+                "SAELens: pass a transposed matrix as `.T`)."
+            )
+            raise ValueError(msg)
+    if w_skip is not None and list(w_skip.shape) != [d_out, d_in]:
+        msg = (
+            f"`W_skip` has shape {list(w_skip.shape)}, not [d_out, d_in] = "
+            f"{[d_out, d_in]}."
+        )
+        raise ValueError(msg)
+    return d_in, d_sae, d_out
+
+
+def _thresholds(threshold: Tensor | float, d_sae: int) -> Tensor:
+    """Return JumpReLU's thresholds ``[d_sae]`` (one number: the same for all)."""
+    value = torch.as_tensor(threshold)
+    if value.dim() == 0:
+        value = value.expand(d_sae)
+    if list(value.shape) != [d_sae]:
+        msg = f"`threshold` has shape {list(value.shape)}, not [d_sae] = [{d_sae}]."
+        raise ValueError(msg)
+    return value
 
 
 class SparseAutoencoder(nn.Module):
@@ -233,7 +278,7 @@ class SparseAutoencoder(nn.Module):
             nn.Parameter(torch.zeros(self.d_out, d_in, **options)) if skip else None
         )
         self.config: dict[str, Any] | None = None
-        """The SAELens config it was loaded from (:func:`~scio_recorder.sae.load_saelens`)."""
+        """The SAELens config it was read from, by :func:`load_saelens`."""
 
     # -- construction from tensors ------------------------------------------
 
@@ -313,35 +358,7 @@ class SparseAutoencoder(nn.Module):
 
         """
         tensors = {"W_enc": W_enc, "b_enc": b_enc, "W_dec": W_dec, "b_dec": b_dec}
-        for name, value in tensors.items():
-            if not isinstance(value, Tensor):
-                msg = f"`{name}` must be a tensor, got {type(value).__name__}."
-                raise TypeError(msg)
-        if W_enc.dim() != 2 or W_dec.dim() != 2:  # noqa: PLR2004 (matrices)
-            msg = (
-                f"`W_enc` must be [d_in, d_sae] and `W_dec` [d_sae, d_out] (as in "
-                f"SAELens), got shapes {list(W_enc.shape)} and {list(W_dec.shape)}."
-            )
-            raise ValueError(msg)
-        d_in, d_sae = (int(n) for n in W_enc.shape)
-        d_out = int(W_dec.shape[1])
-        expected = {
-            "W_dec": [d_sae, d_out],
-            "b_enc": [d_sae],
-            "b_dec": [d_out],
-        }
-        for name, shape in expected.items():
-            if list(tensors[name].shape) != shape:
-                msg = (
-                    f"`{name}` has shape {list(tensors[name].shape)}, but `W_enc` "
-                    f"{list(W_enc.shape)} and `W_dec` {list(W_dec.shape)} make it "
-                    f"{shape} (W_enc is [d_in, d_sae], W_dec [d_sae, d_out], as in "
-                    "SAELens: pass a transposed matrix as `.T`)."
-                )
-                raise ValueError(msg)
-        if W_skip is not None and list(W_skip.shape) != [d_out, d_in]:
-            msg = f"`W_skip` has shape {list(W_skip.shape)}, not [d_out, d_in] = {[d_out, d_in]}."
-            raise ValueError(msg)
+        d_in, d_sae, d_out = _check_shapes(tensors, W_skip)
         if (threshold is None) == (activation == "jumprelu"):
             msg = (
                 "A JumpReLU SAE needs `threshold` (a tensor [d_sae] or a number)."
@@ -369,13 +386,7 @@ class SparseAutoencoder(nn.Module):
         )
         state = dict(tensors)
         if threshold is not None:
-            value = torch.as_tensor(threshold)
-            if value.dim() == 0:
-                value = value.expand(d_sae)
-            if list(value.shape) != [d_sae]:
-                msg = f"`threshold` has shape {list(value.shape)}, not [d_sae] = [{d_sae}]."
-                raise ValueError(msg)
-            state["threshold"] = value
+            state["threshold"] = _thresholds(threshold, d_sae)
         if W_skip is not None:
             state["W_skip"] = W_skip
         copied = {
@@ -466,7 +477,7 @@ class SparseAutoencoder(nn.Module):
         return sae_in, stats
 
     def pre_activations(self, x: Tensor) -> Tensor:
-        """Return the encoder's pre-activations ``[..., d_sae]`` (before the activation).
+        """Return the encoder's pre-activations ``[..., d_sae]``.
 
         For a top-k SAE with ``rescale_acts_by_decoder_norm``, multiplied by
         the decoder's row norms (what the top-k ranks).
@@ -508,7 +519,7 @@ class SparseAutoencoder(nn.Module):
         return self._activate(self._pre(sae_in))
 
     def _stats(self, x: Tensor | None) -> tuple[Tensor, ...]:
-        """What maps the output back for input ``x`` (nothing without normalisation)."""
+        """Return what maps the output back for input ``x`` (``()``: nothing)."""
         if self.normalize == "none" or self.transcoder:
             return ()
         if x is None:
@@ -563,7 +574,7 @@ class SparseAutoencoder(nn.Module):
             if self.W_skip is not None:
                 out = out + self._flat(x).to(out.dtype) @ self.W_skip.T
             if self.hook_z and x.shape[-1] != self.d_in and out.shape[-1] == self.d_in:
-                out = out.unflatten(-1, x.shape[-2:])
+                out = out.reshape(*out.shape[:-1], *x.shape[-2:])
         return out
 
     def decode_change(self, change: Tensor, *, x: Tensor | None = None) -> Tensor:
@@ -587,7 +598,7 @@ class SparseAutoencoder(nn.Module):
             and x.shape[-1] != self.d_in
             and out.shape[-1] == self.d_in
         ):
-            out = out.unflatten(-1, x.shape[-2:])
+            out = out.reshape(*out.shape[:-1], *x.shape[-2:])
         return out
 
     def forward(self, x: Tensor) -> Tensor:

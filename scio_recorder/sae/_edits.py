@@ -57,7 +57,7 @@ class Edit:
 
     kind: str
     features: tuple[int, ...]
-    value: float | None = None
+    value: float = 0.0
     low: float | None = None
     high: float | None = None
 

@@ -84,7 +84,7 @@ class Measures:
     kl: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
-        """The numbers, by name (``frequency`` left out)."""
+        """Return the numbers by name (``frequency`` left out)."""
         return {
             field.name: getattr(self, field.name)
             for field in dataclasses.fields(self)

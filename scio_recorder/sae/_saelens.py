@@ -176,8 +176,8 @@ def load_saelens(
     ...     _ = Path(folder, "cfg.json").write_text(json.dumps(config))
     ...     safetensors.torch.save_file(state, f"{folder}/sae_weights.safetensors")
     ...     sae = load_saelens(folder)
-    >>> sae
-    SparseAutoencoder(d_in=4, d_sae=6, activation='topk', k=2, apply_b_dec_to_input=True)
+    >>> sae.activation, sae.k, sae.apply_b_dec_to_input
+    ('topk', 2, True)
 
     """
     import safetensors.torch  # noqa: PLC0415 (imported when used)

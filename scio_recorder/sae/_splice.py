@@ -276,11 +276,14 @@ def splice(
         if not isinstance(flag, bool):
             msg = f"`{name}` must be True or False, got {flag!r}."
             raise TypeError(msg)
-    if edit is not None and not callable(edit):
-        if not isinstance(edit, Sequence) or not all(callable(e) for e in edit):
-            msg = (
-                f"`edit` must be a function of the latents or a list of them "
-                f"(`zero(...)`, `scale(...)`, ...), got {edit!r}."
-            )
-            raise TypeError(msg)
+    if (
+        edit is not None
+        and not callable(edit)
+        and (not isinstance(edit, Sequence) or not all(callable(e) for e in edit))
+    ):
+        msg = (
+            f"`edit` must be a function of the latents or a list of them "
+            f"(`zero(...)`, `scale(...)`, ...), got {edit!r}."
+        )
+        raise TypeError(msg)
     return Splice(sae, keep_error=keep_error, edit=edit, keep_steps=keep_steps)
