@@ -142,7 +142,7 @@ class SparseLatents:
         return torch.int16 if self.size <= _INT16_LATENTS else torch.int32
 
     def info(self, dtype: torch.dtype | None) -> dict[str, Any]:
-        """Return how the pairs are stored for ``write``'s ``dtype`` (the manifest's)."""
+        """Return how the pairs are stored, in the manifest's words."""
         return {
             "size": self.size,
             "k": self.k,
