@@ -237,7 +237,7 @@ def save_saelens(folder, config, state):
 
 
 def test_load_saelens_reads_configs_of_every_age(tmp_path):
-    """A SAELens 6 config and one from before 6 (no architecture) are read as SAELens does."""
+    """Configs of SAELens 6 and from before 6 are read as SAELens reads them."""
     sae = random_sae("topk", k=5)
     state = {k: v.detach() for k, v in sae.state_dict().items()}
     save_saelens(
@@ -270,7 +270,7 @@ def test_load_saelens_reads_configs_of_every_age(tmp_path):
 
 
 def test_load_saelens_names_what_it_cannot_read(tmp_path):
-    """A missing folder, an architecture it does not compute, weights that do not fit."""
+    """A missing folder, an architecture not computed, weights that do not fit."""
     with pytest.raises(FileNotFoundError, match="is not a SAELens SAE folder"):
         load_saelens(tmp_path / "nothing")
     state = {k: v.detach() for k, v in random_sae().state_dict().items()}
@@ -425,7 +425,7 @@ def test_an_edit_with_the_error_kept_adds_the_change_of_the_reconstruction(lm):
 
 
 def test_splicing_holds_at_every_step_of_generate(lm):
-    """In generate: kept error = plain tokens; spliced and edited = hand hooks, per step."""
+    """In generate: kept error = plain tokens; spliced, edited = hand hooks, per step."""
     model, rnet, ids = lm
     sae = random_sae("topk")
     prompt = ids[:1]
@@ -541,10 +541,10 @@ def test_splice_edits_a_tuple_s_first_tensor_and_names_wrong_layers():
     narrow = random_sae(d_in=8)
     with pytest.raises(
         ValueError,
-        match=r"^This SAE reads vectors of size d_in = 8, but got a tensor of shape \[2, 16\]",
+        match=r"^This SAE reads vectors of size d_in = 8, but got a tensor of shape \[2, 16",
     ):
         rnet(x, activation_postproc={"0": splice(narrow)})
     with pytest.raises(TypeError, match="must be a function of the latents"):
         splice(sae, edit=3)
-    with pytest.raises(TypeError, match="`sp.read` is where a transcoder reads"):
+    with pytest.raises(TypeError, match=r"`sp\.read` is where a transcoder reads"):
         splice(sae).read(x)
