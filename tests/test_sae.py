@@ -425,7 +425,7 @@ def test_an_edit_with_the_error_kept_adds_the_change_of_the_reconstruction(lm):
 
 
 def test_splicing_holds_at_every_step_of_generate(lm):
-    """In generate: kept error = plain tokens; spliced, edited = hand hooks, per step."""
+    """In generate: kept error = plain; spliced, edited = hand hooks, per step."""
     model, rnet, ids = lm
     sae = random_sae("topk")
     prompt = ids[:1]
@@ -541,7 +541,7 @@ def test_splice_edits_a_tuple_s_first_tensor_and_names_wrong_layers():
     narrow = random_sae(d_in=8)
     with pytest.raises(
         ValueError,
-        match=r"^This SAE reads vectors of size d_in = 8, but got a tensor of shape \[2, 16",
+        match=r"^This SAE reads vectors of size d_in = 8, but got a tensor of shape",
     ):
         rnet(x, activation_postproc={"0": splice(narrow)})
     with pytest.raises(TypeError, match="must be a function of the latents"):
