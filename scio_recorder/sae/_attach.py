@@ -73,11 +73,19 @@ class _Counts(threading.local):
         self.open: dict[int, list[bool]] = {}
 
 
-def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not name.isidentifier():
-        msg = f"`name` must be a Python identifier (a module's name), got {name!r}."
+def _check_name(name: object) -> str | None:
+    if name is not None and (not isinstance(name, str) or not name.isidentifier()):
+        msg = (
+            f"`name` must be a Python identifier (a module's name) or None, got "
+            f"{name!r}."
+        )
         raise ValueError(msg)
     return name
+
+
+def _holds_child(module: nn.Module, name: str | None) -> bool:
+    """Whether the latents' child is added to ``module`` (see :func:`attach`)."""
+    return name is not None and not isinstance(module, nn.Sequential)
 
 
 @contextlib.contextmanager
@@ -85,7 +93,7 @@ def attach(
     rnet: Recorder,
     postprocs: Mapping[Any, Callable[[Any], Any]],
     *,
-    name: str = "sae",
+    name: str | None = "sae",
 ) -> Iterator[None]:
     """Install splices (or any postprocessors) in the net for a ``with`` block.
 
@@ -102,7 +110,10 @@ def attach(
 
     Records of a spliced call, in any recorder, are its spliced output
     (what the rest of the net sees). A recorder made inside the block lists
-    the children's rows: use it inside the block only.
+    the children's rows: use it inside the block only. No child is added to
+    an ``nn.Sequential`` (its forward runs every child it holds) or with
+    ``name=None``: the latents are then read from the splice only
+    (``sp.latents``).
 
     Parameters
     ----------
@@ -111,8 +122,8 @@ def attach(
     postprocs : dict
         Selector -> postprocessor: a ``splice(...)``, a transcoder's
         ``sp.read``, or any ``fn(output) -> replacement or None``.
-    name : str, default "sae"
-        The name of the child added to each spliced module.
+    name : str or None, default "sae"
+        The name of the child added to each spliced module (``None``: none).
 
     Yields
     ------
@@ -170,7 +181,7 @@ def attach(
             if of_input:
                 continue
             call = fn
-            if isinstance(fn, Splice):
+            if isinstance(fn, Splice) and _holds_child(module, name):
                 child = _Attached(fn)
                 module.add_module(name, child)
                 added.append((module, name))
@@ -187,7 +198,7 @@ def attach(
 
 
 def _targets(
-    rnet: Recorder, postprocs: Mapping[Any, Callable[[Any], Any]], name: str
+    rnet: Recorder, postprocs: Mapping[Any, Callable[[Any], Any]], name: str | None
 ) -> list[tuple[Layer, bool, Callable[[Any], Any]]]:
     """Resolve ``attach``'s dict: (row, whether an input, postprocessor) each."""
     if not isinstance(postprocs, Mapping) or not postprocs:
@@ -210,14 +221,12 @@ def _targets(
             msg = f"`attach`: {selector!r} is given twice (as {row.label_str})."
             raise ValueError(msg)
         seen.add((row.label, of_input))
-        if isinstance(fn, Splice) and (
-            name in row.module._modules  # noqa: SLF001 (children by name)
-            or any(
-                row.module is other.module
-                for other, _, f in targets
-                if isinstance(f, Splice)
-            )
-        ):
+        taken = name in row.module._modules or any(  # noqa: SLF001 (children by name)
+            row.module is other.module
+            for other, _, f in targets
+            if isinstance(f, Splice)
+        )
+        if isinstance(fn, Splice) and _holds_child(row.module, name) and taken:
             msg = (
                 f"`attach`: the module of {selector!r} already has a child "
                 f"{name!r}: pass another `name=` (a module spliced at two of its "
