@@ -111,7 +111,7 @@ def test_attach_splices_the_call_a_label_names():
 
 
 def test_the_latents_are_a_layer_that_collect_reduces(lm):
-    """A recorder made inside the block records `<module>.sae.latents`: encode's output."""
+    """A recorder made inside the block records `<module>.sae.latents`: encode's."""
     model, rnet, ids = lm
     sae = random_sae()
     batches = [ids[:2], ids[2:]]

@@ -181,7 +181,11 @@ def attach(
             if of_input:
                 continue
             call = fn
-            if isinstance(fn, Splice) and _holds_child(module, name):
+            if (
+                isinstance(fn, Splice)
+                and name is not None
+                and _holds_child(module, name)
+            ):
                 child = _Attached(fn)
                 module.add_module(name, child)
                 added.append((module, name))
