@@ -19,8 +19,9 @@ what it reads, ``f_t = encode(x_t)`` and ``ŷ_t = decode(f_t)``:
   position are both kept) clean, with the SAE spliced, and with the
   layer zero-ablated; ``loss_recovered = (loss_zero - loss_spliced) /
   (loss_zero - loss_clean)``, the fraction of the loss the SAE recovers;
-* ``kl``: the mean over kept positions of ``KL(p_clean || p_spliced)`` of
-  the next-token distributions.
+* ``kl``: the mean over kept positions of ``KL(p_clean || p_spliced) =
+  Σ_v p_clean(v) (log p_clean(v) - log p_spliced(v))``, the next-token
+  distributions' log-softmax computed in float64.
 
 Sums are float64, fed batch by batch; memory does not grow with the stream.
 """
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
 
 _F64 = torch.float64
+_KL_CHUNK = 256  # positions of the KL divergence computed at once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,11 +154,17 @@ class _Sums:
             loss = F.cross_entropy(predicted, targets, reduction="none")
             self.losses[k] += float(loss.to(_F64).sum())
         where = keep.to(logits[0].device)
-        clean = F.log_softmax(logits[0][where].float(), dim=-1)
-        spliced = F.log_softmax(logits[1][where].float(), dim=-1)
-        kl = F.kl_div(spliced, clean, reduction="none", log_target=True).sum(-1)
-        self.kl += float(kl.to(_F64).sum())
-        self.positions += int(kl.shape[0])
+        clean_rows, spliced_rows = logits[0][where], logits[1][where]
+        # In float64: KL is a sum of differences of close logs, which float32
+        # would round to a few 1e-7 of each log; a chunk of positions at a
+        # time bounds the memory (two [positions, vocabulary] float64 tensors).
+        for start in range(0, int(clean_rows.shape[0]), _KL_CHUNK):
+            clean = F.log_softmax(clean_rows[start : start + _KL_CHUNK].to(_F64), -1)
+            spliced = F.log_softmax(
+                spliced_rows[start : start + _KL_CHUNK].to(_F64), -1
+            )
+            self.kl += float((clean.exp() * (clean - spliced)).sum())
+        self.positions += int(clean_rows.shape[0])
 
     def result(self, *, lm: bool) -> Measures:
         n = self.tokens
