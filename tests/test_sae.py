@@ -39,10 +39,11 @@ VOCAB, D = 50, 16
 BLOCK = "transformer.h.0"
 
 
-def gpt2() -> nn.Module:
+def gpt2(layers: int = 2) -> nn.Module:
+    """A small GPT-2 language model from a config (random weights), in eval mode."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2,
+        n_layer=layers,
         n_embd=D,
         n_head=2,
         vocab_size=VOCAB,
@@ -60,13 +61,27 @@ def lm() -> tuple[nn.Module, Recorder, torch.Tensor]:
     return model, Recorder(model, input_data={"input_ids": ids}), ids
 
 
-def random_sae(activation="relu", d_in=D, d_sae=64, seed=0, **options):
-    """An SAE whose latents are neither all zero nor all firing."""
+def random_sae(
+    activation="relu",
+    d_in=D,
+    d_sae=64,
+    seed=0,
+    *,
+    gain=1.0,
+    bias=0.1,
+    shift=0.0,
+    **options,
+):
+    """An SAE whose latents are neither all zero nor all firing.
+
+    ``W_enc`` is ``gain / sqrt(d_in)`` times a normal draw, ``b_enc`` ``bias``
+    times one plus ``shift`` (``shift < 0``: fewer latents fire).
+    """
     g = torch.Generator().manual_seed(seed)
     d_out = options.pop("d_out", d_in)
     state = {
-        "W_enc": torch.randn(d_in, d_sae, generator=g) / d_in**0.5,
-        "b_enc": torch.randn(d_sae, generator=g) * 0.1,
+        "W_enc": torch.randn(d_in, d_sae, generator=g) * gain / d_in**0.5,
+        "b_enc": torch.randn(d_sae, generator=g) * bias + shift,
         "W_dec": torch.randn(d_sae, d_out, generator=g) / d_sae**0.5,
         "b_dec": torch.randn(d_out, generator=g) * 0.1,
     }

@@ -13,7 +13,6 @@ import re
 
 import pytest
 import torch
-import transformers
 from torch import nn
 
 from scio_recorder import Recorder
@@ -21,35 +20,10 @@ from scio_recorder.activations import SparseLatents, write
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.explain import patch_sweep
 from scio_recorder.ood import KNN
-from scio_recorder.sae import SparseAutoencoder, attach, splice
+from scio_recorder.sae import attach, splice
+from tests.test_sae import VOCAB, D, gpt2, random_sae
 
-VOCAB, D = 50, 16
 BLOCK = "transformer.h.0"
-
-
-def gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=D,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def random_sae(d_in=D, d_sae=48, seed=0, **options):
-    g = torch.Generator().manual_seed(seed)
-    return SparseAutoencoder.from_state(
-        W_enc=torch.randn(d_in, d_sae, generator=g) / d_in**0.5,
-        b_enc=torch.randn(d_sae, generator=g) * 0.1,
-        W_dec=torch.randn(d_sae, options.pop("d_out", d_in), generator=g) / 7,
-        b_dec=torch.zeros(options.pop("d_out_bias", d_in)),
-        **options,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -60,24 +34,35 @@ def lm():
 
 
 def test_inside_attach_every_pass_is_spliced_and_after_nothing_is_left(lm):
-    """rnet(x), the net called directly, generate: spliced; after, the net as it was."""
+    """rnet(x), the net called directly, generate: spliced; after, as it was."""
     model, rnet, ids = lm
-    sae = random_sae(activation="topk", k=6)
+    sae = random_sae(d_sae=48, activation="topk", k=6)
     block = model.transformer.h[0]
     hooks = (len(block._forward_hooks), len(block._forward_pre_hooks))
     root = len(model._forward_pre_hooks)
     with torch.no_grad():
         expected = rnet(input_ids=ids, activation_postproc={BLOCK: splice(sae)}).logits
         plain = model(input_ids=ids).logits
-        sp = splice(sae)
+        options = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+        steps = splice(sae, keep_steps=True)
+        generated = rnet.generate(
+            ids[:1], activation_postproc={BLOCK: steps}, **options
+        )
+        sp = splice(sae, keep_steps=True)
         with attach(rnet, {BLOCK: sp}):
             through = rnet(input_ids=ids).logits
             direct = model(input_ids=ids).logits
             assert isinstance(block.sae, nn.Module)
+            sp.clear()
+            attached = rnet.generate(ids[:1], **options)
         after = model(input_ids=ids).logits
+    assert torch.equal(attached, generated)
+    assert len(sp.steps) == 3
+    assert all(torch.equal(a, b) for a, b in zip(sp.steps, steps.steps, strict=True))
     assert torch.equal(through, expected)
     assert torch.equal(direct, expected)
-    assert sp.latents.shape == (4, 6, 48)
+    assert sp.latents is sp.steps[-1]
+    assert [tuple(s.shape) for s in sp.steps] == [(1, 6, 48), (1, 1, 48), (1, 1, 48)]
     assert torch.equal(after, plain)
     assert not hasattr(block, "sae")
     assert (len(block._forward_hooks), len(block._forward_pre_hooks)) == hooks
@@ -99,7 +84,7 @@ def test_attach_splices_the_call_a_label_names():
     net = Twice()
     rnet = Recorder(net, input_size=(2, D))
     second = rnet.table.calls_of(shared)[1].label
-    sae = random_sae()
+    sae = random_sae(d_sae=48)
     x = torch.randn(3, D)
     with torch.no_grad():
         expected = sae(shared(torch.tanh(shared(x))))
@@ -113,7 +98,7 @@ def test_attach_splices_the_call_a_label_names():
 def test_the_latents_are_a_layer_that_collect_reduces(lm):
     """A recorder made inside the block records `<module>.sae.latents`: encode's."""
     model, rnet, ids = lm
-    sae = random_sae()
+    sae = random_sae(d_sae=48)
     batches = [ids[:2], ids[2:]]
     with torch.no_grad(), rnet.selecting(BLOCK):
         blocks = []
@@ -141,7 +126,7 @@ def test_patch_sweep_runs_the_spliced_model(lm):
     position taken from the clean run of the spliced model.
     """
     model, rnet, ids = lm
-    sae = random_sae()
+    sae = random_sae(d_sae=48)
     clean, corrupted = {"input_ids": ids[:2]}, {"input_ids": ids[2:]}
     blocks = [model.transformer.h[0], model.transformer.h[1]]
 
@@ -195,7 +180,7 @@ def test_an_ood_score_on_sae_latents():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(5, D), nn.ReLU(), nn.Linear(D, 3))
     rnet = Recorder(net, input_size=(1, 5))
-    sae = random_sae(activation="topk", k=5)
+    sae = random_sae(d_sae=48, activation="topk", k=5)
     fit = [torch.randn(20, 5), torch.randn(20, 5)]
     query = torch.randn(7, 5) * 3
     with attach(rnet, {"1": splice(sae, keep_error=True)}):
@@ -218,7 +203,7 @@ def test_an_ood_score_on_sae_latents():
 def test_write_stores_the_spliced_model_and_the_latents(lm, tmp_path):
     """write inside attach: the latents layer dense, and SparseLatents of the block."""
     model, rnet, ids = lm
-    sae = random_sae(activation="topk", k=6)
+    sae = random_sae(d_sae=48, activation="topk", k=6)
     with attach(rnet, {BLOCK: splice(sae, keep_error=True)}):
         inside = Recorder(model, input_data={"input_ids": ids})
         ds = write(
@@ -245,7 +230,7 @@ def test_attach_reads_a_transcoder_s_input():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, D), nn.Sequential(nn.Linear(D, 8), nn.ReLU()))
     rnet = Recorder(net, input_size=(1, 4))
-    tc = random_sae(d_out=8, d_out_bias=8, transcoder=True)
+    tc = random_sae(d_sae=48, d_out=8, transcoder=True)
     x = torch.randn(5, 4)
     with torch.no_grad():
         sp = splice(tc)
@@ -260,7 +245,7 @@ def test_attach_reads_a_transcoder_s_input():
 def test_attach_names_what_it_refuses(lm):
     """Not a dict, a selector of several calls, a name taken."""
     model, rnet, _ = lm
-    sp = splice(random_sae())
+    sp = splice(random_sae(d_sae=48))
     with pytest.raises(TypeError, match=r"^`attach` takes a dict"), attach(rnet, sp):
         pass
     msg = "`attach`: layer <class 'transformers.models.gpt2.modeling_gpt2.GPT2Block'>"

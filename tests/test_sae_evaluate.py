@@ -17,41 +17,18 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-import transformers
-from torch import nn
 
 from scio_recorder import Recorder
 from scio_recorder.collect import InputOf
-from scio_recorder.sae import SparseAutoencoder, evaluate
+from scio_recorder.sae import evaluate
+from tests.test_sae import VOCAB, D, gpt2, random_sae
 
-VOCAB, D = 50, 16
 REL = 1e-9
 
 
-def gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=D,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def random_sae(activation="relu", d_sae=96, d_out=D, **options):
-    g = torch.Generator().manual_seed(0)
-    return SparseAutoencoder.from_state(
-        W_enc=torch.randn(D, d_sae, generator=g) * 2,
-        b_enc=torch.randn(d_sae, generator=g) * 0.3 - 0.2,
-        W_dec=torch.randn(d_sae, d_out, generator=g) * 0.01,
-        b_dec=torch.zeros(d_out),
-        activation=activation,
-        **options,
-    )
+def wide_sae(activation="relu", **options):
+    """96 latents, some of which never fire on the stream (dead)."""
+    return random_sae(activation, d_sae=96, gain=8, bias=0.3, shift=-0.2, **options)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +134,7 @@ def assert_measures(got, expected):
 def test_every_measure_equals_the_hand_computation(lm):
     """MSE, explained variance, L0, dead latents, losses, recovered, KL: by hand."""
     model, rnet, batches = lm
-    sae = random_sae()
+    sae = wide_sae()
     got = evaluate(rnet, sae, batches, layer="transformer.h.0")
     expected = by_hand(model, batches, sae, model.transformer.h[0])
     assert_measures(got, expected)
@@ -178,7 +155,7 @@ def test_every_measure_equals_the_hand_computation(lm):
 def test_a_transcoder_s_measures_read_its_input(lm):
     """A transcoder read at the MLP's input, written at its output: by hand too."""
     model, rnet, batches = lm
-    tc = random_sae("topk", k=12, transcoder=True)
+    tc = wide_sae("topk", k=12, transcoder=True)
     mlp = model.transformer.h[1].mlp
     got = evaluate(
         rnet,
@@ -195,7 +172,7 @@ def test_a_transcoder_s_measures_read_its_input(lm):
 def test_the_table_and_what_evaluate_refuses(lm):
     """The Markdown table; reads for an SAE, none for a transcoder, no ids."""
     _, rnet, batches = lm
-    sae = random_sae()
+    sae = wide_sae()
     table = evaluate(rnet, sae, batches[:1], layer="transformer.h.0").table()
     assert table.splitlines()[:3] == [
         "| measure | value |",
@@ -205,7 +182,7 @@ def test_the_table_and_what_evaluate_refuses(lm):
     assert re.search(r"^\| loss_recovered \| -?\d", table, re.MULTILINE)
     with pytest.raises(ValueError, match=r"^`reads=` is for transcoders"):
         evaluate(rnet, sae, batches, layer="transformer.h.0", reads="transformer.h.0")
-    tc = random_sae(transcoder=True)
+    tc = wide_sae(transcoder=True)
     with pytest.raises(ValueError, match=r"^A transcoder reads somewhere else"):
         evaluate(rnet, tc, batches, layer="transformer.h.0")
     embeds = [

@@ -13,43 +13,14 @@ import re
 
 import pytest
 import torch
-import transformers
 from torch import nn
 
 from scio_recorder import Recorder
 from scio_recorder.activations import ActivationDataset, SparseLatents, write
-from scio_recorder.sae import SparseAutoencoder
+from tests.test_sae import VOCAB, D, gpt2, random_sae
 
-VOCAB, D, D_SAE = 50, 16, 64
+D_SAE = 64
 BLOCK = "transformer.h.1"
-
-
-def gpt2() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=D,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def random_sae(activation="topk", d_sae=D_SAE, **options):
-    g = torch.Generator().manual_seed(0)
-    if activation == "topk":
-        options.setdefault("k", 6)
-    return SparseAutoencoder.from_state(
-        W_enc=torch.randn(D, d_sae, generator=g) / D**0.5,
-        b_enc=torch.randn(d_sae, generator=g) * 0.05,
-        W_dec=torch.randn(d_sae, D, generator=g),
-        b_dec=torch.zeros(D),
-        activation=activation,
-        **options,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +59,7 @@ def kept_rows(model, batches):
 def test_latents_read_back_dense_are_encode_s(lm, tmp_path):
     """Top-k latents, shuffled, padding left out: dense = encode of the kept rows."""
     model, rnet, batches = lm
-    sae = random_sae()
+    sae = random_sae("topk", k=6)
     ds = write(
         rnet,
         batches,
@@ -130,7 +101,7 @@ def test_latents_read_back_dense_are_encode_s(lm, tmp_path):
 def test_latents_read_back_sparse_are_the_pairs(lm, tmp_path):
     """latents='sparse': the k largest, largest first, indices int64; loaders too."""
     _, rnet, batches = lm
-    sae = random_sae()
+    sae = random_sae("topk", k=6)
     write(rnet, batches, tmp_path / "set", layers={"f": SparseLatents(sae, BLOCK)})
     dense = ActivationDataset(tmp_path / "set")
     pairs = ActivationDataset(tmp_path / "set", latents="sparse")
@@ -184,7 +155,7 @@ def test_k_below_the_nonzeros_keeps_the_largest_or_refuses(lm, tmp_path):
 def test_values_in_bfloat16_and_indices_in_int32_for_large_saes(lm, tmp_path):
     """dtype=bfloat16 casts the values; past 32,768 latents indices are int32."""
     model, rnet, batches = lm
-    sae = random_sae(d_sae=40_000, k=3)
+    sae = random_sae("topk", d_sae=40_000, k=3)
     ds = write(
         rnet,
         batches[:1],
@@ -210,7 +181,7 @@ def test_values_in_bfloat16_and_indices_in_int32_for_large_saes(lm, tmp_path):
 def test_a_set_with_latents_appends_and_is_checked(lm, tmp_path):
     """An append with the same SAE adds tokens; with another dtype it is refused."""
     _, rnet, batches = lm
-    sae = random_sae()
+    sae = random_sae("topk", k=6)
     layers = {"f": SparseLatents(sae, BLOCK)}
     first = write(rnet, batches[:1], tmp_path / "set", layers=layers)
     both = write(rnet, batches[1:], tmp_path / "set", layers=layers, append=True)
@@ -235,7 +206,7 @@ def test_a_set_with_latents_appends_and_is_checked(lm, tmp_path):
 def test_a_damaged_sparse_entry_and_bad_arguments_are_named(lm, tmp_path):
     """The manifest's sparse entry is checked; SparseLatents checks its arguments."""
     _, rnet, batches = lm
-    sae = random_sae()
+    sae = random_sae("topk", k=6)
     write(rnet, batches[:1], tmp_path / "set", layers={"f": SparseLatents(sae, BLOCK)})
     path = tmp_path / "set" / "manifest.json"
     manifest = json.loads(path.read_text())
