@@ -40,7 +40,7 @@ from ._base import (
     stream_of,
     with_stream,
 )
-from ._prefix import answered_blocks, answering, find_stack
+from ._prefix import answered_blocks, answering, capturing, find_stack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -353,10 +353,13 @@ class _Sweep:
     ) -> Tensor:
         """One pass per row (or chunk of it), the blocks before it answered."""
         rnet, batch = self.rnet, self.batch
-        blocks = {block.label: block for row in answered.values() for block in row}
-        _, prefix = run_keeping(
-            rnet, self.corrupted, list(blocks), input_postproc=self.reading
-        )
+        # What each block's own forward returned, not its output after the
+        # hooks (a user's hook would then run twice on an answered call).
+        blocks = {block.module for row in answered.values() for block in row}
+        with rnet.selecting(), capturing(blocks) as prefix, torch.no_grad():
+            run_net(
+                rnet, self.corrupted, dont_record=True, input_postproc=self.reading
+            )
         per_pass = len(columns) if max_batch is None else max_batch // batch
         values: dict[tuple[int, int], Tensor] = {}
         for i, label in enumerate(labels):
@@ -367,7 +370,7 @@ class _Sweep:
                         for j in range(start, min(start + per_pass, len(columns)))
                     ]
                     answers = {
-                        block.module: _answer(prefix[block.label], len(cells), batch)
+                        block.module: _answer(prefix[block.module], len(cells), batch)
                         for block in answered[label]
                     }
                     with answering(answers):
