@@ -123,6 +123,7 @@ def answered_blocks(stack: Stack, row: Layer) -> tuple[Layer, ...]:
 _LOCK = threading.Lock()
 _ABSENT = object()
 
+
 class _Dispatcher:
     """A module's ``forward`` while a sweep answers its calls or keeps them."""
 

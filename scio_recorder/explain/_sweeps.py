@@ -188,9 +188,13 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
         grid in one pass.
     reuse_prefix : bool, default True
         Answer the blocks before a patch from the corrupted run on a block
-        stack; ``False`` runs every block of every cell (for a net whose
-        blocks leave something other than their output to later layers, e.g.
-        a key/value cache shared across layers).
+        stack: an answered block gives what its own ``forward`` returned
+        there, and every hook on it (the user's forward hooks and pre-hooks,
+        global ones, accelerate's) runs around the answer as around a real
+        call, so the grid is the one of ``False``. ``False`` runs every block
+        of every cell (for a net whose blocks leave something other than
+        their output to later layers, e.g. a key/value cache shared across
+        layers, or a hook on a block whose result changes from pass to pass).
 
     Returns
     -------
@@ -357,9 +361,7 @@ class _Sweep:
         # hooks (a user's hook would then run twice on an answered call).
         blocks = {block.module for row in answered.values() for block in row}
         with rnet.selecting(), capturing(blocks) as prefix, torch.no_grad():
-            run_net(
-                rnet, self.corrupted, dont_record=True, input_postproc=self.reading
-            )
+            run_net(rnet, self.corrupted, dont_record=True, input_postproc=self.reading)
         per_pass = len(columns) if max_batch is None else max_batch // batch
         values: dict[tuple[int, int], Tensor] = {}
         for i, label in enumerate(labels):
