@@ -26,6 +26,9 @@ from scio_recorder.explain._prefix import (
     capturing,
     find_stack,
 )
+from tests.test_explain_lm import VOCAB, B, T, replaced, stream
+from tests.test_explain_lm import gpt2 as gpt2_model
+from tests.test_explain_lm import logit_diff as _logit_diff
 
 
 def test_answers_nest_and_the_module_comes_back_as_it_was():
@@ -183,38 +186,15 @@ def test_a_copy_taken_during_a_sweep_is_the_plain_net():
 
 # --- the user's own hooks on the blocks: an answered call sees them as a real one
 
-B, T, VOCAB = 2, 6, 100
-GOOD, BAD = 7, 11
-
 
 @pytest.fixture(scope="module")
 def gpt2():
     """A 2-layer GPT-2 built from its config, its recorder and its blocks."""
-    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=64,
-        initializer_range=0.2,  # a signal well above float32 rounding
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    config._attn_implementation = "eager"  # HF's own switch
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = gpt2_model().eval()
     ids = torch.zeros(B, T, dtype=torch.long)
     rnet = Recorder(model, input_data={"input_ids": ids}, force_static_flow=False)
     return model, rnet, list(model.transformer.h)
-
-
-def stream(output):
-    return output[0] if isinstance(output, tuple) else output
-
-
-def replaced(output, new):
-    return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
 def squashed(output):
@@ -333,11 +313,6 @@ def _inputs():
     corrupted = clean.clone()
     corrupted[:, 2] = (clean[:, 2] + 1) % VOCAB
     return {"input_ids": clean}, {"input_ids": corrupted}
-
-
-def _logit_diff(out):
-    logits = out.logits[:, -1]
-    return (logits[:, GOOD] - logits[:, BAD]).mean()
 
 
 def _by_hand(model, blocks, clean, corrupted):
