@@ -108,11 +108,18 @@ class Browser:
         return found
 
     def send(
-        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        session: str | None = None,
     ) -> dict[str, Any]:
         """Send a command; return its result (events meanwhile go to ``events``)."""
         self._next += 1
-        message: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
+        message: dict[str, Any] = {
+            "id": self._next,
+            "method": method,
+            "params": params or {},
+        }
         if session is not None:
             message["sessionId"] = session
         os.write(self._commands, json.dumps(message).encode() + b"\0")
@@ -127,7 +134,9 @@ class Browser:
                 return result
             self.events.append(answer)
 
-    def wait_for(self, method: str, session: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+    def wait_for(
+        self, method: str, session: str, timeout: float = TIMEOUT
+    ) -> dict[str, Any]:
         """Return the next event ``method`` of ``session`` (read or kept)."""
         deadline = time.monotonic() + timeout
         for event in self.events:
@@ -219,7 +228,9 @@ class Page:
             method, params = event.get("method"), event.get("params", {})
             if method == "Runtime.exceptionThrown":
                 details = params["exceptionDetails"]
-                text = details.get("exception", {}).get("description") or details["text"]
+                text = (
+                    details.get("exception", {}).get("description") or details["text"]
+                )
                 found.append(f"exception: {text}")
             elif method == "Runtime.consoleAPICalled" and params["type"] in {
                 "error",
@@ -256,7 +267,7 @@ class Page:
         return answer["result"].get("value")
 
     def hover(self, x: float, y: float) -> None:
-        """Move the mouse to ``(x, y)`` (CSS pixels of the viewport), as a person would."""
+        """Move the mouse to ``(x, y)`` (CSS pixels of the viewport)."""
         self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
 
     def click(self, x: float, y: float) -> None:
@@ -268,7 +279,7 @@ class Page:
             )
 
     def center(self, selector: str) -> tuple[float, float]:
-        """Return the viewport centre of the element ``selector`` (scrolled into view)."""
+        """Return the centre of the element ``selector``, scrolled into view."""
         box = self.evaluate(
             f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
             " if (!e) return null; e.scrollIntoView({block: 'center'});"

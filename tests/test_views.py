@@ -16,14 +16,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from tests import browser
 from scio_recorder import Recorder
 from scio_recorder.views import (
     View,
@@ -34,6 +32,7 @@ from scio_recorder.views import (
     ood_view,
     patching_view,
 )
+from tests import browser
 
 SHOWN = 5e-4  # four significant digits: |shown - value| <= 5e-4 |value|
 
@@ -51,11 +50,16 @@ def gpt2_attention() -> tuple[torch.Tensor, torch.Tensor, int]:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=1, n_embd=16, n_head=4, vocab_size=50, n_positions=16,
-        bos_token_id=0, eos_token_id=0,
+        n_layer=1,
+        n_embd=16,
+        n_head=4,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
-    model.config._attn_implementation = "eager"  # noqa: SLF001 (the weights, returned)
+    model.config._attn_implementation = "eager"
     rnet = Recorder(model, input_data=[torch.zeros(1, 6, dtype=torch.long)])
     rnet.record("transformer.h.0.attn.c_attn")
     ids = torch.randint(0, 50, (2, 6))
@@ -87,7 +91,10 @@ def test_attention_from_qk_grouped_heads_and_padding_as_a_loop_of_heads():
     got = attention_from_qk(q, k, num_heads=4, num_kv_heads=2, mask=mask)
     for b in range(2):
         for h in range(4):
-            qh, kh = q[b, :, h * 3 : h * 3 + 3], k[b, :, (h // 2) * 3 : (h // 2) * 3 + 3]
+            qh, kh = (
+                q[b, :, h * 3 : h * 3 + 3],
+                k[b, :, (h // 2) * 3 : (h // 2) * 3 + 3],
+            )
             logits = qh @ kh.T / math.sqrt(3)
             blocked = torch.ones(5, 5, dtype=torch.bool).triu(1) | (mask[b] == 0)
             expected = torch.softmax(logits.masked_fill(blocked, -math.inf), dim=-1)
@@ -148,7 +155,9 @@ def test_layer_view_marks_what_the_recorder_records_and_refuses_unknown_labels()
     rnet.record((3, 2), (1, 1))
     rows = layer_view(rnet).data["rows"]
     assert [row[0] for row in rows if row[9]] == ["1-1", "3-2"]
-    with pytest.raises(KeyError, match=re.escape("layer_view: no row labelled [(9, 9)]")):
+    with pytest.raises(
+        KeyError, match=re.escape("layer_view: no row labelled [(9, 9)]")
+    ):
         layer_view(rnet, recorded=[(9, 9)])
 
 
@@ -190,17 +199,24 @@ def evaluation():
     far = {
         "MSP": torch.randn(150, generator=gen) + 1,
         # a few huge scores: the clipped histogram keeps the bulk readable
-        "Mahalanobis": torch.cat([torch.rand(145, generator=gen) * 30, torch.full((5,), 3e5)]),
+        "Mahalanobis": torch.cat(
+            [torch.rand(145, generator=gen) * 30, torch.full((5,), 3e5)]
+        ),
     }
     near = {key: value[:150] + 0.2 for key, value in inside.items()}
     return OoDResults(
-        {"far": Evaluation(inside, far, "far"), "near": Evaluation(inside, near, "near")}
+        {
+            "far": Evaluation(inside, far, "far"),
+            "near": Evaluation(inside, near, "near"),
+        }
     )
 
 
 LENS = torch.randn(3, 1, 5, 20, generator=torch.Generator().manual_seed(2))
 GRID = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
-WEIGHTS = torch.softmax(torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(4)), -1)
+WEIGHTS = torch.softmax(
+    torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(4)), -1
+)
 
 
 def views() -> dict[str, View]:
@@ -229,14 +245,14 @@ def chromium():
     found.close()
 
 
-def opened(chromium, view: View, tmp_path: Path, width: int = 1000) -> browser.Page:
+def opened(chromium, view: View, tmp_path, width: int = 1000) -> browser.Page:
     """Load the view's page; check it reports no error and is not blank."""
     path = view.save(tmp_path / f"{view.kind}.html")
     page = chromium.page(width, 700)
     page.load(path.as_uri())
     assert page.errors() == []
     assert page.requested() == [path.as_uri()]  # nothing else, from anywhere
-    assert browser.inked(page.screenshot()) > 0.01  # noqa: PLR2004 (not blank)
+    assert browser.inked(page.screenshot()) > 0.01
     return page
 
 
@@ -253,7 +269,8 @@ def hover_cell(page: browser.Page, canvas: str, i: int, j: int) -> str | None:
     box = page.evaluate(
         f"(() => {{ const c = document.querySelector({json.dumps(canvas)});"
         " const r = c.getBoundingClientRect();"
-        " return [r.left, r.top, r.width / c.dataset.cols, r.height / c.dataset.rows]; })()"
+        " const d = c.dataset;"
+        " return [r.left, r.top, r.width / d.cols, r.height / d.rows]; })()"
     )
     page.hover(box[0] + (j + 0.5) * box[2], box[1] + (i + 0.5) * box[3])
     return tip(page)
@@ -280,7 +297,9 @@ def test_a_page_whose_data_is_wrong_fails_the_hover_check(chromium, tmp_path):
     view = views()["patching"]
     view.data["values"][2][5] += 1.0  # what a bug in the view would do
     page = opened(chromium, view, tmp_path)
-    assert not close(last_value(hover_cell(page, "canvas.sv-heat", 2, 5)), float(GRID[2, 5]))
+    assert not close(
+        last_value(hover_cell(page, "canvas.sv-heat", 2, 5)), float(GRID[2, 5])
+    )
 
 
 @pytest.mark.slow
@@ -347,7 +366,7 @@ def test_layer_tree_of_2000_rows_opens_lazily_and_shows_shapes(chromium, tmp_pat
     rnet = Recorder(deep_net(60, 11), input_size=(1, 4), force_static_flow=False)
     rnet.record((3, 5), (3, 700))
     table = rnet.table
-    assert len(table) > 1900  # noqa: PLR2004
+    assert len(table) > 1900
     page = opened(chromium, layer_view(rnet), tmp_path)
     assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == 61
     # open 1-2, then its 2-15 (the 4th block of the 2nd group)
@@ -373,7 +392,9 @@ def test_layer_tree_of_2000_rows_opens_lazily_and_shows_shapes(chromium, tmp_pat
     )
     assert sorted(marked) == ["3-5", "3-700"]
     page.click(*page.center("button:nth-of-type(1)"))  # expand all
-    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == len(table)
+    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == len(
+        table
+    )
     assert page.errors() == []
 
 

@@ -6,13 +6,16 @@ works offline and in an exported notebook) that Jupyter shows, that
 ``.save("x.html")`` writes, and whose static picture (matplotlib, the
 ``plot`` extra) ``.figure()`` returns and ``.save("x.png")`` writes.
 
-| view | from | hover shows |
+| view | shows | hover shows |
 |---|---|---|
-| :func:`attention_view` | attention weights ``[heads, T, T]`` (recorded, or :func:`attention_from_qk`) | a weight; a token's row |
-| :func:`lens_view` | :func:`~scio_recorder.explain.logit_lens` | the top-k tokens and probabilities |
+| :func:`attention_view` | attention per head | a weight; a token's row |
+| :func:`lens_view` | :func:`~scio_recorder.explain.logit_lens` | the top-k tokens |
 | :func:`patching_view` | :func:`~scio_recorder.explain.patch_sweep` | the value |
-| :func:`layer_view` | a :class:`~scio_recorder.Recorder` or its table | shapes, parameters, recorded rows |
-| :func:`ood_view` | :func:`~scio_recorder.ood.evaluate` | a bin's counts, a point of the ROC |
+| :func:`layer_view` | the layer table as a tree | shapes, parameters |
+| :func:`ood_view` | :func:`~scio_recorder.ood.evaluate` | bin counts, ROC points |
+
+The attention weights are recorded (eager attention), or recomputed from
+recorded queries and keys by :func:`attention_from_qk`.
 
 Importing this package loads neither matplotlib nor the OoD catalogue:
 they load when a picture is drawn or OoD results are read.

@@ -225,7 +225,9 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
         if n_k < n_q:
             key_names = [str(j) for j in range(n_k)]
     else:
-        key_names = names(keys if keys is not None else tokens, n_k, "keys", "attention_view")
+        key_names = names(
+            keys if keys is not None else tokens, n_k, "keys", "attention_view"
+        )
     data = {
         "weights": [[finite(row) for row in head] for head in found.tolist()],
         "queries": queries,

@@ -159,7 +159,7 @@ class View:
         raise NotImplementedError  # pragma: no cover (each view has its own)
 
     def save(self, path: str | Path) -> Path:
-        """Write the page (``.html``) or the static picture (``.png``, ``.svg``, ``.pdf``).
+        """Write the page (``.html``) or the picture (``.png``, ``.svg``, ``.pdf``).
 
         Returns
         -------

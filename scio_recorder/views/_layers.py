@@ -38,7 +38,7 @@ class _LayerView(View):
 
     def figure(self) -> Figure:
         rows = self.data["rows"]
-        depth = {}
+        depth: dict[int, int] = {}
         shown = []
         for index, row in enumerate(rows):
             parent = row[10]
@@ -50,16 +50,16 @@ class _LayerView(View):
             label, name, kind, *_, output, _, recordable, _, recorded, _ = rows[index]
             mark = "  [recorded]" if recorded else ""
             shape = f"  {output}" if recordable else ""
-            lines.append(f"{'  ' * depth[index]}{label}  {name or '(net)'}  {kind}{shape}{mark}")
+            lines.append(
+                f"{'  ' * depth[index]}{label}  {name or '(net)'}  {kind}{shape}{mark}"
+            )
         if len(shown) > _LINES:
             lines.append(f"... {len(shown) - _LINES} more rows at this depth")
         hidden = len(rows) - len(shown)
         if hidden:
             lines.append(f"({hidden} deeper rows not shown: open the HTML view)")
         fig = new_figure(9, 0.6 + 0.19 * len(lines))
-        fig.text(
-            0.01, 0.99, "\n".join(lines), family="monospace", fontsize=8, va="top"
-        )
+        fig.text(0.01, 0.99, "\n".join(lines), family="monospace", fontsize=8, va="top")
         fig.suptitle(self.title, fontsize=10, x=0.01, ha="left")
         return fig
 
@@ -113,9 +113,7 @@ def layer_view(
 
     """
     table = as_table(net, "`net`")
-    marked = set(
-        getattr(net, "recording", ()) if recorded is None else recorded
-    )
+    marked = set(getattr(net, "recording", ()) if recorded is None else recorded)
     unknown = sorted(marked - set(table))
     if unknown:
         msg = f"layer_view: no row labelled {unknown} in the table; see print(rnet)"
@@ -145,8 +143,7 @@ def layer_view(
     root = type(rows[0].module).__name__ if rows else "net"
     view = _LayerView(
         data,
-        title=title
-        or f"Layers of {root} ({len(rows)} rows, {len(marked)} recorded)",
+        title=title or f"Layers of {root} ({len(rows)} rows, {len(marked)} recorded)",
     )
     view.height = 600
     return view

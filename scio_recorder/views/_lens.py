@@ -104,7 +104,9 @@ def lens_view(  # noqa: PLR0913 (the lens, then keyword-only options)
     Examples
     --------
     >>> import torch
-    >>> lens = torch.tensor([[[0.0, 2.0, 0.0]], [[3.0, 0.0, 0.0]]])  # 2 layers, 1 position
+    >>> lens = torch.tensor(
+    ...     [[[0.0, 2.0, 0.0]], [[3.0, 0.0, 0.0]]]
+    ... )  # 2 layers, 1 position
     >>> view = lens_view(lens, ["x"], decode=lambda i: "abc"[i], k=2)
     >>> view.data["top"][0][0]
     [['b', 0.786986, 1], ['a', 0.106507, 0]]
@@ -133,7 +135,9 @@ def lens_view(  # noqa: PLR0913 (the lens, then keyword-only options)
         [
             [
                 [text(index), rounded(value), index]
-                for value, index in zip(values[i, j].tolist(), indices[i, j].tolist(), strict=True)
+                for value, index in zip(
+                    values[i, j].tolist(), indices[i, j].tolist(), strict=True
+                )
             ]
             for j in range(n_positions)
         ]

@@ -44,7 +44,7 @@ def histogram(
     bins: int,
     clip: tuple[float, float] | None,
 ) -> dict[str, Any]:
-    """Return the shared bin edges and both sets' counts (clipped tails in the end bins).
+    """Return shared bin edges and both sets' counts (clipped tails: end bins).
 
     The edges are even between the ``clip`` quantiles of both sets pooled
     (their finite extremes without ``clip``); scores beyond, infinities
@@ -63,12 +63,20 @@ def histogram(
         high = low + 1.0
     edges = np.linspace(low, high, bins + 1)
     counts = [
-        np.histogram(np.clip(v, low, high), bins=edges)[0].tolist() for v in (inside, outside)
+        np.histogram(np.clip(v, low, high), bins=edges)[0].tolist()
+        for v in (inside, outside)
     ]
-    return {"edges": finite(edges), "id": counts[0], "ood": counts[1], "clipped": clipped}
+    return {
+        "edges": finite(edges),
+        "id": counts[0],
+        "ood": counts[1],
+        "clipped": clipped,
+    }
 
 
-def _thinned(fpr: npt.NDArray[np.float64], tpr: npt.NDArray[np.float64]) -> list[list[Any]]:
+def _thinned(
+    fpr: npt.NDArray[np.float64], tpr: npt.NDArray[np.float64]
+) -> list[list[Any]]:
     """At most :data:`_ROC_POINTS` points of the curve, its ends kept."""
     if fpr.size > _ROC_POINTS:
         keep = np.unique(np.linspace(0, fpr.size - 1, _ROC_POINTS).round().astype(int))
@@ -80,7 +88,7 @@ class _OoDView(View):
     kind = "ood"
 
     def figure(self, detector: str | None = None) -> Figure:
-        """Return the histogram and ROC of ``detector`` (default the first), each set."""
+        """Return the histogram and ROC of ``detector`` (default the first)."""
         names = self.data["detectors"]
         index = 0 if detector is None else names.index(detector)
         sets = self.data["sets"]
@@ -94,7 +102,9 @@ class _OoDView(View):
                 ("ood", found["name"], "#ff7f0e", found["n_ood"]),
             ):
                 share = np.array(panel[key], dtype=float) / max(total, 1)
-                left.stairs(share, edges, fill=True, alpha=0.6, color=colour, label=label)
+                left.stairs(
+                    share, edges, fill=True, alpha=0.6, color=colour, label=label
+                )
             xlabel = "score (higher: more OoD)"
             if panel["clipped"] and self.data["clip"] is not None:
                 low, high = self.data["clip"]
@@ -165,10 +175,13 @@ def ood_view(
     names = list(evaluations[0]) if detectors is None else list(detectors)
     missing = [name for name in names if name not in evaluations[0]]
     if missing or not names:
-        msg = f"ood_view: no detector named {missing}; the results have {list(evaluations[0])}"
+        known = list(evaluations[0])
+        msg = f"ood_view: no detector named {missing}; the results have {known}"
         raise KeyError(msg)
     if clip is not None and not 0 <= clip[0] < clip[1] <= 1:
-        msg = f"ood_view: clip={clip!r} must be two quantiles 0 <= lo < hi <= 1, or None"
+        msg = (
+            f"ood_view: clip={clip!r} must be two quantiles 0 <= lo < hi <= 1, or None"
+        )
         raise ValueError(msg)
     if bins < 1:
         msg = f"ood_view: bins={bins}; use at least 1"
@@ -202,5 +215,3 @@ def ood_view(
     view = _OoDView(data, title=title)
     view.height = 420
     return view
-
-

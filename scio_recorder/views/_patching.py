@@ -42,7 +42,10 @@ class _PatchingView(View):
 
     def figure(self) -> Figure:
         values = torch.tensor(
-            [[float("nan") if v is None else v for v in row] for row in self.data["values"]]
+            [
+                [float("nan") if v is None else v for v in row]
+                for row in self.data["values"]
+            ]
         ).numpy()
         rows, cols = values.shape
         fig = new_figure(min(12, 1.5 + 0.35 * cols), min(10, 1.2 + 0.3 * rows))
