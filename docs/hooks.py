@@ -73,7 +73,9 @@ def _sources() -> dict[str, Path]:
     """Each notebook's source (``notebooks/run.py``'s ``SOURCES``)."""
     sys.path.insert(0, str(ROOT / "notebooks"))
     try:
-        return dict(_module("scio_notebooks_run", ROOT / "notebooks" / "run.py").SOURCES)
+        return dict(
+            _module("scio_notebooks_run", ROOT / "notebooks" / "run.py").SOURCES
+        )
     finally:
         sys.path.remove(str(ROOT / "notebooks"))
 
@@ -94,7 +96,7 @@ def on_files(files: Any, config: Any) -> Any:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {what: pool.submit(job, path) for what, (job, path) in jobs.items()}
         done = {what: future.result() for what, future in futures.items()}
-    for what, (path, fresh) in done.items():
+    for what, (_, fresh) in done.items():
         log.info("%s: %s", what, "executed" if fresh else "reused from the cache")
     site = execute.cache_folder() / "site"
     (site / "notebooks").mkdir(parents=True, exist_ok=True)

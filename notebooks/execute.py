@@ -159,7 +159,11 @@ for index, block in enumerate(re.findall(sys.argv[2], page, re.MULTILINE | re.DO
 
 
 def page_files(
-    page: Path, cache: Path | None = None, *, package: Path = PACKAGE, timeout: int = 600
+    page: Path,
+    cache: Path | None = None,
+    *,
+    package: Path = PACKAGE,
+    timeout: int = 600,
 ) -> tuple[Path, bool]:
     """Return a folder of the files the code of ``page`` writes, running it if needed.
 
