@@ -67,6 +67,7 @@ Scale = Literal["linear", "log", "symlog"]
 SCALES = ("linear", "log", "symlog")
 _TAB10 = 10  # matplotlib's default cycle: distinct up to ten lines
 _STYLES = ("-", "--", ":", "-.")
+_IN_PANEL = 4  # detectors whose legend fits in a panel's corner
 
 
 def _matplotlib(module: str | None = None) -> Any:
@@ -364,7 +365,9 @@ def _curve_panels(  # noqa: PLR0913 (what roc_curves takes, and how to draw)
                 style["linestyle"] = _STYLES[i % len(_STYLES)]
             draw(panel, ev, name, style)
         finish(panel, ev)
-        if many:
+        if many or len(names) > _IN_PANEL:
+            # beside the panel: inside, it would hide curves (a reversed
+            # ranking runs through the lower right corner)
             panel.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
         else:
             panel.legend(fontsize=7, loc=legend)
