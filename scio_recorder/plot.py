@@ -281,7 +281,7 @@ def score_histograms(  # noqa: PLR0913 (the data, which panels, how to draw them
     panels = [(k, ev, name) for k, ev in enumerate(evaluations) for name in names]
     xlabel = "score (higher: more OoD)"
     if clip is not None:
-        xlabel += f"\ntails clipped to the {clip[0]:.3g}-{clip[1]:.3g} quantiles"
+        xlabel += f"\nclipped to the {clip[0]:.3g}-{clip[1]:.3g} quantiles"
     handles: dict[str, Any] = {}
     for ax, (k, ev, name) in zip(axes, panels, strict=True):
         inside = _numpy(ev.id_scores[name])
@@ -313,7 +313,8 @@ def score_histograms(  # noqa: PLR0913 (the data, which panels, how to draw them
         title = f"{name}{where} (AUROC {ev[name]['AUROC']:.2f})"
         # A long name would run into the next panel's title: a smaller font.
         ax.set_title(title, fontsize=None if len(title) <= _TITLE_CHARS else "small")
-        ax.set_xlabel(xlabel)
+        # small: a panel is about 30 characters of the default size wide
+        ax.set_xlabel(xlabel, fontsize="small" if clip is None else "x-small")
         ax.set_yticks([])
     if handles:
         fig.legend(
