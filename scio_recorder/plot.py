@@ -372,6 +372,9 @@ def _curve_panels(  # noqa: PLR0913 (what roc_curves takes, and how to draw)
             panel.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
         else:
             panel.legend(fontsize=7, loc=legend)
+    if ax is None and (many or len(names) > _IN_PANEL):
+        # room for the legends beside the panels, which keep their size
+        fig.set_figwidth(fig.get_figwidth() * 1.6)  # type: ignore[union-attr]
     return fig  # type: ignore[return-value]
 
 
