@@ -439,3 +439,13 @@ def test_ood_page_shows_bin_counts_and_roc_points_of_the_detector_picked(
             & np.isclose(tpr, point[1], rtol=SHOWN, atol=1e-9)
         ), point
     assert page.errors() == []
+
+
+def test_a_sample_outside_the_batch_is_refused_naming_the_batch():
+    with pytest.raises(
+        IndexError,
+        match=re.escape(
+            "lens_view: sample=3, but the batch has 1 samples; pick one of 0 to 0"
+        ),
+    ):
+        lens_view(LENS, sample=3)

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, new_figure
-from ._patching import names
+from ._base import View, finite, names, new_figure, one_sample
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -207,10 +206,7 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
     """
     found = torch.as_tensor(weights).detach().to("cpu", torch.float64)
     if found.dim() == _HEADS_DIMS:
-        if not 0 <= sample < found.shape[0]:
-            msg = f"attention_view: sample={sample}, the batch has {found.shape[0]}"
-            raise IndexError(msg)
-        found = found[sample]
+        found = one_sample(found, 0, sample, "attention_view")
     if found.dim() != _FLAT_DIMS:
         msg = (
             "attention_view: `weights` must be [batch, heads, queries, keys] or "

@@ -14,7 +14,7 @@ one page keep their own scripts.
 
 from __future__ import annotations
 
-__all__ = ["View", "finite", "rounded"]
+__all__ = ["View", "finite", "names", "one_sample", "rounded"]
 
 import html
 import importlib
@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from scio_recorder._extras import install_hint
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from matplotlib.figure import Figure
+    from torch import Tensor
 
 _STATIC = Path(__file__).resolve().parent / "_static"
 _DIGITS = 6
@@ -60,6 +61,34 @@ def rounded(value: float, digits: int = _DIGITS) -> float | None:
 def finite(values: Iterable[float], digits: int = _DIGITS) -> list[float | None]:
     """Return :func:`rounded` of each value, as a list for JSON."""
     return [rounded(float(v), digits) for v in values]
+
+
+def one_sample(values: Tensor, dim: int, sample: int, who: str) -> Tensor:
+    """Return sample ``sample`` of ``values``' batch dimension ``dim``.
+
+    Raises
+    ------
+    IndexError
+        Naming the batch's size, for a sample outside it.
+    """
+    if not 0 <= sample < values.shape[dim]:
+        msg = (
+            f"{who}: sample={sample}, but the batch has {values.shape[dim]} "
+            f"samples; pick one of 0 to {values.shape[dim] - 1}"
+        )
+        raise IndexError(msg)
+    return values.select(dim, sample)
+
+
+def names(given: Sequence[Any] | None, count: int, what: str, who: str) -> list[str]:
+    """Return ``count`` names: ``given`` as text, or ``0 .. count - 1``."""
+    if given is None:
+        return [str(i) for i in range(count)]
+    found = [str(name) for name in given]
+    if len(found) != count:
+        msg = f"{who}: {len(found)} {what} for {count}; give one per {what[:-1]}"
+        raise ValueError(msg)
+    return found
 
 
 def matplotlib_module(module: str) -> Any:

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, new_figure, rounded
-from ._patching import names
+from ._base import View, names, new_figure, one_sample, rounded
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -114,10 +113,7 @@ def lens_view(  # noqa: PLR0913 (the lens, then keyword-only options)
     """
     found = torch.as_tensor(lens).detach()
     if found.dim() == _BATCHED:
-        if not 0 <= sample < found.shape[1]:
-            msg = f"lens_view: sample={sample}, the batch has {found.shape[1]}"
-            raise IndexError(msg)
-        found = found[:, sample]
+        found = one_sample(found, 1, sample, "lens_view")
     if found.dim() != _ONE:
         msg = (
             "lens_view: `lens` must be [layers, batch, positions, vocabulary] or "

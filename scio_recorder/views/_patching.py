@@ -8,24 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, matplotlib_module, new_figure
+from ._base import View, finite, matplotlib_module, names, new_figure
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from matplotlib.figure import Figure
     from torch import Tensor
-
-
-def names(given: Sequence[Any] | None, count: int, what: str, who: str) -> list[str]:
-    """Return ``count`` names: ``given`` as text, or ``0 .. count - 1``."""
-    if given is None:
-        return [str(i) for i in range(count)]
-    found = [str(name) for name in given]
-    if len(found) != count:
-        msg = f"{who}: {len(found)} {what} for {count}; give one per {what[:-1]}"
-        raise ValueError(msg)
-    return found
 
 
 def matrix(values: Any, who: str, what: str) -> Tensor:
