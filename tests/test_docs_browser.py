@@ -10,8 +10,8 @@ own checks (``docs/hooks.py``: raw roles, unexecuted notebooks) cannot see:
   site works offline: no web fonts, no CDN);
 * every image loaded;
 * no line wider than the page: the page does not scroll sideways, and no
-  code block, signature or shown output is wider than its column (a
-  notebook's printed output may scroll: it is the program's own output);
+  code block, signature, table or shown output (a notebook's included) is
+  wider than its column;
 * a screenshot that is not blank (written to ``SCIO_SCREENSHOTS``, when
   set, for a person to look at: ``--screenshot``-style full pages).
 """
@@ -41,6 +41,7 @@ PAGES = (
     "migrate/transformerlens/",
     "migrate/pytorch-ood/",
     "notebooks/ood/",
+    "notebooks/graph/",
     "notebooks/transformers/",
     "api/recorder/",
     "api/ood/",
@@ -60,7 +61,6 @@ _LAYOUT = """(() => {
   const page = document.documentElement.scrollWidth;
   const wide = [];
   for (const e of document.querySelectorAll('pre, .doc-signature, .md-typeset table')) {
-    if (e.closest('.jp-OutputArea-output')) continue;  // a notebook's printed output
     const box = e.closest('.md-typeset__scrollwrap') || e;
     if (e.scrollWidth > box.clientWidth + 2) {
       wide.push(`${e.tagName} ${e.scrollWidth} px > ${box.clientWidth} px: `

@@ -178,6 +178,7 @@ def test_lazy_names_are_listed_and_importable():
         _ = ood.NoSuchDetector
 
 
+@pytest.mark.slow
 def test_opening_a_view_loads_no_plotting_and_no_ood_catalogue():
     """The views load when imported; a page is made without matplotlib or OoD."""
     steps = _run_steps(

@@ -131,6 +131,7 @@ def test_a_view_saves_its_page_and_its_picture_and_refuses_other_files(tmp_path)
         view.save("grid.txt")
 
 
+@pytest.mark.slow
 def test_every_static_picture_is_drawn(tmp_path):
     """Each view's ``figure()`` gives a matplotlib figure with something in it."""
     pytest.importorskip("matplotlib")
