@@ -284,6 +284,7 @@ SLOW_PAGES = {
     "docs/ood.md",
     "docs/plot.md",
     "docs/recipes/mahalanobis.md",
+    "docs/sae.md",
     "docs/views.md",
 }
 
