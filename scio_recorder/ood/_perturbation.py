@@ -746,9 +746,9 @@ class Odds(ClassConditional):
     def state_entries(self) -> dict[str, StateEntry]:
         """Return the entries: counts ``[C]``, means and deviations ``[C, C]``."""
         return {
-            "counts": StateEntry(("classes",), _I64),
-            "mean": StateEntry(("classes", "classes"), _F64),
-            "std": StateEntry(("classes", "classes"), _F64),
+            "counts": StateEntry(("logits",), _I64),
+            "mean": StateEntry(("logits", "logits"), _F64),
+            "std": StateEntry(("logits", "logits"), _F64),
         }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:

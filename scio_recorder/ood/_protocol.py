@@ -282,7 +282,9 @@ class StateEntry:
         Its size along each dimension: an ``int`` is fixed by the net (a
         layer's number of features, from the recorder's layer table), a
         ``str`` names a size set by the fit (``"classes"``, ``"samples"``)
-        that must be the same in every entry naming it, ``None`` is not
+        that must be the same in every entry naming it, except
+        ``"logits"``: the net's number of logits, fixed by the net as an
+        ``int`` is (where the layer table knows it); ``None`` is not
         checked (a size the layer table does not know).
     dtype : torch.dtype
         The dtype the detector computes in. A stored tensor of another dtype
@@ -745,12 +747,18 @@ class Detector:
         layer = self._layer_text()
         sizes: dict[str, tuple[int, str]] = {}
         state: dict[str, Tensor] = {}
-        for key, entry in entries.items():
+        logits = net_classes(self.rnet)
+        for key, declared in entries.items():
             value = found[key]
             where = f"'{source}': entry {key!r} of the {who} state"
             if not isinstance(value, Tensor):
                 msg = f"{where} is a {type(value).__name__}, not a tensor."
                 raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+            entry = declared
+            if logits is not None and "logits" in declared.shape:
+                fixed = tuple(logits if n == "logits" else n for n in declared.shape)
+                entry = dataclasses.replace(declared, shape=fixed)
+                layer = f"this net ({logits} logits)"
             _check_shape(where, layer, value, entry, sizes=sizes, key=key)
             state[key] = _checked_dtype(where, value, entry)
         return state
