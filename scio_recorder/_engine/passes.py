@@ -49,6 +49,8 @@ from .hooks import ACTIVE, HookSet, RootHook, _PostHook, _PreHook, new_token
 from .plan import CallPlanError, Edits, RecordOptions, make_plan, with_edits
 from .state import (
     CallInputs,
+    Gradients,
+    GradSlot,
     InPlaceWarning,
     Latest,
     Listener,
@@ -541,8 +543,10 @@ class Passes:
         if kind == "inputs":
             records = latest.inputs
         elif kind == "gradients":
-            records = self.gradients()
+            records = self.gradient_records()
         missing = [label for label in labels if label not in records]
+        if missing and isinstance(records, Gradients):
+            raise KeyError(records.message())
         if missing:
             option = {"activations": "", "inputs": "inputs=", "gradients": "grads="}
             msg = (
@@ -700,13 +704,31 @@ class Passes:
 
     def gradients(self) -> MappingProxyType[DepthIdx, Any]:
         """Return the latest pass's output gradients (see ``rnet.gradients``)."""
+        return MappingProxyType(self.gradient_records())
+
+    def gradient_records(self) -> dict[DepthIdx, Any]:
+        """Return the latest pass's output gradients, by label.
+
+        Labels whose gradients a pass without autograd did not capture are
+        left out, and indexing them says so (:class:`~.state.Gradients`).
+        """
         latest = self.latest
-        grads = {k: v.value() for k, v in latest.grads.items()}
+        grads = {
+            k: v.value() for k, v in latest.grads.items() if isinstance(v, GradSlot)
+        }
         if latest.traced_grads:  # the latest pass was a compiled one
             deposits = self.deposits
             for label, target in latest.traced_grads.items():
                 grads[label] = deposits.value(target)
-        return MappingProxyType(grads)
+        if len(grads) < len(latest.grads):
+            table = self.table
+            missed = [
+                table[label].describe()
+                for label, slot in latest.grads.items()
+                if not isinstance(slot, GradSlot)
+            ]
+            return Gradients(grads, missed)
+        return grads
 
 
 class _Steps(Listener):
