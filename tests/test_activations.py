@@ -1294,7 +1294,14 @@ def test_an_arrow_export_without_pyarrow_says_how_to_get_it(tmp_path, monkeypatc
 
 
 def test_the_face_exports_its_names():
-    assert activations.__all__ == ["MANIFEST", "ActivationDataset", "write"]
+    assert activations.__all__ == [
+        "MANIFEST",
+        "ActivationDataset",
+        "SparseLatents",
+        "TokenBatch",
+        "token_batches",
+        "write",
+    ]
     assert activations.MANIFEST == "manifest.json"
 
 
@@ -1485,7 +1492,7 @@ def test_a_refused_write_leaves_nothing_behind(tmp_path, existed):
 
 
 ACCEPTED = (
-    "`write` takes batches of token ids: a tensor [batch, positions], or a "
+    "a batch is token ids: a tensor [batch, positions], or a "
     "mapping of the net's keyword inputs (a tokenizer's output, "
     "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
     "(e.g. `input=0, mask=1` for (ids, mask) tuples)."

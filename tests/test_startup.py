@@ -58,6 +58,7 @@ HEAVY = (
     "scio_recorder.demo",
     "scio_recorder.recipes",
     "scio_recorder.cli",
+    "scio_recorder.sae",
 )
 """Modules (and their submodules) that ``import scio_recorder`` must not load."""
 

@@ -145,6 +145,9 @@ def default_shard_size(specs: list[LayerSpec], dtype: torch.dtype | None) -> int
     size = 4 if dtype is None else torch.empty((), dtype=dtype).element_size()
     per_token = 16  # the index
     for spec in specs:
+        if spec.sparse is not None:
+            per_token += spec.sparse.row_bytes(dtype)
+            continue
         shape = spec.row.input_size if spec.of_input else spec.row.output_size
         if isinstance(shape, list) and shape and isinstance(shape[0], list):
             shape = shape[0]
@@ -530,6 +533,16 @@ def _check_append(
     }
     dtype = fingerprint.get("dtype")
     for spec in specs:
+        if spec.sparse is not None:
+            info = spec.sparse.info(None if dtype is None else parse_dtype(dtype))
+            if manifest["layers"][spec.name].get("sparse") != info:
+                msg = (
+                    f"Cannot append to the set in '{folder}': layer {spec.name!r} "
+                    f"is stored as {manifest['layers'][spec.name].get('sparse')}, "
+                    f"not {info}: append with the set's `dtype`."
+                )
+                raise ValueError(msg)
+            continue
         stored = columns[spec.name][0]
         if dtype is not None and dtype != dtype_name(stored):
             msg = (
@@ -599,6 +612,11 @@ def _finish_part(  # noqa: PLR0913 (what the manifest needs)
             statistics=states,
             layers=[spec.name for spec in specs],
             calls={spec.name: spec.describe() for spec in specs},
+            sparse={
+                spec.name: spec.sparse.info(writer.dtype)
+                for spec in specs
+                if spec.sparse is not None
+            },
             model=model_info(rnet.net),
             metadata=metadata,
         )
