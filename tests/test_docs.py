@@ -278,10 +278,14 @@ def run_session(session: str, where: str) -> None:
 SLOW_PAGES = {
     "docs/cli.md",
     "docs/compile.md",
+    "docs/migrate/nnsight.md",
+    "docs/migrate/openood.md",
+    "docs/migrate/transformerlens.md",
     "docs/ood.md",
     "docs/plot.md",
     "docs/recipes/mahalanobis.md",
     "docs/sae.md",
+    "docs/views.md",
 }
 
 

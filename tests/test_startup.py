@@ -59,6 +59,7 @@ HEAVY = (
     "scio_recorder.recipes",
     "scio_recorder.cli",
     "scio_recorder.sae",
+    "scio_recorder.views",
 )
 """Modules (and their submodules) that ``import scio_recorder`` must not load."""
 
@@ -176,6 +177,28 @@ def test_lazy_names_are_listed_and_importable():
         match=re.escape("module 'scio_recorder.ood' has no attribute 'NoSuch"),
     ):
         _ = ood.NoSuchDetector
+
+
+@pytest.mark.slow
+def test_opening_a_view_loads_no_plotting_and_no_ood_catalogue():
+    """The views load when imported; a page is made without matplotlib or OoD."""
+    steps = _run_steps(
+        """
+        import scio_recorder
+        step("import")
+        from scio_recorder.views import layer_view, patching_view
+        from torch import nn
+        rnet = scio_recorder.Recorder(
+            nn.Linear(2, 2), input_size=(1, 2), force_static_flow=False
+        )
+        patching_view(torch.ones(2, 3)).html()
+        layer_view(rnet).html()
+        step("views")
+        """
+    )
+    assert _heavy(steps["import"]) == []
+    assert "scio_recorder.views" in steps["views"]
+    assert _heavy(steps["views"], HEAVY[:-1]) == []
 
 
 def test_cli_help_and_usage_errors_answer_before_the_work_is_imported(tmp_path):
