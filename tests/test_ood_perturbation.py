@@ -32,12 +32,8 @@ from scio_recorder.ood import (
     evaluate,
     fit_detectors,
 )
-from scio_recorder.ood._perturbation import (
-    bits_squeeze,
-    gradient_step,
-    median_squeeze,
-    sample_noise,
-)
+from scio_recorder.ood._inputs import gradient_step, sample_noise
+from scio_recorder.ood._perturbation import bits_squeeze, median_squeeze
 
 F64 = torch.float64
 EPS32 = torch.finfo(torch.float32).eps

@@ -46,7 +46,13 @@ This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
-``_jtla``, ``_isomax``, ``_perturbation``), the protocol in ``_protocol``
+``_jtla``, ``_isomax``, ``_perturbation``), each standing on the shared
+ground floor and the protocol, never on another family. The ground floor:
+``_layers`` (layers resolved and pooled, the bases of the detectors that
+read one layer, several layers, their nearest fit samples, or edit a layer),
+``_geometry`` (norms, Mahalanobis distances, class sums), ``_inputs`` (the
+input moved: epsilon, the gradient step, noise), ``_outputs`` (the logits,
+their scores, the predicted label). The protocol in ``_protocol``
 (class-conditional reading in ``_classes``, layer aggregation in
 ``_pvalues``), the nearest-neighbour search in ``_search`` (its fit bank in
 ``_bank``), the shared passes in ``_passes``, the checks every detector
@@ -164,7 +170,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Odds": "._perturbation",
         "OoDResults": "._evaluate",
         "Pass": "._protocol",
-        "RMDS": "._prototypes",
+        "RMDS": "._features",
         "RankFeat": "._edits",
         "ReAct": "._shaping",
         "Residual": "._collapse",
@@ -191,7 +197,7 @@ if TYPE_CHECKING:
     from ._coverage import NAC
     from ._edits import VRA, RankFeat
     from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
-    from ._features import KNN, Mahalanobis, ViM, mahalanobis_scores
+    from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
     from ._isomax import IsoMax
     from ._jtla import JTLA
@@ -202,5 +208,5 @@ if TYPE_CHECKING:
     from ._perturbation import FeatureSqueezing, Odds
     from ._probabilities import GEN, KLMatching
     from ._protocol import Detector, NotFittedError, Pass, StateEntry
-    from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
+    from ._prototypes import DICE, SHE, NNGuide, fDBD
     from ._shaping import ASH, ReAct, Scale

@@ -33,9 +33,8 @@ from ._checks import (
     one_tensor,
     rows_not_finite,
 )
-from ._logits import energy_score
+from ._outputs import as_logits, energy_score
 from ._passes import all_or_nothing
-from ._probabilities import as_logits
 from ._protocol import Detector, Pass, StateEntry, gradient_fit_inputs, run_pass
 
 if TYPE_CHECKING:

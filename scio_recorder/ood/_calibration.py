@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._checks import first_float_input
-from ._probabilities import as_logits, output_label
+from ._outputs import as_logits, output_label
 from ._protocol import Detector, StateEntry, run_pass
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_finite_samples
-from ._multilayer import _check_choice, _MultiLayer, pool_features, pooled_size
+from ._layers import MultiLayer, check_choice, pool_features, pooled_size
 from ._passes import all_or_nothing
 from ._protocol import StateEntry, gradient_fit_inputs, run_pass
 
@@ -88,7 +88,7 @@ def _with_grad(value: Any) -> Any:
     return value
 
 
-class NAC(_MultiLayer):
+class NAC(MultiLayer):
     """Neuron activation coverage, NAC-UE (Liu et al., ICLR 2024).
 
     For each layer ``l`` of ``layers`` and neuron ``n`` (a channel of a map,
@@ -186,7 +186,7 @@ class NAC(_MultiLayer):
         n = len(self.labels)
         self.tokens = _per_layer("NAC", "token", token, n, str)
         for each in self.tokens:
-            _check_choice("NAC", "token", each, self.TOKENS)
+            check_choice("NAC", "token", each, self.TOKENS)
         self.token_given = token if isinstance(token, str) else self.tokens
         self.m_bins = _per_layer("NAC", "m_bins", m_bins, n, int)
         self.alpha = _per_layer("NAC", "alpha", alpha, n, float)

@@ -19,9 +19,8 @@ from torch import Tensor
 from scio_recorder.reduce import Quantiles
 
 from ._checks import per_sample_size
-from ._multilayer import resolve_layers
+from ._layers import Shaping, resolve_labels
 from ._protocol import StateEntry
-from ._shaping import _Shaping
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +64,7 @@ def remove_rank1(x: Tensor) -> Tensor:
     return out
 
 
-class RankFeat(_Shaping):
+class RankFeat(Shaping):
     """RankFeat (Song et al., NeurIPS 2022): remove the rank-1 part, then energy.
 
     The output of ``layer`` (a block's feature map) loses its top singular
@@ -123,7 +122,7 @@ class RankFeat(_Shaping):
             )
             raise ValueError(msg)
         if layers is not None:
-            labels = resolve_layers(rnet, layers, "RankFeat")
+            labels = resolve_labels(rnet, layers, "RankFeat")
             super().__init__(rnet, labels[0], detector=detector)
             self.labels = labels
         else:
@@ -152,7 +151,7 @@ class RankFeat(_Shaping):
         )
 
 
-class VRA(_Shaping):
+class VRA(Shaping):
     """Variational rectified activation (Xu et al., NeurIPS 2023), then energy.
 
     ``fit`` takes, per element of ``layer``'s output, its ``lower_percentile``

@@ -1,7 +1,9 @@
-"""Detectors that read a layer's features: Mahalanobis, KNN, ViM.
+"""Detectors that read a layer's features: Mahalanobis, RMDS, KNN, ViM.
 
 Features are a layer's output, or by default the input of the last
-``nn.Linear`` the net calls (the penultimate features), flattened per sample.
+``nn.Linear`` the net calls (the penultimate features), flattened per sample
+(:class:`~._layers.Features`); distances to the class means are those of
+:mod:`._geometry`.
 Fitting is one :func:`~scio_recorder.collect.collect` pass (two for ViM),
 streaming: class statistics and covariances do not grow with the data (KNN
 keeps its bank of features, which is what it is).
@@ -9,44 +11,38 @@ keeps its bank of features, which is what it is).
 
 from __future__ import annotations
 
-__all__ = [
-    "KNN",
-    "Mahalanobis",
-    "Mapped",
-    "ViM",
-    "class_mahalanobis",
-    "closest_class_sum",
-    "l2_rows",
-    "mahalanobis_scores",
-    "min_mahalanobis",
-    "spread_classes",
-]
+__all__ = ["KNN", "RMDS", "Mahalanobis", "ViM", "mahalanobis_scores"]
 
-import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from scio_recorder.reduce import Concat, Covariance, SharedCovariance
+from scio_recorder.reduce import Concat, Covariance, SharedCovariance, Tee
 
 from ._checks import (
     check_bank_k,
     check_batches,
     check_count,
     check_feature_count,
-    feature_count,
     last_linear,
-    one_label,
 )
 from ._classes import ClassConditional, check_at, class_count
+from ._geometry import (
+    class_mahalanobis,
+    closest_class_sum,
+    l2_rows,
+    min_mahalanobis,
+    spread_classes,
+)
+from ._inputs import check_epsilon, gradient_step
+from ._layers import Features, Mapped
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._perturbation import check_epsilon, gradient_step
 from ._protocol import Detector, Pass, StateEntry, fit_pass, run_pass
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Iterable, Mapping
 
     from typing_extensions import Self
 
@@ -55,152 +51,6 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 _F64 = torch.float64
-
-
-def l2_rows(features: Tensor) -> Tensor:
-    """Return each sample's features flattened and L2-normalised, float64.
-
-    ``f / ||f||_2`` (a zero vector stays zero), the features of Mahalanobis++
-    and RMDS++ (Müller & Hein, ICML 2025).
-
-    Examples
-    --------
-    >>> import torch
-    >>> l2_rows(torch.tensor([[3.0, 4.0], [0.0, 0.0]])).tolist()
-    [[0.6, 0.8], [0.0, 0.0]]
-
-    """
-    # Not detached: Lee et al.'s preprocessing (``epsilon``) differentiates it.
-    flat = features.reshape(features.shape[0], -1).to(_F64)
-    return torch.nn.functional.normalize(flat, dim=1)
-
-
-class Mapped:
-    """A reducer fed ``fn(record)`` instead of the record (``fn``: pooling, ...).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from scio_recorder.reduce import Moments
-    >>> r = Mapped(Moments(), lambda t: 2 * t)
-    >>> r.update(torch.ones(3, 2))
-    >>> r.result().mean.tolist(), r.count
-    ([2.0, 2.0], 3)
-
-    """
-
-    def __init__(self, inner: Any, fn: Callable[[Tensor], Tensor]) -> None:
-        """Wrap ``inner``."""
-        self.inner, self.fn = inner, fn
-
-    @property
-    def count(self) -> int:
-        """Samples seen."""
-        return int(self.inner.count)
-
-    def update(self, value: Any, target: Tensor | None = None) -> None:
-        """Feed ``fn(value)``."""
-        self.inner.update(self.fn(value), target)
-
-    def merge(self, other: Mapped) -> None:
-        """Absorb another's inner reducer."""
-        self.inner.merge(other.inner)
-
-    def result(self) -> Any:
-        """Return the inner result."""
-        return self.inner.result()
-
-    def state(self) -> dict[str, Tensor]:
-        """Return the inner state."""
-        return dict(self.inner.state())
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the inner state."""
-        self.inner.load_state(state)
-
-    def fresh(self) -> Mapped:
-        """Return an empty reducer of the same config."""
-        return Mapped(self.inner.fresh(), self.fn)
-
-
-def min_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
-    """Return ``min_c (f - mu_c)^T P (f - mu_c)`` per sample, in float64.
-
-    One class at a time (memory ``O(N F)``).
-
-    Examples
-    --------
-    >>> import torch
-    >>> means = torch.tensor([[0.0, 0.0], [4.0, 0.0]])
-    >>> min_mahalanobis(torch.tensor([[0.0, 1.0], [3.0, 0.0]]), means, torch.eye(2))
-    tensor([1., 1.], dtype=torch.float64)
-
-    """
-    flat = features.reshape(features.shape[0], -1).to(_F64)
-    means = means.to(device=flat.device, dtype=_F64)
-    precision = precision.to(device=flat.device, dtype=_F64)
-    best = torch.full((flat.shape[0],), math.inf, dtype=_F64, device=flat.device)
-    for mean in means:
-        centred = flat - mean
-        best = torch.minimum(best, ((centred @ precision) * centred).sum(dim=1))
-    return best
-
-
-def class_mahalanobis(features: Tensor, means: Tensor, precision: Tensor) -> Tensor:
-    """Return ``(f - mu_c)^T P (f - mu_c)`` per sample and class, ``[N, C]``, float64.
-
-    One class at a time, as :func:`min_mahalanobis` (whose minimum it has).
-
-    Examples
-    --------
-    >>> import torch
-    >>> means = torch.tensor([[0.0, 0.0], [4.0, 0.0]])
-    >>> class_mahalanobis(torch.tensor([[0.0, 1.0]]), means, torch.eye(2))
-    tensor([[ 1., 17.]], dtype=torch.float64)
-
-    """
-    flat = features.reshape(features.shape[0], -1).to(_F64)
-    means = means.to(device=flat.device, dtype=_F64)
-    precision = precision.to(device=flat.device, dtype=_F64)
-    columns = []
-    for mean in means:
-        centred = flat - mean
-        columns.append(((centred @ precision) * centred).sum(dim=1))
-    if not columns:
-        return flat.new_zeros(flat.shape[0], 0)
-    return torch.stack(columns, dim=1)
-
-
-def closest_class_sum(scores: Tensor) -> Tensor:
-    """Return the sum over rows of each row's lowest score (NaN counts as ``inf``).
-
-    The loss of Lee et al.'s preprocessing: its gradient with respect to the
-    input moves each sample towards its closest class.
-
-    Examples
-    --------
-    >>> import torch
-    >>> closest_class_sum(torch.tensor([[1.0, 2.0], [float("nan"), 3.0]]))
-    tensor(4.)
-
-    """
-    closest = scores.detach().nan_to_num(nan=math.inf).argmin(dim=1)
-    return scores.gather(1, closest[:, None]).sum()
-
-
-def spread_classes(scores: Tensor, classes: Tensor, width: int) -> Tensor:
-    """Return ``scores`` as columns ``classes`` of ``[N, width]``, ``inf`` elsewhere.
-
-    Examples
-    --------
-    >>> import torch
-    >>> spread_classes(torch.tensor([[1.0, 2.0]]), torch.tensor([0, 2]), 3)
-    tensor([[1., inf, 2.]])
-
-    """
-    out = scores.new_full((scores.shape[0], width), math.inf)
-    out[:, classes.to(scores.device)] = scores
-    return out
 
 
 def mahalanobis_scores(
@@ -275,52 +125,7 @@ def mahalanobis_scores(
     return -min_mahalanobis(flat, means, precision)
 
 
-class _Features(Detector):
-    """A detector reading one layer's output, or the last Linear's input."""
-
-    def __init__(self, rnet: Recorder, layer: Selector | None) -> None:
-        super().__init__(rnet, layer=layer)
-        name = type(self).__name__
-        if layer is None:
-            self.label: DepthIdx = last_linear(rnet, None, name)
-            self.kind = "input"
-        else:
-            self.label = one_label(rnet, layer, name)
-            self.kind = "output"
-
-    def outputs(self) -> tuple[DepthIdx, ...]:
-        return (self.label,) if self.kind == "output" else ()
-
-    def inputs(self) -> tuple[DepthIdx, ...]:
-        return (self.label,) if self.kind == "input" else ()
-
-    def features(self, result: Pass) -> Tensor:
-        """Return the pass's features ``[batch, F]``, F checked against the fit."""
-        store = result.outputs if self.kind == "output" else result.inputs
-        value = store[self.label]
-        flat = value.reshape(value.shape[0], -1)
-        check_feature_count(
-            self,
-            self.label,
-            self.kind,
-            got=flat.shape[1],
-            expected=self.fitted_features(),
-        )
-        return flat
-
-    def fitted_features(self) -> int:
-        """Return the number of features per sample the state was fitted on."""
-        raise NotImplementedError
-
-    def feature_count(self) -> int | None:
-        """Return the number of features per sample in the layer table."""
-        return feature_count(self.rnet, self.label, self.kind)
-
-    def config(self) -> dict[str, Any]:
-        return {"layer": list(self.label), "features": self.kind}
-
-
-class Mahalanobis(ClassConditional, _Features):
+class Mahalanobis(ClassConditional, Features):
     """Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
 
     ``fit`` computes the per-class means ``mu_c`` and the covariance ``S``
@@ -490,7 +295,7 @@ class Mahalanobis(ClassConditional, _Features):
         """Return the class scores of the preprocessed input, and the pass of ``x``.
 
         ``epsilon > 0`` only: one step against the gradient of the score at
-        the closest class (:func:`~._perturbation.gradient_step`), then a
+        the closest class (:func:`~._inputs.gradient_step`), then a
         pass of the moved input.
         """
         outputs, inputs = self.outputs(), self.inputs()
@@ -536,7 +341,133 @@ class Mahalanobis(ClassConditional, _Features):
         self.precision = state["precision"]
 
 
-class KNN(_Features):
+class RMDS(Mahalanobis):
+    """Relative Mahalanobis distance (Ren et al., 2021).
+
+    ``fit`` (labelled in-distribution data, ``target=`` needed) takes the
+    class means ``mu_c`` and tied covariance ``S`` as :class:`Mahalanobis`
+    does, and the background Gaussian of all the features, class-agnostic:
+    mean ``mu_0``, covariance ``S_0`` (population, ``/ N``); both streaming,
+    in one pass. With ``MD_c(f) = (f - mu_c)^T S^+ (f - mu_c)`` and ``MD_0(f)
+    = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
+    MD_0(f))``.
+
+    With ``normalize=True``, **RMDS++** (Müller & Hein, ICML 2025): the same
+    on the L2-normalised features ``f / ||f||_2`` (both Gaussians, and the
+    scored features).
+
+    Where our reading decided: pseudo-inverses (dead ReLU features have zero
+    variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
+    and adds a ``1e-6`` ridge before inverting, so its scores are ours
+    divided by ``N`` (the same ranking), up to the ridge.
+
+    Class-conditional: ``score_classes(x)`` is ``MD_c(f) - MD_0(f)`` for
+    every class; scio 1.1's ``RelativeMahalanobis`` reads it at the
+    predicted class (``at="predicted"``), its conformity minus it times
+    ``(N - 1) / N`` (both its covariances divide by ``N - 1``).
+
+    Parameters
+    ----------
+    rnet : Recorder
+        The wrapped net.
+    layer : selector, optional
+        Features: that layer's output; default the input of the last
+        ``nn.Linear``.
+    normalize : bool, default False
+        RMDS++: L2-normalise the features first.
+    at : {"closest", "predicted"}
+        Which class's relative distance is the score.
+    epsilon : float, default 0.0
+        Lee et al.'s input preprocessing, as :class:`Mahalanobis`' (the
+        step lowers the relative distance ``MD_c*(f) - MD_0(f)`` to the
+        closest class, as scio's ``RelativeMahalanobis``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> rnet = Recorder(net, input_size=(1, 3))
+    >>> data = [(torch.randn(32, 3), torch.arange(32) % 2)]
+    >>> rmds = RMDS(rnet).fit(data, target=1)
+    >>> rmds.background_mean.shape, rmds(torch.randn(5, 3)).shape
+    (torch.Size([4]), torch.Size([5]))
+
+    """
+
+    def __init__(
+        self,
+        rnet: Recorder,
+        layer: Selector | None = None,
+        *,
+        normalize: bool = False,
+        at: str = "closest",
+        epsilon: float = 0.0,
+    ) -> None:
+        """Resolve the features' layer."""
+        super().__init__(rnet, layer, normalize=normalize, at=at, epsilon=epsilon)
+        self.background_mean = torch.zeros(0, dtype=_F64)
+        self.background_precision = torch.zeros(0, 0, dtype=_F64)
+
+    def fit_keep(self) -> dict[Any, Any]:
+        """Class statistics and the class-agnostic covariance of the same records."""
+        both = Tee(SharedCovariance(self.num_classes), Covariance())
+        return {self._keep_key(self.label, self.kind): self.normalised(both)}
+
+    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
+        """Keep the class and the background Gaussians."""
+        classes, background = result[self.label]
+        self.fit_classes(classes)
+        self.background_mean = background.mean.reshape(-1)
+        self.background_precision = torch.linalg.pinv(
+            background.cov_population, hermitian=True
+        )
+
+    def background(self, f: Tensor) -> Tensor:
+        """Return the distance to the background Gaussian, ``MD_0(f)``."""
+        return min_mahalanobis(
+            f, self.background_mean[None, :], self.background_precision
+        )
+
+    def class_scores(self, result: Pass) -> Tensor:
+        """Return each class's distance minus the background distance."""
+        f = self.features(result)
+        distances = class_mahalanobis(f, self.means, self.precision)
+        relative = distances - self.background(f)[:, None]
+        return spread_classes(relative, self.classes, self.class_width(result))
+
+    def closest_scores(self, result: Pass) -> Tensor:
+        """Return the smallest class distance minus the background distance."""
+        f = self.features(result)
+        return min_mahalanobis(f, self.means, self.precision) - self.background(f)
+
+    def state(self) -> dict[str, Tensor]:
+        """Return the class statistics and the background Gaussian."""
+        return {
+            **super().state(),
+            "background_mean": self.background_mean,
+            "background_precision": self.background_precision,
+        }
+
+    def state_entries(self) -> dict[str, StateEntry]:
+        """Return Mahalanobis' entries, the background mean ``[F]`` and precision."""
+        f = self.feature_count()
+        return {
+            **super().state_entries(),
+            "background_mean": StateEntry((f,), _F64),
+            "background_precision": StateEntry((f, f), _F64),
+        }
+
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Set the class statistics and the background Gaussian."""
+        super().load_state(state)
+        self.background_mean = state["background_mean"]
+        self.background_precision = state["background_precision"]
+
+
+# ----------------------------------------------------------------- fDBD
+class KNN(Features):
     """Distance to the k-th nearest training feature (Sun et al., ICML 2022).
 
     Features are L2-normalised; ``fit`` keeps those of the in-distribution

@@ -21,7 +21,7 @@ from torch import Tensor
 from ._bank import Bank
 from ._checks import check_count, check_number
 from ._classes import ClassConditional, check_at
-from ._probabilities import as_logits, output_label
+from ._outputs import as_logits, output_label
 from ._protocol import StateEntry
 
 if TYPE_CHECKING:

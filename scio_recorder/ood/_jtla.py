@@ -28,8 +28,8 @@ from torch import Tensor
 
 from ._checks import check_count
 from ._classes import class_count
-from ._neighbours import _Neighbourhoods, enough_samples, label_counts
-from ._probabilities import as_logits, output_label
+from ._layers import Neighbourhoods, enough_samples, label_counts
+from ._outputs import as_logits, output_label
 from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
 
@@ -346,7 +346,7 @@ class _Both:
         return _Both(self.bank.fresh(), self.predicted.fresh())
 
 
-class JTLA(_Neighbourhoods):
+class JTLA(Neighbourhoods):
     """JTLA (Raghuram et al., ICML 2021), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for

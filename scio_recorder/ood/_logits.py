@@ -1,9 +1,10 @@
 """Detectors that read only the logits: MSP, MaxLogit, Energy, Entropy, JointEnergy.
 
-Each is a function of the logits (``msp_score``, ...), usable on its own or
-as the ``detector=`` of an edit detector, and a :class:`Detector` that needs
-no fitting. Higher scores mean more likely out-of-distribution (the
-negative of the papers' confidence scores, as pytorch-ood does).
+Each is a :class:`Detector` that needs no fitting around a function of the
+logits (``msp_score``, ... in :mod:`._outputs`, usable on their own or as
+the ``detector=`` of an edit detector). Higher scores mean more likely
+out-of-distribution (the negative of the papers' confidence scores, as
+pytorch-ood does).
 """
 
 from __future__ import annotations
@@ -14,94 +15,25 @@ __all__ = [
     "Entropy",
     "JointEnergy",
     "MaxLogit",
-    "energy_score",
-    "entropy_score",
-    "joint_energy_score",
-    "max_logit_score",
-    "msp_score",
 ]
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
+from ._outputs import (
+    energy_score,
+    entropy_score,
+    joint_energy_score,
+    max_logit_score,
+    msp_score,
+)
 from ._protocol import Detector
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from scio_recorder.recorder import Recorder
 
     from ._protocol import Pass
-
-
-def msp_score(logits: Tensor) -> Tensor:
-    """Return ``-max_c softmax(logits)_c`` (Hendrycks & Gimpel 2017).
-
-    Examples
-    --------
-    >>> import torch
-    >>> msp_score(torch.tensor([[0.0, 0.0], [10.0, 0.0]])).tolist()
-    [-0.5, -0.9999545812606812]
-
-    """
-    return -torch.softmax(logits, dim=1).amax(dim=1)
-
-
-def max_logit_score(logits: Tensor) -> Tensor:
-    """Return ``-max_c logits_c`` (Hendrycks et al. 2022).
-
-    Examples
-    --------
-    >>> import torch
-    >>> max_logit_score(torch.tensor([[1.0, 3.0]])).tolist()
-    [-3.0]
-
-    """
-    return -logits.amax(dim=1)
-
-
-def energy_score(logits: Tensor, t: float = 1.0) -> Tensor:
-    """Return the free energy ``-t logsumexp(logits / t)`` (Liu et al. 2020).
-
-    Examples
-    --------
-    >>> import torch
-    >>> round(energy_score(torch.tensor([[0.0, 0.0]])).item(), 4)
-    -0.6931
-
-    """
-    return -t * torch.logsumexp(logits / t, dim=1)
-
-
-def entropy_score(logits: Tensor) -> Tensor:
-    """Return the entropy of ``softmax(logits)``, ``-sum_c p_c log p_c``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> round(entropy_score(torch.tensor([[0.0, 0.0]])).item(), 4)
-    0.6931
-
-    """
-    log_p = torch.log_softmax(logits, dim=1)
-    return -(log_p.exp() * log_p).sum(dim=1)
-
-
-def joint_energy_score(logits: Tensor) -> Tensor:
-    """Return minus the joint energy ``sum_c log(1 + exp(logits_c))`` (Wang et al.).
-
-    Each logit is read as a binary (one class against the rest) energy, and
-    the classes' free energies are summed; computed as ``logaddexp(z_c, 0)``,
-    exact for logits of any size.
-
-    Examples
-    --------
-    >>> import torch
-    >>> joint_energy_score(torch.tensor([[0.0, 0.0], [100.0, -100.0]])).tolist()
-    [-1.3862943649291992, -100.0]
-
-    """
-    return -torch.logaddexp(logits, torch.zeros((), dtype=logits.dtype)).sum(dim=1)
 
 
 class _FromLogits(Detector):

@@ -1,25 +1,11 @@
 """Multi-layer detectors, read in one pass: MahalanobisEnsemble, Gram.
 
-The machinery every multi-layer detector shares:
-
-* ``layers=[...]``: any number of selectors, each resolving to one call
-  (:func:`resolve_layers`); a pass records all of them at once (the
-  detector's :meth:`~Detector.outputs`), so scoring a batch is **one** forward
-  pass of the unmodified net, whatever the number of layers (OpenOOD needs
-  the net rewritten to return a feature list; pytorch-ood re-runs the prefix
-  of the net per layer).
-* Fitting is one :func:`~scio_recorder.collect.collect` pass with one reducer
-  per layer (streaming, bounded memory); each reducer sees the layer's
-  output through :class:`Mapped` (pooling, Gram statistics, ...).
-* Pooling (:func:`pool_features`): a ``[B, C, H, W]`` feature map is
-  averaged over ``H, W`` per channel (``pool="mean"``); a ``[B, T, D]``
-  token sequence gives its first token (``token="cls"``) or its mean over
-  the tokens the padding mask keeps (``token="mean"``, ``mask=``); ``[B,
-  F]`` is kept; ``pool=None`` flattens every sample.
-* ``mask=``: a padding mask is an argument of the net, not a layer's
-  output; ``mask="attention_mask"`` (a keyword) or an int (a positional
-  argument) names it, and the detector reads it from each call of the net
-  (a forward pre-hook on the wrapped net that keeps a reference to it).
+Both read any number of layers (``layers=[...]``) in **one** forward pass of
+the unmodified net, pooled per layer, as every multi-layer detector does
+(:class:`~._layers.MultiLayer`: the layers, the pooling, the padding mask).
+Fitting is one :func:`~scio_recorder.collect.collect` pass with one reducer
+per layer (streaming, bounded memory); each reducer sees the layer's
+output through :class:`~._layers.Mapped` (pooling, Gram statistics, ...).
 """
 
 from __future__ import annotations
@@ -27,16 +13,10 @@ from __future__ import annotations
 __all__ = [
     "Gram",
     "MahalanobisEnsemble",
-    "Mapped",
     "gram_vector",
     "gram_vectors",
-    "pool_features",
-    "resolve_layers",
 ]
 
-import math
-import threading
-import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -46,21 +26,18 @@ from torch.nn import functional
 from scio_recorder.reduce import Concat, MinMax, PerClass, SharedCovariance, Tee
 
 from ._bank import Bank
-from ._checks import (
-    one_label,
-    per_sample_size,
-)
+from ._checks import per_sample_size
 from ._classes import ClassConditional, check_at, class_count
-from ._features import (
-    Mapped,
+from ._geometry import (
     class_mahalanobis,
     closest_class_sum,
     l2_rows,
     min_mahalanobis,
     spread_classes,
 )
-from ._perturbation import check_epsilon, gradient_step
-from ._protocol import Detector, Pass, StateEntry, run_pass
+from ._inputs import check_epsilon, gradient_step
+from ._layers import SEQUENCE_RANK, Mapped, MultiLayer, pooled_size
+from ._protocol import Pass, StateEntry, run_pass
 from ._pvalues import check_aggregation, combine, p_values
 
 if TYPE_CHECKING:
@@ -71,227 +48,6 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 _F64 = torch.float64
-_MAP, _TOKENS = 4, 3  # the ranks of a feature map and of a token sequence
-POOLS = ("mean", None)
-TOKENS = ("cls", "mean")
-_SUM = "sum"  # NAC's pooling of maps and tokens (OpenOOD's): a sum, not a mean
-
-
-def resolve_layers(
-    rnet: Recorder, layers: Sequence[Selector], who: str
-) -> list[DepthIdx]:
-    """Resolve each selector of ``layers`` to one call; refuse none or repeats.
-
-    Examples
-    --------
-    >>> from scio_recorder import Recorder
-    >>> from scio_recorder.models import demo_model
-    >>> rnet = Recorder(demo_model(), input_size=(1, 3, 32, 32))
-    >>> resolve_layers(rnet, ["features.1", "features.4"], "doc")
-    [(2, 2), (2, 5)]
-
-    """
-    if isinstance(layers, str) or not isinstance(layers, list | tuple) or not layers:
-        msg = (
-            f"{who}: layers must be a non-empty list of selectors (labels, "
-            f"names, ...), got {layers!r}; e.g. `layers=['layer1', 'layer2']`."
-        )
-        raise ValueError(msg)
-    labels = [one_label(rnet, layer, who) for layer in layers]
-    seen: dict[DepthIdx, Any] = {}
-    for layer, label in zip(layers, labels, strict=True):
-        if label in seen:
-            msg = (
-                f"{who}: layers {seen[label]!r} and {layer!r} are the same call "
-                f"{rnet.table[label].describe()}; name each layer once."
-            )
-            raise ValueError(msg)
-        seen[label] = layer
-    return labels
-
-
-def pool_features(
-    value: Tensor,
-    pool: str | None = "mean",
-    token: str = "cls",  # noqa: S107 (not a password)
-    mask: Tensor | None = None,
-    *,
-    detach: bool = True,
-) -> Tensor:
-    """Return one feature vector per sample, ``[B, F]``, in float64.
-
-    ``pool="mean"``: a ``[B, C, H, W]`` map is averaged over ``H, W``; a
-    ``[B, T, D]`` sequence gives its first token (``token="cls"``) or the mean
-    of the tokens where ``mask`` (``[B, T]``, nonzero = a real token) is set
-    (``token="mean"``; every token without a mask); other shapes are
-    flattened. ``pool=None`` flattens every sample. ``pool="sum"`` and
-    ``token="sum"`` sum instead of averaging (NAC's option: OpenOOD's
-    pooling). ``detach=False`` keeps the autograd graph (a gradient with
-    respect to the input through the pooled features).
-
-    Examples
-    --------
-    >>> import torch
-    >>> pool_features(torch.ones(2, 3, 4, 4)).shape
-    torch.Size([2, 3])
-    >>> x = torch.tensor([[[1.0], [3.0], [100.0]]])
-    >>> pool_features(x, token="mean", mask=torch.tensor([[1, 1, 0]])).tolist()
-    [[2.0]]
-
-    """
-    value = (value.detach() if detach else value).to(_F64)
-    if pool is None:
-        return value.reshape(value.shape[0], -1)
-    if value.dim() == _MAP:
-        return value.sum(dim=(2, 3)) if pool == _SUM else value.mean(dim=(2, 3))
-    if value.dim() == _TOKENS:
-        if token == "cls":  # noqa: S105 (not a password)
-            return value[:, 0]
-        if mask is None:
-            return value.sum(dim=1) if token == _SUM else value.mean(dim=1)
-        keep = mask.to(device=value.device, dtype=_F64).reshape(*value.shape[:2], 1)
-        total = (value * keep).sum(dim=1)
-        return total if token == _SUM else total / keep.sum(dim=1).clamp(min=1.0)
-    return value.reshape(value.shape[0], -1)
-
-
-def pooled_size(
-    rnet: Recorder, label: DepthIdx, pool: str | None = "mean"
-) -> int | None:
-    """Return the number of features :func:`pool_features` gives a layer's output.
-
-    From the recorder's layer table (``None`` when it does not know the
-    layer's shape): the channels of a map, the width of a token sequence,
-    else every entry of a sample.
-
-    Examples
-    --------
-    >>> from scio_recorder import Recorder
-    >>> from scio_recorder.models import demo_model
-    >>> rnet = Recorder(demo_model(), input_size=(1, 3, 32, 32))
-    >>> pooled_size(rnet, (2, 2)), pooled_size(rnet, (2, 2), pool=None)
-    (8, 8192)
-
-    """
-    size = per_sample_size(rnet, label, "output")
-    if size is None:
-        return None
-    if pool is not None and len(size) == _MAP - 1:
-        return size[0]
-    if pool is not None and len(size) == _TOKENS - 1:
-        return size[1]
-    return math.prod(size)
-
-
-def _check_choice(who: str, name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        msg = f"{who}: {name} must be one of {list(choices)}, got {value!r}"
-        raise ValueError(msg)
-
-
-class _MultiLayer(Detector):
-    """A detector reading several layers' outputs in one pass."""
-
-    POOLS: ClassVar[tuple[str | None, ...]] = POOLS
-    """The values of ``pool=`` the detector takes."""
-    TOKENS: ClassVar[tuple[str, ...]] = TOKENS
-    """The values of ``token=`` the detector takes."""
-
-    def __init__(
-        self,
-        rnet: Recorder,
-        layers: Sequence[Selector],
-        *,
-        pool: str | None = "mean",
-        token: str = "cls",  # noqa: S107 (not a password)
-        mask: int | str | None = None,
-    ) -> None:
-        super().__init__(rnet)
-        who = type(self).__name__
-        _check_choice(who, "pool", pool, self.POOLS)
-        _check_choice(who, "token", token, self.TOKENS)
-        if mask is not None and (
-            isinstance(mask, bool) or not isinstance(mask, int | str)
-        ):
-            msg = (
-                f"{who}: mask must name an argument of the net (a keyword str or a "
-                f"positional int), got {mask!r}; e.g. `mask='attention_mask'`."
-            )
-            raise TypeError(msg)
-        self.labels = resolve_layers(rnet, layers, who)
-        self.pool, self.token, self.mask = pool, token, mask
-        self._masks = _Masks()
-        """The mask of the net's latest call, per thread (passes of several
-        threads: each scores with the mask of its own pass)."""
-        if mask is not None:
-            self._hook = rnet.net.register_forward_pre_hook(
-                _mask_keeper(weakref.ref(self), mask), with_kwargs=True
-            )
-
-    def outputs(self) -> tuple[DepthIdx, ...]:
-        return tuple(self.labels)
-
-    def current_mask(self, rows: Tensor | None = None) -> Tensor | None:
-        """Return the mask the net received in this thread's latest call (``mask=``).
-
-        ``rows``: those rows of it only (a :class:`~._protocol.Pass`
-        restricted to its finite rows holds their indices).
-        """
-        if self.mask is None:
-            return None
-        value = self._masks.value
-        if value is None:
-            msg = (
-                f"{type(self).__name__}: the net's latest call had no argument "
-                f"{self.mask!r} (mask=); pass the padding mask to the net under "
-                "that name, or drop `mask=`."
-            )
-            raise ValueError(msg)
-        if rows is not None:
-            return value[rows.to(value.device)]
-        return value
-
-    def features(
-        self, value: Tensor, rows: Tensor | None = None, *, detach: bool = True
-    ) -> Tensor:
-        """Pool one layer's record into ``[B, F]`` float64 features.
-
-        ``rows``: the rows of the batch ``value`` holds (``Pass.rows``), for
-        the padding mask; ``None``: all of them. ``detach=False`` keeps the
-        autograd graph.
-        """
-        mask = self.current_mask(rows)
-        return pool_features(value, self.pool, self.token, mask, detach=detach)
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "layers": [list(label) for label in self.labels],
-            "pool": self.pool,
-            "token": self.token,
-            "mask": self.mask,
-        }
-
-
-class _Masks(threading.local):
-    """The padding mask the net received in this thread's latest call."""
-
-    value: Tensor | None = None
-
-
-def _mask_keeper(
-    owner: weakref.ref[_MultiLayer], where: int | str
-) -> Callable[..., None]:
-    def keep(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        detector = owner()
-        if detector is None:
-            return
-        if isinstance(where, str):
-            found = kwargs.get(where)
-        else:
-            found = args[where] if -len(args) <= where < len(args) else None
-        detector._masks.value = found if isinstance(found, Tensor) else None  # noqa: SLF001 (its own state)
-
-    return keep
 
 
 def _check_shrinkage(who: str, shrinkage: float) -> None:
@@ -318,11 +74,11 @@ def shrunk(cov: Tensor, shrinkage: float) -> Tensor:
     return (1.0 - shrinkage) * cov + shrinkage * scale * eye
 
 
-class MahalanobisEnsemble(ClassConditional, _MultiLayer):
+class MahalanobisEnsemble(ClassConditional, MultiLayer):
     """Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
 
     For each layer ``l`` of ``layers``: features ``f_l`` pooled per channel
-    (:func:`pool_features`), class means ``mu_lc`` and the covariance ``S_l``
+    (:func:`~._layers.pool_features`), class means ``mu_lc`` and the covariance ``S_l``
     shared by the classes (``W / N``, streaming); ``M_l(x) = min_c (f_l -
     mu_lc)^T S_l^+ (f_l - mu_lc)``; ``score(x) = sum_l w_l M_l(x)``.
 
@@ -364,7 +120,7 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     weights : list of float, optional
         One per layer; default all 1.
     pool, token, mask
-        How a layer's output becomes features (:func:`pool_features`);
+        How a layer's output becomes features (:func:`~._layers.pool_features`);
         ``mask`` names the net's argument holding the padding mask.
     shrinkage : float, default 0.0
         In ``[0, 1]``.
@@ -652,7 +408,7 @@ class MahalanobisEnsemble(ClassConditional, _MultiLayer):
     def state_entries(self) -> dict[str, StateEntry]:
         """Per layer ``i``: ``means.i`` ``[classes, F_i]``, ``precision.i``.
 
-        ``F_i`` the pooled features of layer ``i`` (:func:`pooled_size`),
+        ``F_i`` the pooled features of layer ``i`` (:func:`~._layers.pooled_size`),
         float64; the same classes in every layer, ``classes`` ``[classes]``
         their labels; with an aggregation, ``reference`` ``[L, samples]``,
         the fit samples' sorted distances to their class mean.
@@ -702,7 +458,7 @@ def gram_vectors(feature: Tensor, poles: Sequence[int]) -> Tensor:
 
     """
     f = feature.detach()
-    if f.dim() == _TOKENS:
+    if f.dim() == SEQUENCE_RANK:
         f = f.transpose(1, 2)
     f = f.reshape(f.shape[0], f.shape[1], -1)
     per = max(1, _GRAM_CHUNK // max(1, f.shape[1] * f.shape[2]))
@@ -889,7 +645,7 @@ def _held_out_deviation(held: Mapping[int, Tensor], lo: Tensor, hi: Tensor) -> T
     return mean if mean > 0 else torch.ones((), dtype=_F64)
 
 
-class Gram(_MultiLayer):
+class Gram(MultiLayer):
     """Gram-matrix deviations (Sastry & Oore, ICML 2020), in one pass of the net.
 
     For each layer ``l`` and pole ``p`` of ``num_poles_list``: ``g_lp(x)``,
@@ -1044,7 +800,7 @@ class Gram(_MultiLayer):
             size = per_sample_size(self.rnet, label, "output")
             channels = None
             if size:
-                channels = size[1] if len(size) == _TOKENS - 1 else size[0]
+                channels = size[1] if len(size) == SEQUENCE_RANK - 1 else size[0]
             width = None if channels is None else len(self.poles) * channels
             out[f"mins.{i}"] = StateEntry(("classes", width), _F64)
             out[f"maxs.{i}"] = StateEntry(("classes", width), _F64)

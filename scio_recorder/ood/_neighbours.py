@@ -32,8 +32,7 @@ from scio_recorder.reduce import Concat
 from ._bank import Bank
 from ._checks import check_count
 from ._classes import ClassConditional, check_at, class_count
-from ._features import _Features
-from ._multilayer import _MultiLayer, pooled_size
+from ._layers import Features, Neighbourhoods, enough_samples, label_counts
 from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
 from ._search import check_search, nearest
@@ -48,66 +47,6 @@ if TYPE_CHECKING:
     from ._protocol import Pass
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
-
-
-def normalized(rows: Tensor, act_norm: float | None) -> Tensor:
-    """Divide each row by its ``act_norm``-norm (rows of norm 0 kept); ``None``: as is.
-
-    scio's ``normalize_samples`` for a positive order.
-
-    Examples
-    --------
-    >>> import torch
-    >>> normalized(torch.tensor([[3.0, 4.0], [0.0, 0.0]]), 2.0).tolist()
-    [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
-
-    """
-    if act_norm is None:
-        return rows
-    norms = torch.linalg.vector_norm(rows, ord=act_norm, dim=1, keepdim=True)
-    scaled: Tensor = rows / norms.where(norms != 0, 1)
-    return scaled
-
-
-def check_act_norm(who: str, act_norm: float | None) -> float | None:
-    """Return ``act_norm`` as a float if it is ``None`` or a positive number."""
-    if act_norm is None:
-        return None
-    if isinstance(act_norm, bool) or not isinstance(act_norm, int | float):
-        msg = f"{who}: act_norm must be a positive number or None, got {act_norm!r}"
-        raise TypeError(msg)
-    if not act_norm > 0:
-        msg = f"{who}: act_norm must be a positive number or None, got {act_norm!r}"
-        raise ValueError(msg)
-    return float(act_norm)
-
-
-def enough_samples(who: str, k: int, n: int, *, loo: bool = False) -> None:
-    """Refuse ``k`` neighbours out of ``n`` fit samples (``n - 1`` leaving one out)."""
-    have = n - loo
-    if k > have:
-        others = " other" if loo else ""
-        msg = (
-            f"{who}: k={k} neighbours, but a fit sample has {have}{others} fit "
-            "samples; fit on more data or lower k."
-        )
-        raise ValueError(msg)
-
-
-def label_counts(labels: Tensor, indices: Tensor, classes: int) -> Tensor:
-    """Count each class among the neighbours ``indices`` ``[Q, k]``: ``[Q, classes]``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> label_counts(torch.tensor([0, 1, 1]), torch.tensor([[0, 1], [1, 2]]), 3)
-    tensor([[1, 1, 0],
-            [0, 2, 0]])
-
-    """
-    found = labels.to(indices.device)[indices]
-    counts = torch.zeros(indices.shape[0], classes, dtype=_I64, device=indices.device)
-    return counts.scatter_add_(1, found, torch.ones_like(found))
 
 
 # ----------------------------------------------------------------- LID
@@ -138,7 +77,7 @@ def lid_estimate(squared: Tensor) -> Tensor:
     return estimate.nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)
 
 
-class LID(_Features):
+class LID(Features):
     """Local intrinsic dimensionality (Ma et al., ICLR 2018), as scio 1.1 scores it.
 
     ``fit`` keeps the features of the fit data (a bank of ``N x F`` float32,
@@ -270,7 +209,7 @@ def trust_scores(distances: Tensor) -> Tensor:
     return trust.nan_to_num(nan=1.0, posinf=math.inf, neginf=-math.inf)
 
 
-class Trust(ClassConditional, _Features):
+class Trust(ClassConditional, Features):
     """Trust score (Jiang et al., NeurIPS 2018), as scio 1.1 computes it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, per
@@ -465,100 +404,7 @@ class Trust(ClassConditional, _Features):
         self.bank, self.class_sizes = state["bank"], state["class_sizes"]
 
 
-# ----------------------------------------------------------------- DkNN
-class _Neighbourhoods(ClassConditional, _MultiLayer):
-    """A multi-layer detector keeping a bank of each layer's fit features."""
-
-    needs_fit: ClassVar[bool] = True
-    needs_target: ClassVar[bool] = True
-
-    def __init__(  # noqa: PLR0913 (the layers, the features and the search)
-        self,
-        rnet: Recorder,
-        layers: Sequence[Selector],
-        *,
-        at: str,
-        act_norm: float | None,
-        index_metric: str,
-        pool: str | None,
-        token: str,
-        mask: int | str | None,
-        backend: str,
-        search_budget: int | None,
-    ) -> None:
-        who = type(self).__name__
-        self.at = check_at(who, at)
-        self.act_norm = check_act_norm(who, act_norm)
-        if index_metric not in ("l2", "ip"):
-            msg = f"{who}: index_metric must be 'l2' or 'ip', got {index_metric!r}"
-            raise ValueError(msg)
-        check_search(who, backend, search_budget)
-        super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
-        self.index_metric = index_metric
-        self.backend, self.search_budget = backend, search_budget
-        self.banks: list[Tensor] = []
-        self.bank_labels = torch.zeros(0, dtype=_I64)
-
-    def fit_keep(self) -> dict[Any, Any]:
-        """Each layer's (pooled) features with the class labels."""
-        return {label: Bank(self.features) for label in self.labels}
-
-    def keep_banks(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Set ``banks`` and ``bank_labels`` from the collected banks."""
-        banks = []
-        classes = None
-        for label in self.labels:
-            rows, classes = result[label]
-            banks.append(normalized(rows, self.act_norm))
-        assert classes is not None  # noqa: S101 (needs_target: fit passes labels)
-        self.banks, self.bank_labels = banks, classes
-
-    def classes(self) -> int:
-        """Return the number of classes: the net's logits, or the labels'."""
-        return max(self.num_classes or 0, int(self.bank_labels.max()) + 1)
-
-    def layer_features(self, result: Pass) -> list[Tensor]:
-        """Return each layer's features of a pass, float32, normalised as the bank."""
-        return [
-            normalized(self.features(result.outputs[label]).to(_F32), self.act_norm)
-            for label in self.labels
-        ]
-
-    def search(
-        self, queries: Tensor, bank: Tensor, k: int, exclude: Tensor | None = None
-    ) -> Tensor:
-        """Return the bank indices of each query's ``k`` nearest, ``[Q, k]``."""
-        return nearest(
-            queries,
-            bank,
-            k,
-            metric=self.index_metric,
-            exclude=exclude,
-            backend=self.backend,
-            memory_budget=self.search_budget,
-        ).indices
-
-    def bank_entries(self) -> dict[str, StateEntry]:
-        """Per layer ``i``: ``bank.i`` ``[samples, F_i]`` float32; ``labels``."""
-        out = {
-            f"bank.{i}": StateEntry(
-                ("samples", pooled_size(self.rnet, label, self.pool)), _F32
-            )
-            for i, label in enumerate(self.labels)
-        }
-        out["labels"] = StateEntry(("samples",), _I64)
-        return out
-
-    def config(self) -> dict[str, Any]:
-        """Return the layers, the pooling, the norm and the metric."""
-        return {
-            **super().config(),
-            "act_norm": self.act_norm,
-            "index_metric": self.index_metric,
-        }
-
-
-class DkNN(_Neighbourhoods):
+class DkNN(Neighbourhoods):
     """Deep k-nearest neighbours (Papernot & McDaniel, 2018), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
@@ -605,7 +451,7 @@ class DkNN(_Neighbourhoods):
         Euclidean neighbours or largest inner products (scio's option).
     pool, token, mask
         How a layer's output becomes features
-        (:func:`~scio_recorder.ood._multilayer.pool_features`).
+        (:func:`~scio_recorder.ood._layers.pool_features`).
     backend, search_budget
         The search's options (:func:`~scio_recorder.ood._search.nearest`).
 

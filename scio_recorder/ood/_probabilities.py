@@ -3,14 +3,14 @@
 ``GEN`` needs no fitting. ``KLMatching`` fits one typical posterior per
 predicted class, streaming: a reducer sums the softmax vectors of the fit
 data by predicted class (``C x C`` float64 whatever the data size). Both
-read the net's output (its logits, as :func:`~scio_recorder._outputs.logits_of`
-finds them), at fit time the output of the root call of the recorder's
-table.
+read the net's output (its logits, :func:`~._outputs.as_logits`), at fit
+time the output of the root call of the recorder's table
+(:func:`~._outputs.output_label`).
 """
 
 from __future__ import annotations
 
-__all__ = ["GEN", "KLMatching", "gen_score", "kl_to_each", "output_label"]
+__all__ = ["GEN", "KLMatching", "gen_score", "kl_to_each"]
 
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._outputs import logits_of
-
 from ._classes import ClassConditional, check_at
+from ._geometry import ClassSums
+from ._outputs import as_logits, output_label
 from ._protocol import Detector, StateEntry
 
 if TYPE_CHECKING:
@@ -32,23 +32,6 @@ if TYPE_CHECKING:
     from ._protocol import Pass
 
 _F64 = torch.float64
-
-
-def output_label(rnet: Recorder) -> DepthIdx:
-    """Return the label of the root call: its output is the net's output."""
-    return next(label for label in rnet.table if label[0] == 0)
-
-
-def as_logits(value: Any, who: str) -> Tensor:
-    """Return the ``[batch, classes]`` logits of a net's output."""
-    logits = logits_of(value)
-    if logits.dim() != 2:  # noqa: PLR2004 (a batch of logit vectors)
-        msg = (
-            f"{who}: the net's logits must be [batch, classes], got "
-            f"{list(logits.shape)}; this detector is for classifiers."
-        )
-        raise ValueError(msg)
-    return logits
 
 
 def gen_score(logits: Tensor, gamma: float = 0.1, m: int | None = None) -> Tensor:
@@ -127,53 +110,6 @@ class GEN(Detector):
     def config(self) -> dict[str, Any]:
         """Return ``gamma`` and ``M``."""
         return {"gamma": self.gamma, "M": self.M}
-
-
-class ClassSums:
-    """A reducer's shared part: per-class sums (``[C, F]``) and counts.
-
-    Subclasses say, in ``update``, which rows go to which class; merging,
-    the result ``(sums, counts)`` and the spilled state are the same.
-    """
-
-    def __init__(self) -> None:
-        self.sums = torch.zeros(0, 0, dtype=_F64)
-        self.counts = torch.zeros(0, dtype=torch.int64)
-
-    @property
-    def count(self) -> int:
-        """Return the number of rows summed."""
-        return int(self.counts.sum())
-
-    def add(self, classes: int, rows: Tensor, by: Tensor) -> None:
-        """Add ``rows`` (``[N, F]``) to the sums of classes ``by`` (``[N]``)."""
-        if self.sums.numel() == 0:
-            self.sums = rows.new_zeros(classes, rows.shape[1], dtype=_F64)
-            self.counts = torch.zeros(classes, dtype=torch.int64, device=rows.device)
-        self.sums = self.sums.to(rows.device).index_add(0, by, rows.to(_F64))
-        self.counts = self.counts.to(rows.device).index_add(0, by, torch.ones_like(by))
-
-    def merge(self, other: ClassSums) -> None:
-        """Add another reducer's sums and counts."""
-        if other.sums.numel() == 0:
-            return
-        if self.sums.numel() == 0:
-            self.sums, self.counts = other.sums.clone(), other.counts.clone()
-            return
-        self.sums = self.sums + other.sums.to(self.sums.device)
-        self.counts = self.counts + other.counts.to(self.counts.device)
-
-    def result(self) -> tuple[Tensor, Tensor]:
-        """Return ``(sums, counts)``."""
-        return self.sums, self.counts
-
-    def state(self) -> dict[str, Tensor]:
-        """Return the sums and counts (to spill or checkpoint)."""
-        return {"sums": self.sums, "counts": self.counts}
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the sums and counts."""
-        self.sums, self.counts = state["sums"], state["counts"]
 
 
 class _PredictedMeans(ClassSums):

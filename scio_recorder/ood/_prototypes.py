@@ -4,8 +4,9 @@
 classification layer ``fc`` (an ``nn.Linear``, by default the last one the
 net calls; as :class:`~scio_recorder.ood.ViM` does) and use its weight ``W``
 and bias ``b``, read from the net when scoring (the net is not copied).
-``RMDS`` reads any layer, as :class:`~scio_recorder.ood.Mahalanobis`.
-Fitting is one streaming :func:`~scio_recorder.collect.collect` pass: means
+(``RMDS``, the relative Mahalanobis distance, is a
+:class:`~scio_recorder.ood.Mahalanobis` and lives beside it.) Fitting is
+one streaming :func:`~scio_recorder.collect.collect` pass: means
 and covariances in float64 whatever the data size, except ``NNGuide``,
 whose bank of ``N x F`` guide features grows with the fit data (``collect``
 spills it to disk beyond a ``memory_budget``; the paper fits on a subset).
@@ -13,7 +14,7 @@ spills it to disk beyond a ``memory_budget``; the paper fits on a subset).
 
 from __future__ import annotations
 
-__all__ = ["DICE", "RMDS", "SHE", "NNGuide", "fDBD", "quantile_linear"]
+__all__ = ["DICE", "SHE", "NNGuide", "fDBD", "quantile_linear"]
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,18 +22,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from scio_recorder.reduce import Concat, Covariance, Moments, SharedCovariance, Tee
+from scio_recorder.reduce import Concat, Moments
 
 from ._checks import check_bank_k, check_count, last_linear
 from ._classes import ClassConditional, check_at
-from ._features import (
-    Mahalanobis,
-    class_mahalanobis,
-    min_mahalanobis,
-    spread_classes,
-)
-from ._logits import energy_score
-from ._probabilities import ClassSums
+from ._geometry import ClassSums
+from ._outputs import energy_score
 from ._protocol import Detector, StateEntry
 from ._search import check_search, nearest
 
@@ -141,7 +136,7 @@ class DICE(_LastLayer):
     fc : selector, optional
         The classification ``nn.Linear``; default the last one the net calls.
     detector : callable, optional
-        ``logits -> scores``; default :func:`~scio_recorder.ood._logits.energy_score`.
+        ``logits -> scores``; default :func:`~scio_recorder.ood._outputs.energy_score`.
 
     Examples
     --------
@@ -459,132 +454,6 @@ class NNGuide(_LastLayer):
 
 
 # ----------------------------------------------------------------- RMDS
-class RMDS(Mahalanobis):
-    """Relative Mahalanobis distance (Ren et al., 2021).
-
-    ``fit`` (labelled in-distribution data, ``target=`` needed) takes the
-    class means ``mu_c`` and tied covariance ``S`` as :class:`Mahalanobis`
-    does, and the background Gaussian of all the features, class-agnostic:
-    mean ``mu_0``, covariance ``S_0`` (population, ``/ N``); both streaming,
-    in one pass. With ``MD_c(f) = (f - mu_c)^T S^+ (f - mu_c)`` and ``MD_0(f)
-    = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
-    MD_0(f))``.
-
-    With ``normalize=True``, **RMDS++** (Müller & Hein, ICML 2025): the same
-    on the L2-normalised features ``f / ||f||_2`` (both Gaussians, and the
-    scored features).
-
-    Where our reading decided: pseudo-inverses (dead ReLU features have zero
-    variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
-    and adds a ``1e-6`` ridge before inverting, so its scores are ours
-    divided by ``N`` (the same ranking), up to the ridge.
-
-    Class-conditional: ``score_classes(x)`` is ``MD_c(f) - MD_0(f)`` for
-    every class; scio 1.1's ``RelativeMahalanobis`` reads it at the
-    predicted class (``at="predicted"``), its conformity minus it times
-    ``(N - 1) / N`` (both its covariances divide by ``N - 1``).
-
-    Parameters
-    ----------
-    rnet : Recorder
-        The wrapped net.
-    layer : selector, optional
-        Features: that layer's output; default the input of the last
-        ``nn.Linear``.
-    normalize : bool, default False
-        RMDS++: L2-normalise the features first.
-    at : {"closest", "predicted"}
-        Which class's relative distance is the score.
-    epsilon : float, default 0.0
-        Lee et al.'s input preprocessing, as :class:`Mahalanobis`' (the
-        step lowers the relative distance ``MD_c*(f) - MD_0(f)`` to the
-        closest class, as scio's ``RelativeMahalanobis``).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from torch import nn
-    >>> from scio_recorder import Recorder
-    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    >>> rnet = Recorder(net, input_size=(1, 3))
-    >>> data = [(torch.randn(32, 3), torch.arange(32) % 2)]
-    >>> rmds = RMDS(rnet).fit(data, target=1)
-    >>> rmds.background_mean.shape, rmds(torch.randn(5, 3)).shape
-    (torch.Size([4]), torch.Size([5]))
-
-    """
-
-    def __init__(
-        self,
-        rnet: Recorder,
-        layer: Selector | None = None,
-        *,
-        normalize: bool = False,
-        at: str = "closest",
-        epsilon: float = 0.0,
-    ) -> None:
-        """Resolve the features' layer."""
-        super().__init__(rnet, layer, normalize=normalize, at=at, epsilon=epsilon)
-        self.background_mean = torch.zeros(0, dtype=_F64)
-        self.background_precision = torch.zeros(0, 0, dtype=_F64)
-
-    def fit_keep(self) -> dict[Any, Any]:
-        """Class statistics and the class-agnostic covariance of the same records."""
-        both = Tee(SharedCovariance(self.num_classes), Covariance())
-        return {self._keep_key(self.label, self.kind): self.normalised(both)}
-
-    def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
-        """Keep the class and the background Gaussians."""
-        classes, background = result[self.label]
-        self.fit_classes(classes)
-        self.background_mean = background.mean.reshape(-1)
-        self.background_precision = torch.linalg.pinv(
-            background.cov_population, hermitian=True
-        )
-
-    def background(self, f: Tensor) -> Tensor:
-        """Return the distance to the background Gaussian, ``MD_0(f)``."""
-        return min_mahalanobis(
-            f, self.background_mean[None, :], self.background_precision
-        )
-
-    def class_scores(self, result: Pass) -> Tensor:
-        """Return each class's distance minus the background distance."""
-        f = self.features(result)
-        distances = class_mahalanobis(f, self.means, self.precision)
-        relative = distances - self.background(f)[:, None]
-        return spread_classes(relative, self.classes, self.class_width(result))
-
-    def closest_scores(self, result: Pass) -> Tensor:
-        """Return the smallest class distance minus the background distance."""
-        f = self.features(result)
-        return min_mahalanobis(f, self.means, self.precision) - self.background(f)
-
-    def state(self) -> dict[str, Tensor]:
-        """Return the class statistics and the background Gaussian."""
-        return {
-            **super().state(),
-            "background_mean": self.background_mean,
-            "background_precision": self.background_precision,
-        }
-
-    def state_entries(self) -> dict[str, StateEntry]:
-        """Return Mahalanobis' entries, the background mean ``[F]`` and precision."""
-        f = self.feature_count()
-        return {
-            **super().state_entries(),
-            "background_mean": StateEntry((f,), _F64),
-            "background_precision": StateEntry((f, f), _F64),
-        }
-
-    def load_state(self, state: Mapping[str, Tensor]) -> None:
-        """Set the class statistics and the background Gaussian."""
-        super().load_state(state)
-        self.background_mean = state["background_mean"]
-        self.background_precision = state["background_precision"]
-
-
-# ----------------------------------------------------------------- fDBD
 class fDBD(_LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
     """fDBD, fast decision-boundary distance (Liu & Qin, ICML 2024).
 

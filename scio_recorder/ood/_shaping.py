@@ -21,10 +21,9 @@ from torch import Tensor
 
 from scio_recorder.reduce import Quantiles
 
-from ._checks import one_label, one_tensor
-from ._logits import energy_score
-from ._multilayer import resolve_layers
-from ._protocol import Detector, StateEntry
+from ._checks import one_tensor
+from ._layers import Shaping, resolve_labels
+from ._protocol import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
     from scio_recorder.select import Selector
 
-    from ._protocol import Edit, Pass
+    from ._protocol import Edit
 
 
 def _kept(n: int, percentile: float) -> int:
@@ -120,38 +119,6 @@ def _check_percentile(who: str, percentile: float) -> None:
         raise ValueError(msg)
 
 
-class _Shaping(Detector):
-    """An edit at ``layer``, the score from the edited logits."""
-
-    edits: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        rnet: Recorder,
-        layer: Selector,
-        *,
-        detector: Callable[[Tensor], Tensor] | None = None,
-    ) -> None:
-        super().__init__(rnet, layer=layer)
-        self.label: DepthIdx = one_label(rnet, layer, type(self).__name__)
-        self.detector = detector or energy_score
-
-    def edit_label(self) -> DepthIdx:
-        return self.label
-
-    def edit(self, output: Tensor) -> Tensor:
-        """Return the shaped output; refuse an output that is not one tensor."""
-        who = type(self).__name__
-        return self.shape(one_tensor(output, self.rnet, self.label, who))
-
-    def shape(self, output: Tensor) -> Tensor:
-        """Return the edited activations."""
-        raise NotImplementedError
-
-    def score_pass(self, result: Pass) -> Tensor:
-        return self.detector(result.logits)
-
-
 class _Pooled(Quantiles):
     """Quantiles whose result is the reducer itself, to merge several layers'."""
 
@@ -160,7 +127,7 @@ class _Pooled(Quantiles):
         return self
 
 
-class ReAct(_Shaping):
+class ReAct(Shaping):
     """ReAct (Sun et al., NeurIPS 2021): clip activations in flight, then score.
 
     ``fit`` takes the clipping threshold as the ``percentile`` of the
@@ -246,7 +213,7 @@ class ReAct(_Shaping):
                 "(exactly one of them)."
             )
             raise ValueError(msg)
-        labels = None if layers is None else resolve_layers(rnet, layers, "ReAct")
+        labels = None if layers is None else resolve_labels(rnet, layers, "ReAct")
         super().__init__(
             rnet, layer if labels is None else labels[0], detector=detector
         )
@@ -373,7 +340,7 @@ class ReAct(_Shaping):
             self.lowers = state["lower"].reshape(-1)
 
 
-class ASH(_Shaping):
+class ASH(Shaping):
     """ASH, activation shaping (Djurisic et al., ICLR 2023); no fitting.
 
     Prunes each sample's activations of ``layer`` below its ``percentile``
@@ -445,7 +412,7 @@ class ASH(_Shaping):
         }
 
 
-class Scale(_Shaping):
+class Scale(Shaping):
     """SCALE (Xu et al., ICLR 2024): scale ``layer``'s activations, then score.
 
     Each sample's activations are multiplied by ``exp(s1 / s2)``, ``s1`` their

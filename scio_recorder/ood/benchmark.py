@@ -84,7 +84,7 @@ from ._collapse import NCI, NECO, Residual
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._evaluate import OoDResults, evaluate, legend
-from ._features import KNN, Mahalanobis, ViM
+from ._features import KNN, RMDS, Mahalanobis, ViM
 from ._gradient import GradNorm
 from ._isomax import IsoMax
 from ._jtla import JTLA
@@ -94,7 +94,7 @@ from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
 from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
-from ._prototypes import DICE, RMDS, SHE, NNGuide, fDBD
+from ._prototypes import DICE, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
 from .metrics import check_metric_names
 
