@@ -4,7 +4,8 @@ On the demo CNN and the ResNet-18-style CNN (eval mode, one thread,
 generated 32x32 blob images, random convolutions with a least-squares
 classifier head so that every class is predicted), three sections:
 
-(a) **The catalogue** (39 detectors, every one of ``scio_recorder.ood``):
+(a) **The catalogue** (every detector of ``scio_recorder.ood``, as
+``scio_recorder.ood.benchmark.catalogue`` builds it for each net):
 fitting with ``fit_detectors`` and scoring an ID and an OoD set with
 ``score_sets`` (shared passes), against each detector alone, its own
 ``.fit`` then its own scoring batch by batch (one detector at a time, the
@@ -59,47 +60,16 @@ from scio_recorder import Recorder
 from scio_recorder.data import make_blobs_images, ood_sets
 from scio_recorder.models import demo_model, resnet18_cifar
 from scio_recorder.ood import (
-    ASH,
-    DICE,
-    GEN,
-    JTLA,
     KNN,
-    LID,
-    MSP,
-    NAC,
-    NCI,
-    NECO,
-    ODIN,
-    RMDS,
-    SHE,
-    VRA,
-    AdaScale,
     Detector,
-    DkNN,
-    Energy,
-    Entropy,
-    FeatureSqueezing,
-    GradNorm,
     Gram,
-    IsoMax,
-    JointEnergy,
-    KLMatching,
     Mahalanobis,
     MahalanobisEnsemble,
-    MaxLogit,
-    NNGuide,
-    Odds,
-    RankFeat,
     ReAct,
-    Residual,
-    Scale,
-    TempScale,
-    Trust,
-    ViM,
-    fDBD,
     fit_detectors,
     score_sets,
 )
+from scio_recorder.ood.benchmark import catalogue as build_catalogue
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -141,11 +111,10 @@ class Spec:
     name: str
     net: nn.Module
     rnet: Recorder
-    penultimate: str  # ReAct, ASH, Scale, VRA
+    penultimate: str  # ReAct, ASH, Scale, VRA, AdaScale
     fc: str  # the last Linear
-    block: str  # RankFeat
-    blocks: list[str]  # MahalanobisEnsemble, Gram, NAC in the catalogue
-    d: int  # ViM, NECO, Residual
+    blocks: tuple[str, ...]  # RankFeat, Gram; with `penultimate`: the multi-layer
+    d: int  # ViM, Residual
     atoms: list[tuple[str, nn.Module]]  # the net's chain up to its last block
     head: nn.Module  # what follows the chain, to the logits
     depth: list[list[str]]  # the layers read for L = 1, 2, 4
@@ -184,8 +153,7 @@ def build(name: str, head_data: Batches) -> Spec:
             rnet=Recorder(net, input_size=(1, 3, 32, 32)),
             penultimate="classifier.2",
             fc="classifier.3",
-            block="features.3",
-            blocks=["features.1", "features.4", "classifier.2"],
+            blocks=("features.1", "features.4"),
             d=16,
             atoms=[(f"features.{i}", f[i]) for i in range(5)],
             head=nn.Sequential(f[5], net.classifier),
@@ -204,8 +172,7 @@ def build(name: str, head_data: Batches) -> Spec:
         rnet=Recorder(net, input_size=(1, 3, 32, 32)),
         penultimate="avgpool",
         fc="fc",
-        block="layer4",
-        blocks=["layer3", "layer4"],
+        blocks=("layer3", "layer4"),
         d=256,
         atoms=[(n, net.get_submodule(n)) for n in names],
         head=nn.Sequential(net.avgpool, nn.Flatten(), net.fc),
@@ -235,49 +202,10 @@ def data(samples: int, batch: int, seed: int) -> Batches:
 
 
 def catalogue(spec: Spec) -> dict[str, Detector]:
-    """Every detector of the package, with the defaults of docs/ood.md."""
-    rnet = spec.rnet
-    return {
-        "MSP": MSP(rnet),
-        "MaxLogit": MaxLogit(rnet),
-        "Energy": Energy(rnet),
-        "Entropy": Entropy(rnet),
-        "GEN": GEN(rnet),
-        "KLMatching": KLMatching(rnet),
-        "TempScale": TempScale(rnet),
-        "ODIN": ODIN(rnet),
-        "ReAct": ReAct(rnet, layer=spec.penultimate),
-        "ASH": ASH(rnet, layer=spec.penultimate),
-        "Scale": Scale(rnet, layer=spec.penultimate),
-        "Mahalanobis": Mahalanobis(rnet),
-        "KNN": KNN(rnet, k=10),
-        "ViM": ViM(rnet, d=spec.d),
-        "GradNorm": GradNorm(rnet),
-        "DICE": DICE(rnet),
-        "SHE": SHE(rnet),
-        "NNGuide": NNGuide(rnet),
-        "RMDS": RMDS(rnet),
-        "fDBD": fDBD(rnet),
-        "MahalanobisEnsemble": MahalanobisEnsemble(rnet, layers=spec.blocks),
-        "Gram": Gram(rnet, layers=spec.blocks[:2]),
-        "NCI": NCI(rnet),
-        "NECO": NECO(rnet, d=spec.d),
-        "Residual": Residual(rnet, d=spec.d),
-        "RankFeat": RankFeat(rnet, layer=spec.block),
-        "VRA": VRA(rnet, layer=spec.penultimate),
-        "NAC": NAC(rnet, layers=spec.blocks[:2]),
-        "AdaScale": AdaScale(rnet, layer=spec.penultimate),
-        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
-        "RMDS++": RMDS(rnet, normalize=True),
-        "LID": LID(rnet, k=10),
-        "Trust": Trust(rnet, alpha=0.1),
-        "DkNN": DkNN(rnet, layers=spec.blocks, k=10),
-        "JTLA": JTLA(rnet, layers=spec.blocks, test={"type": "multinomial", "k": 10}),
-        "IsoMax": IsoMax(rnet),
-        "JointEnergy": JointEnergy(rnet),
-        "FeatureSqueezing": FeatureSqueezing(rnet, squeezers=["bits:3", "median:2"]),
-        "Odds": Odds(rnet, epsilon=0.1, noise_samples=32),
-    }
+    """Every detector of the package (the package's catalogue, built for this net)."""
+    return build_catalogue(
+        spec.rnet, penultimate=spec.penultimate, blocks=spec.blocks, d=spec.d
+    )
 
 
 # ------------------------------------------------------------ counting
@@ -657,36 +585,15 @@ def fit_section(spec: Spec, samples: int, rounds: int, rng: random.Random) -> li
 
 
 # ------------------------------------------------------------ memory
-FITS: dict[str, Callable[[Spec], Detector]] = {
-    "TempScale": lambda s: TempScale(s.rnet),
-    "KLMatching": lambda s: KLMatching(s.rnet),
-    "ReAct (exact)": lambda s: ReAct(s.rnet, layer=s.penultimate),
-    "ReAct (exact=False)": lambda s: ReAct(s.rnet, layer=s.penultimate, exact=False),
-    "Mahalanobis": lambda s: Mahalanobis(s.rnet),
-    "KNN": lambda s: KNN(s.rnet, k=10),
-    "ViM": lambda s: ViM(s.rnet, d=s.d),
-    "DICE": lambda s: DICE(s.rnet),
-    "SHE": lambda s: SHE(s.rnet),
-    "NNGuide": lambda s: NNGuide(s.rnet),
-    "RMDS": lambda s: RMDS(s.rnet),
-    "fDBD": lambda s: fDBD(s.rnet),
-    "MahalanobisEnsemble": lambda s: MahalanobisEnsemble(s.rnet, layers=s.blocks),
-    "Gram": lambda s: Gram(s.rnet, layers=s.blocks[:2]),
-    "NCI": lambda s: NCI(s.rnet),
-    "NECO": lambda s: NECO(s.rnet, d=s.d),
-    "Residual": lambda s: Residual(s.rnet, d=s.d),
-    "VRA": lambda s: VRA(s.rnet, layer=s.penultimate),
-    "NAC": lambda s: NAC(s.rnet, layers=s.blocks[:2]),
-    "AdaScale": lambda s: AdaScale(s.rnet, layer=s.penultimate),
-    "LID": lambda s: LID(s.rnet, k=10),
-    "Trust": lambda s: Trust(s.rnet, alpha=0.1),
-    "DkNN": lambda s: DkNN(s.rnet, layers=s.blocks, k=10),
-    "JTLA": lambda s: JTLA(
-        s.rnet, layers=s.blocks, test={"type": "multinomial", "k": 10}
-    ),
-    "IsoMax": lambda s: IsoMax(s.rnet),
-    "Odds": lambda s: Odds(s.rnet, epsilon=0.1, noise_samples=32),
-}
+def fits(spec: Spec) -> dict[str, Detector]:
+    """The catalogue's detectors that fit, and ReAct with its flat-memory sketch."""
+    fitted = {name: d for name, d in catalogue(spec).items() if d.needs_fit}
+    fitted["ReAct (exact=False)"] = ReAct(
+        spec.rnet, layer=spec.penultimate, exact=False
+    )
+    return fitted
+
+
 ALL = "the whole catalogue (fit_detectors)"
 
 
@@ -708,7 +615,7 @@ def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
     net = build(spec["model"], head)
     batches = data(spec["samples"], 128, seed=0)
     task = spec["task"]
-    detectors = catalogue(net) if task == ALL else {task: FITS[task](net)}
+    detectors = catalogue(net) if task == ALL else {task: fits(net)[task]}
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := RSS
     base = _status("VmRSS") or 0
     fit_detectors(detectors, batches, target=1)
@@ -875,7 +782,7 @@ def main() -> int:
             rows = fit_section(spec, args.samples, args.rounds, random.Random(0))
             print("\n".join(rows))
     if "memory" in sections and Path("/proc/self/clear_refs").exists():
-        tasks = [*FITS, ALL]
+        tasks = [*fits(build("demo", head)), ALL]
         if args.fits:
             tasks = args.fits.split(",")
         elif args.quick:

@@ -12,6 +12,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 import subprocess
 import sys
 import types
@@ -358,3 +359,110 @@ def test_the_lazy_face_reader_sees_both_lists(monkeypatch, tmp_path):
         {"A": "._a", "B": "._b"},
         {"A": "._a", "D": "..c"},
     )
+
+
+# ------------------------------------------------------------ the OoD catalogue
+REPO = PACKAGE.parent
+CATALOGUE_COUNTS = (
+    # "32 of the catalogue's 39": the demo's default set, then the catalogue
+    r"(?P<part>\d+) of the catalogue's (?P<all>\d+)",
+    r"(?P<part>\d+) of the (?P<all>\d+) (?:OoD )?detectors",
+    r"\((?P<part>\d+) of (?P<all>\d+), every family",
+    r"whole catalogue of (?P<all>\d+)",
+    r"(?P<all>\d+) post-hoc\s+detectors",
+    r"(?P<all>\d+)-detector benchmark",
+    r"all (?P<all>\d+) detectors of `scio_recorder\.ood`",
+    r"OoD benchmark '\w+': (?P<all>\d+) detectors",  # the docs' results tables
+)
+"""How the docs, the README and the CLI state the catalogue's size (not the
+changelog: what a release had stays as it was)."""
+
+
+def catalogue_count_statements() -> list[tuple[str, re.Match[str]]]:
+    """Every statement of the catalogue's size: (file, match)."""
+    paths = [
+        REPO / "README.md",
+        REPO / "benchmarks" / "README.md",
+        PACKAGE / "cli.py",
+        PACKAGE / "demo.py",
+        *sorted((REPO / "docs").rglob("*.md")),
+    ]
+    found = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        for pattern in CATALOGUE_COUNTS:
+            found += [(path.name, m) for m in re.finditer(pattern, text)]
+    return found
+
+
+def test_the_catalogue_is_the_one_list_of_detectors():
+    """Every list of the OoD detectors is the catalogue's table, or agrees with it.
+
+    The benchmark's catalogue and its names are built from the table; the
+    face exports each class it builds from the module that defines it (the
+    map, `__all__` and the imports for type checkers, as written) and no
+    other detector; the docs give each a row of the OoD page's table and a
+    section of the API page, and every count they state is the table's.
+    """
+    from scio_recorder import Recorder  # noqa: PLC0415 (only here)
+    from scio_recorder.demo import DETECTORS as DEMO  # noqa: PLC0415
+    from scio_recorder.models import digits_cnn  # noqa: PLC0415
+    from scio_recorder.ood import _catalogue, benchmark  # noqa: PLC0415
+
+    names = [name for name, _ in _catalogue.DETECTORS]
+    built = benchmark.catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
+    assert list(built) == names == list(benchmark.CATALOGUE)
+    assert len(set(names)) == len(names)
+    defined = {type(d).__name__: type(d).__module__ for d in built.values()}
+    face = f"{ROOT}.ood"
+    ood = importlib.import_module(face)
+    lazy, typing = lazy_map_and_typing_imports(face)
+    wanted = {name: "." + module.rpartition(".")[2] for name, module in defined.items()}
+    assert {k: lazy.get(k) for k in wanted} == wanted, "the face's lazy map"
+    assert {k: typing.get(k) for k in wanted} == wanted, "its TYPE_CHECKING imports"
+    assert set(wanted) <= set(ood.__all__), "its __all__"
+    exported = {
+        name
+        for name in ood.__all__
+        if isinstance(value := getattr(ood, name), type)
+        and issubclass(value, ood.Detector)
+        and value not in {ood.Detector, ood.ClassConditional}
+    }
+    assert exported == set(wanted), "detectors the catalogue does not build"
+    docs = REPO / "docs"
+    api = re.findall(
+        r"^::: scio_recorder\.ood\.(\w+)$",
+        (docs / "api" / "ood-detectors.md").read_text(encoding="utf-8"),
+        flags=re.MULTILINE,
+    )
+    assert sorted(api) == sorted(wanted), "docs/api/ood-detectors.md"
+    page = (docs / "ood.md").read_text(encoding="utf-8")
+    table = page[page.index("| detector | paper |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(wanted), "docs/ood.md's table of detectors"
+    counts = catalogue_count_statements()
+    assert {m.re.pattern for _, m in counts} == set(CATALOGUE_COUNTS)  # each found
+    wrong = [
+        (where, m.group(0))
+        for where, m in counts
+        if int(m["all"]) != len(names)
+        or ("part" in m.groupdict() and int(m["part"]) != len(DEMO))
+    ]
+    assert wrong == [], f"the catalogue has {len(names)}, the demo {len(DEMO)}"
+
+
+def test_benchmarks_measure_the_package_catalogue(monkeypatch):
+    """`benchmarks/ood.py` builds the package's catalogue, not a list of its own."""
+    from scio_recorder.ood.benchmark import CATALOGUE  # noqa: PLC0415
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "ood_benchmark", REPO / "benchmarks" / "ood.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look it up
+    spec.loader.exec_module(script)
+    net = script.build("demo", script.data(16, 16, seed=0))
+    assert tuple(script.catalogue(net)) == CATALOGUE

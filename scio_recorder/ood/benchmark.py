@@ -78,24 +78,10 @@ from scio_recorder.data import (
 from scio_recorder.models import demo_model, digits_cnn
 from scio_recorder.recorder import Recorder
 
-from ._adascale import AdaScale
-from ._calibration import ODIN, TempScale
-from ._collapse import NCI, NECO, Residual
-from ._coverage import NAC
-from ._edits import VRA, RankFeat
+from ._calibration import TempScale
+from ._catalogue import DETECTORS, Classifier
 from ._evaluate import OoDResults, evaluate, legend
-from ._features import KNN, RMDS, Mahalanobis, ViM
-from ._gradient import GradNorm
-from ._isomax import IsoMax
-from ._jtla import JTLA
-from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
-from ._neighbours import LID, DkNN, Trust
 from ._passes import fit_detectors
-from ._perturbation import FeatureSqueezing, Odds
-from ._probabilities import GEN, KLMatching
-from ._prototypes import DICE, SHE, NNGuide, fDBD
-from ._shaping import ASH, ReAct, Scale
 from .metrics import check_metric_names
 
 if TYPE_CHECKING:
@@ -307,49 +293,14 @@ def catalogue(
         msg = "catalogue: the net has no nn.Linear; its detectors read the last one"
         raise ValueError(msg)
     width, logits = linears[-1].in_features, linears[-1].out_features
-    d_vim = d if d is not None else width // 2
-    deep = [*blocks, penultimate]
-    return {
-        "MSP": MSP(rnet),
-        "MaxLogit": MaxLogit(rnet),
-        "Energy": Energy(rnet),
-        "Entropy": Entropy(rnet),
-        "GEN": GEN(rnet),
-        "KLMatching": KLMatching(rnet),
-        "TempScale": TempScale(rnet),
-        "ODIN": ODIN(rnet),
-        "ReAct": ReAct(rnet, layer=penultimate),
-        "ASH": ASH(rnet, layer=penultimate),
-        "Scale": Scale(rnet, layer=penultimate),
-        "Mahalanobis": Mahalanobis(rnet),
-        "KNN": KNN(rnet, k=10),
-        "ViM": ViM(rnet, d=d_vim),
-        "DICE": DICE(rnet),
-        "SHE": SHE(rnet),
-        "NNGuide": NNGuide(rnet),
-        "RMDS": RMDS(rnet),
-        "fDBD": fDBD(rnet),
-        "GradNorm": GradNorm(rnet),
-        "NAC": NAC(rnet, layers=deep),
-        "MahalanobisEnsemble": MahalanobisEnsemble(rnet, layers=deep),
-        "Gram": Gram(rnet, layers=list(blocks)),
-        "NCI": NCI(rnet),
-        "NECO": NECO(rnet, d=logits),
-        "Residual": Residual(rnet, d=d_vim),
-        "RankFeat": RankFeat(rnet, layers=list(blocks)),
-        "VRA": VRA(rnet, layer=penultimate),
-        "AdaScale": AdaScale(rnet, layer=penultimate),
-        "Mahalanobis++": Mahalanobis(rnet, normalize=True),
-        "RMDS++": RMDS(rnet, normalize=True),
-        "LID": LID(rnet, k=10),
-        "Trust": Trust(rnet, alpha=0.1),
-        "DkNN": DkNN(rnet, layers=deep, k=10),
-        "JTLA": JTLA(rnet, layers=deep, test={"type": "multinomial", "k": 10}),
-        "IsoMax": IsoMax(rnet),
-        "JointEnergy": JointEnergy(rnet),
-        "FeatureSqueezing": FeatureSqueezing(rnet, squeezers=["bits:3", "median:2"]),
-        "Odds": Odds(rnet, epsilon=0.1, noise_samples=32),
-    }
+    net = Classifier(
+        rnet,
+        penultimate=penultimate,
+        blocks=tuple(blocks),
+        d=d if d is not None else width // 2,
+        logits=logits,
+    )
+    return {name: make(net) for name, make in DETECTORS}
 
 
 @dataclasses.dataclass
@@ -762,46 +713,6 @@ _LAYERS: dict[str, dict[str, Any]] = {
     "digits": {"penultimate": "classifier.2", "blocks": ("features.3", "features.6")},
     "blobs": {"penultimate": "classifier.2", "blocks": ("features.1", "features.4")},
 }
-CATALOGUE = (
-    "MSP",
-    "MaxLogit",
-    "Energy",
-    "Entropy",
-    "GEN",
-    "KLMatching",
-    "TempScale",
-    "ODIN",
-    "ReAct",
-    "ASH",
-    "Scale",
-    "Mahalanobis",
-    "KNN",
-    "ViM",
-    "DICE",
-    "SHE",
-    "NNGuide",
-    "RMDS",
-    "fDBD",
-    "GradNorm",
-    "NAC",
-    "MahalanobisEnsemble",
-    "Gram",
-    "NCI",
-    "NECO",
-    "Residual",
-    "RankFeat",
-    "VRA",
-    "AdaScale",
-    "Mahalanobis++",
-    "RMDS++",
-    "LID",
-    "Trust",
-    "DkNN",
-    "JTLA",
-    "IsoMax",
-    "JointEnergy",
-    "FeatureSqueezing",
-    "Odds",
-)
+CATALOGUE = tuple(name for name, _ in DETECTORS)
 """The names of :func:`catalogue`'s detectors, in its order (what
 :func:`run_benchmark` takes by name)."""
