@@ -2,8 +2,9 @@
 
 Helpers shared by :meth:`LayerTable.compact <scio_recorder.LayerTable.compact>`,
 :meth:`LayerTable.to_html <scio_recorder.LayerTable.to_html>` and the
-recorder's ``compact`` and ``_repr_html_``: cells are plain strings, widths
-are counted in characters (names of modules are expected to be narrow
+recorder's ``compact`` and ``_repr_html_``, and the tables of numbers of the
+OoD results (:func:`metric_table`): cells are plain strings, widths are
+counted in characters (names of modules are expected to be narrow
 characters, as Python identifiers are).
 """
 
@@ -13,6 +14,7 @@ __all__ = [
     "ELLIPSIS",
     "fit_widths",
     "html_table",
+    "metric_table",
     "middle_truncate",
     "min_width",
     "selection_marks",
@@ -25,7 +27,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Container, Sequence
 
 ELLIPSIS = "\N{HORIZONTAL ELLIPSIS}"
 """What stands for the characters a truncated cell leaves out."""
@@ -180,14 +182,51 @@ def text_table(
         widths[column] = fitted[index]
 
     def line(cells: Sequence[str]) -> str:
-        out = []
-        for index, (cell, size) in enumerate(zip(cells, widths, strict=True)):
-            text = middle_truncate(cell, size)
-            out.append(text.rjust(size) if index in right else text.ljust(size))
-        return SEPARATOR.join(out).rstrip()
+        cut = [middle_truncate(c, size) for c, size in zip(cells, widths, strict=True)]
+        return _aligned(cut, widths, right)
 
     rule = SEPARATOR.join("-" * size for size in widths)
     return [line(table[0]), rule, *(line(row) for row in table[1:])]
+
+
+def metric_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False
+) -> list[str]:
+    r"""Return the lines of a table of numbers: names in the first column, then values.
+
+    Plain text: the columns aligned, the first to the left and the others
+    (numbers) to the right, trailing blanks stripped, no rule; with
+    ``markdown``, a Markdown table whose value columns are right-aligned.
+
+    Examples
+    --------
+    >>> rows = [["MSP", "0.912"], ["Mahalanobis", "0.5"]]
+    >>> print("\n".join(metric_table(["detector", "AUROC"], rows)))
+    detector     AUROC
+    MSP          0.912
+    Mahalanobis    0.5
+    >>> print("\n".join(metric_table(["detector", "AUROC"], rows[:1], markdown=True)))
+    | detector | AUROC |
+    |---|---:|
+    | MSP | 0.912 |
+
+    """
+    table = [list(header), *(list(row) for row in rows)]
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in table]
+        return [lines[0], "|---|" + "---:|" * (len(header) - 1), *lines[1:]]
+    widths = _natural(table)
+    right = range(1, len(header))
+    return [_aligned(row, widths, right) for row in table]
+
+
+def _aligned(cells: Sequence[str], widths: Sequence[int], right: Container[int]) -> str:
+    """Join ``cells`` padded to ``widths`` (``right``: right-aligned), stripped."""
+    out = [
+        cell.rjust(size) if index in right else cell.ljust(size)
+        for index, (cell, size) in enumerate(zip(cells, widths, strict=True))
+    ]
+    return SEPARATOR.join(out).rstrip()
 
 
 def _stages(flexible: Sequence[int | Sequence[int]]) -> list[list[int]]:

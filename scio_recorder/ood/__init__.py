@@ -176,7 +176,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Residual": "._collapse",
         "SHE": "._prototypes",
         "Scale": "._shaping",
-        "StateEntry": "._protocol",
+        "StateEntry": "._saving",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -207,6 +207,7 @@ if TYPE_CHECKING:
     from ._passes import fit_detectors
     from ._perturbation import FeatureSqueezing, Odds
     from ._probabilities import GEN, KLMatching
-    from ._protocol import Detector, NotFittedError, Pass, StateEntry
+    from ._protocol import Detector, NotFittedError, Pass
     from ._prototypes import DICE, SHE, NNGuide, fDBD
+    from ._saving import StateEntry
     from ._shaping import ASH, ReAct, Scale

@@ -35,7 +35,8 @@ from ._checks import (
 )
 from ._outputs import as_logits, energy_score
 from ._passes import all_or_nothing
-from ._protocol import Detector, Pass, StateEntry, gradient_fit_inputs, run_pass
+from ._protocol import Detector, Pass, gradient_fit_inputs, run_pass
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence

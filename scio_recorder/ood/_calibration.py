@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ._checks import first_float_input
 from ._outputs import as_logits, output_label
-from ._protocol import Detector, StateEntry, run_pass
+from ._protocol import Detector, run_pass
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -20,7 +20,8 @@ from scio_recorder.collect import InputOf
 from scio_recorder.reduce import Covariance, Moments
 
 from ._checks import check_feature_count, last_linear
-from ._protocol import Detector, StateEntry
+from ._protocol import Detector
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

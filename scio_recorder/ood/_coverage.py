@@ -22,7 +22,8 @@ from torch import Tensor
 from ._checks import check_finite_samples
 from ._layers import MultiLayer, check_choice, pool_features, pooled_size
 from ._passes import all_or_nothing
-from ._protocol import StateEntry, gradient_fit_inputs, run_pass
+from ._protocol import gradient_fit_inputs, run_pass
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence

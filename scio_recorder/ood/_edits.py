@@ -20,7 +20,7 @@ from scio_recorder.reduce import Quantiles
 
 from ._checks import per_sample_size
 from ._layers import Shaping, resolve_labels
-from ._protocol import StateEntry
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from scio_recorder._batches import as_arguments, batch_getter
+from scio_recorder._render import metric_table
 
 from ._checks import check_batches
 from ._passes import run_passes
@@ -374,24 +375,14 @@ class OoDResults(Mapping[str, Evaluation]):
         """
         out = self._head(metrics)
         for title, header, rows in self._blocks(metrics):
-            widths = [
-                max(len(r[i]) for r in [header, *rows]) for i in range(len(header))
-            ]
-            out += ["", title]
-            for row in [header, *rows]:
-                cells = [row[0].ljust(widths[0])]
-                cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-                out.append("  ".join(cells).rstrip())
+            out += ["", title, *metric_table(header, rows)]
         return "\n".join(out)
 
     def to_markdown(self, metrics: Sequence[str] | None = None) -> str:
         """Return one Markdown table per metric (and the accuracy), legend first."""
         out = [f"{line}  " for line in self._head(metrics)]
         for title, header, rows in self._blocks(metrics):
-            out += ["", f"**{title}**", ""]
-            out.append("| " + " | ".join(header) + " |")
-            out.append("|---|" + "---:|" * (len(header) - 1))
-            out += ["| " + " | ".join(row) + " |" for row in rows]
+            out += ["", f"**{title}**", "", *metric_table(header, rows, markdown=True)]
         return "\n".join(out)
 
     def to_pandas(self, metrics: Sequence[str] | None = None) -> Any:

@@ -38,7 +38,8 @@ from ._geometry import (
 from ._inputs import check_epsilon, gradient_step
 from ._layers import Features, Mapped
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
-from ._protocol import Detector, Pass, StateEntry, fit_pass, run_pass
+from ._protocol import Detector, Pass, fit_pass, run_pass
+from ._saving import StateEntry
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from ._bank import Bank
 from ._checks import check_count, check_number
 from ._classes import ClassConditional, check_at
 from ._outputs import as_logits, output_label
-from ._protocol import StateEntry
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -30,8 +30,8 @@ from ._checks import check_count
 from ._classes import class_count
 from ._layers import Neighbourhoods, enough_samples, label_counts
 from ._outputs import as_logits, output_label
-from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -67,7 +67,8 @@ from ._checks import (
 from ._classes import ClassConditional, check_at
 from ._geometry import check_act_norm, normalized
 from ._outputs import energy_score
-from ._protocol import Detector, Pass, StateEntry
+from ._protocol import Detector, Pass
+from ._saving import StateEntry
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:

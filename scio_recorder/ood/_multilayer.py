@@ -37,8 +37,9 @@ from ._geometry import (
 )
 from ._inputs import check_epsilon, gradient_step
 from ._layers import SEQUENCE_RANK, Mapped, MultiLayer, pooled_size
-from ._protocol import Pass, StateEntry, run_pass
+from ._protocol import Pass, run_pass
 from ._pvalues import check_aggregation, combine, p_values
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

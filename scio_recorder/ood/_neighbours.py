@@ -33,8 +33,8 @@ from ._bank import Bank
 from ._checks import check_count
 from ._classes import ClassConditional, check_at, class_count
 from ._layers import Features, Neighbourhoods, enough_samples, label_counts
-from ._protocol import StateEntry
 from ._pvalues import check_aggregation, combine, p_values
+from ._saving import StateEntry
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:

@@ -43,9 +43,10 @@ from ._classes import ClassConditional, check_at
 from ._inputs import floating_input, sample_noise
 from ._outputs import as_logits, output_label
 from ._passes import all_or_nothing
-from ._protocol import Detector, Pass, StateEntry, run_pass
+from ._protocol import Detector, Pass, run_pass
 from ._pvalues import AGGREGATIONS, combine
 from ._rows import empty_batch
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

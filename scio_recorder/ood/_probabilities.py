@@ -21,7 +21,8 @@ from torch import Tensor
 from ._classes import ClassConditional, check_at
 from ._geometry import ClassSums
 from ._outputs import as_logits, output_label
-from ._protocol import Detector, StateEntry
+from ._protocol import Detector
+from ._saving import StateEntry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

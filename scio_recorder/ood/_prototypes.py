@@ -28,7 +28,8 @@ from ._checks import check_bank_k, check_count, last_linear
 from ._classes import ClassConditional, check_at
 from ._geometry import ClassSums
 from ._outputs import energy_score
-from ._protocol import Detector, StateEntry
+from ._protocol import Detector
+from ._saving import StateEntry
 from ._search import check_search, nearest
 
 if TYPE_CHECKING:

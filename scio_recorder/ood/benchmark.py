@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scio_recorder._render import metric_table
 from scio_recorder.data import (
     batches,
     load_digits,
@@ -472,13 +473,8 @@ class BenchmarkResults:
         shown = self._columns(columns)
         out = self._head(metrics)
         for metric in metrics:
-            rows = [["detector", *shown], *self._cells(metric, shown)]
-            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            out += ["", metric]
-            for row in rows:
-                cells = [row[0].ljust(widths[0])]
-                cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-                out.append("  ".join(cells).rstrip())
+            table = metric_table(["detector", *shown], self._cells(metric, shown))
+            out += ["", metric, *table]
         return "\n".join(out)
 
     def to_markdown(
@@ -492,9 +488,9 @@ class BenchmarkResults:
         out = [f"{line}  " for line in self._head(metrics)]
         for metric in metrics:
             out += ["", f"**{metric}** (mean ± std over {len(self.runs)} seeds)", ""]
-            out.append("| detector | " + " | ".join(shown) + " |")
-            out.append("|---|" + "---:|" * len(shown))
-            out += ["| " + " | ".join(row) + " |" for row in self._cells(metric, shown)]
+            out += metric_table(
+                ["detector", *shown], self._cells(metric, shown), markdown=True
+            )
         return "\n".join(out)
 
     def __str__(self) -> str:
