@@ -75,7 +75,9 @@ class _ParameterEntry:
 class _HookedScope:
     """A scope whose recorder selects (and hooks) its layers only while open.
 
-    So no hook of the group stays on the net outside its ``with`` block.
+    So no hook of the group stays on the net outside its ``with`` block: on
+    exit the recorder's previous selection comes back
+    (:meth:`Recorder.selecting`), whatever it was.
     """
 
     def __init__(
@@ -83,14 +85,16 @@ class _HookedScope:
     ) -> None:
         self.recorder, self.outputs, self.inputs = recorder, outputs, inputs
         self.scope = recorder.scope()
+        self._open: contextlib.ExitStack | None = None
 
     def __enter__(self) -> Scope:
-        self.recorder.record(*self.outputs, inputs=self.inputs)
-        try:
-            return self.scope.__enter__()
-        except BaseException:
-            self.recorder.record()
-            raise
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                self.recorder.selecting(*self.outputs, inputs=self.inputs)
+            )
+            scope = stack.enter_context(self.scope)
+            self._open = stack.pop_all()
+        return scope
 
     def __exit__(
         self,
@@ -98,10 +102,9 @@ class _HookedScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            self.scope.__exit__(exc_type, exc, tb)
-        finally:
-            self.recorder.record()
+        stack, self._open = self._open, None
+        if stack is not None:
+            stack.__exit__(exc_type, exc, tb)
 
 
 class _CallEntry:

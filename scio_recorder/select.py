@@ -276,15 +276,16 @@ def resolve(
     """
     picked: dict[DepthIdx, Layer] = {}
     for selector in selectors:
-        for row in _resolve_one(table, net, selector):
+        for row in _rows_of(table, net, selector):
             picked[row.label] = row
     order = {row.label: i for i, row in enumerate(table.rows)}
     return sorted(picked.values(), key=lambda row: order[row.label])
 
 
-def _resolve_one(  # noqa: C901, PLR0911, PLR0912 (one branch per selector form)
+def _rows_of(  # noqa: C901, PLR0911, PLR0912 (one branch per selector form)
     table: LayerTable, net: nn.Module, selector: Selector
 ) -> list[Layer]:
+    """Return the rows one selector picks (:func:`resolve_one`: exactly one row)."""
     label = as_label(selector)
     if label is not None:
         if label not in table:
@@ -345,7 +346,7 @@ def _resolve_one(  # noqa: C901, PLR0911, PLR0912 (one branch per selector form)
             raise ValueError(msg)
         return [row for row in rows if row.recordable]
     if isinstance(selector, list | tuple | set | frozenset):
-        return [row for item in selector for row in _resolve_one(table, net, item)]
+        return [row for item in selector for row in _rows_of(table, net, item)]
     if callable(selector):
         predicate: Callable[[Layer], object] = selector
         rows = [row for row in table.rows if row.recordable and predicate(row)]

@@ -286,6 +286,40 @@ def test_from_config_exposes_its_recorder():
     assert group.get("w") is model.conv1.bias
 
 
+def test_leaving_the_group_restores_the_recorders_previous_selection():
+    """A selection made on ``group.recorder`` between blocks survives a block.
+
+    On exit (normal or by an exception) the recorder records what it
+    recorded before the block, with the hooks of that selection, and a pass
+    after the block records it.
+    """
+    model = TwiceConv()
+    group = RecorderGroup.from_config(
+        {"a": {"type": "ModuleOutputs", "source": "conv2"}}, model, input_size=X
+    )
+    rnet = group.recorder
+    rnet.record("conv1", inputs="conv2")
+
+    def state():  # the selection, and how many hooks of each kind each module has
+        hooks = module_hooks(model).items()
+        counts = {name: tuple(map(len, ids)) for name, ids in hooks}
+        return rnet.selection, counts
+
+    before = state()
+    with group:
+        assert rnet.recording == ((1, 3),)
+        model(torch.randn(X))
+    assert state() == before
+    with pytest.raises(ValueError, match=r"^boom$"):
+        raise_inside(group, lambda: model(torch.randn(X)))
+    assert state() == before
+    x = torch.randn(X)
+    rnet(x)
+    assert set(rnet.activations) == {(1, 1), (1, 2)}  # conv1's two calls
+    # the layer applied to the same inputs: the same float32 tensors
+    assert torch.equal(rnet.activations[(1, 2)], model.conv1(x + 1))
+
+
 def test_call_entries_only_need_no_net():
     """A config of functions and methods builds no Recorder."""
     group = RecorderGroup.from_config(
