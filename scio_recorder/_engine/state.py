@@ -298,7 +298,10 @@ class PassState:
         """Record the inputs of ``label``'s call (with their version counters)."""
         if self.inputs is _NO_INPUTS:
             self.inputs = {}
-        options = self.plan.options
+        plan = self.plan
+        options = plan.options
+        if label in plan.copied_inputs:  # overwritten later: a copy, exact
+            options = plan.copy_options
         if options.transforms:
             args, kwargs = options.apply(args), options.apply(kwargs)
         record = CallInputs(tuple(args), dict(kwargs))
@@ -357,25 +360,28 @@ class PassState:
             if not self.dont_record:
                 self.watch_grad(module, label, output)
             return None
-        options = self.plan.options
+        plan = self.plan
+        options = plan.options
         record = None
-        if not self.dont_record and label not in self.plan.unrecorded:
-            record = options.apply(output) if options.transforms else output
-            self.records[label] = record
+        copy = False
+        if not self.dont_record and label not in plan.unrecorded:
+            if label in plan.copied:
+                # A later in-place operation overwrites this output (the
+                # reference pass saw it): the record is a copy, taken after the
+                # postprocessor (below), so that an in-place edit shows in it
+                # as in any record. A copy needs no version counter.
+                copy = True
+                self.records[label] = None  # its place in the records' order
+            else:
+                record = options.apply(output) if options.transforms else output
+                self.records[label] = record
         result = (
             None if self.postproc is None else self.postprocess(label, output, module)
         )
+        if copy:
+            self.records[label] = plan.copy_options.apply(output)
         if record is not None and not options.clone:
-            if isinstance(record, Tensor):
-                try:
-                    version = record._version  # noqa: SLF001 (version counter)
-                except RuntimeError:  # inference tensors have no version counter
-                    pass
-                else:
-                    self.watched.append(record)
-                    self.versions.append(version)
-            else:
-                self.watch(record)
+            self.watch_record(record)
         if wants_grad and not self.dont_record:
             self.watch_grad(module, label, output if result is None else result)
         return result
@@ -423,6 +429,18 @@ class PassState:
         if self.watched:  # in-place edits by postprocessors are the user's
             self.versions = [t._version for t in self.watched]  # noqa: SLF001
         return result
+
+    def watch_record(self, record: Any) -> None:
+        """Keep the version counter of a record (one tensor: without a tree walk)."""
+        if isinstance(record, Tensor):
+            try:
+                version = record._version  # noqa: SLF001 (version counter)
+            except RuntimeError:  # inference tensors have no version counter
+                return
+            self.watched.append(record)
+            self.versions.append(version)
+        else:
+            self.watch(record)
 
     def watch(self, record: Any) -> None:
         """Keep the version counter of every tensor inside ``record``."""
