@@ -49,6 +49,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
+from ._batches import PaddingWatch
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
 from ._engine.hooks import drop_copied_hooks
 from ._engine.passes import Passes
@@ -167,6 +168,7 @@ class Recorder(RecorderViews):
     """  # noqa: E501 (a table row is long)
 
     _net_direct: nn.Module
+    _padding: PaddingWatch
     _passes: Passes
     _gate: _Gate
 
@@ -202,6 +204,7 @@ class Recorder(RecorderViews):
         # A plain attribute: reading a submodule goes through the slower
         # `nn.Module.__getattr__`, and forward reads it on every pass.
         object.__setattr__(self, "_net_direct", net)
+        object.__setattr__(self, "_padding", PaddingWatch())
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
         empty = CallPlan.empty(self._table.mode_description)
@@ -519,6 +522,8 @@ class Recorder(RecorderViews):
             self._check_early_exit(
                 args, kwargs, dont_record=dont_record, early_exit=early_exit
             )
+        if "attention_mask" in kwargs and not self._padding.done:
+            self._padding.see(net, kwargs)
         return self._passes.run(
             net, args, kwargs, activation_postproc, dont_record, edits, early_exit
         )
@@ -600,6 +605,8 @@ class Recorder(RecorderViews):
             self._check_early_exit(
                 args, kwargs, dont_record=dont_record, early_exit=early_exit
             )
+        if "attention_mask" in kwargs and not self._padding.done:
+            self._padding.see(self._net_direct, kwargs)
         return self._passes.run(
             self._net_direct,
             args,

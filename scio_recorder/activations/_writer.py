@@ -307,7 +307,7 @@ class RankWriter:
         source.check_no_padding(args, kwargs, index)
         mask = source.padding_mask(batch, index)
         digest = source.digest(self.digest, args, kwargs, mask)
-        args, kwargs = source.move(args, kwargs)
+        args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
             if EARLY_EXIT:
                 rnet(*args, early_exit=True, **kwargs)
