@@ -41,11 +41,13 @@ __getattr__, __dir__ = _lazy_attributes(
     __name__,
     {
         "CallRecorder": ".calls",
+        "CheckReport": ".checks",
         "CollectResult": ".collect",
         "Estimate": ".collect",
         "RecordInfo": ".io",
         "RecorderGroup": ".group",
         "Records": ".io",
+        "check": ".checks",
         "collect": ".collect",
         "estimate": ".collect",
         "load_records": ".io",
@@ -59,6 +61,7 @@ if typing.TYPE_CHECKING:
     # CollectModule`). Type checkers are told it is the function, which is
     # how it is called.
     from .calls import CallRecorder
+    from .checks import CheckReport, check
     from .collect import CollectResult, Estimate, collect, estimate
     from .group import RecorderGroup
     from .io import RecordInfo, Records, load_records, save_records
@@ -67,6 +70,7 @@ __all__ = [
     "CallInputs",
     "CallPlanError",
     "CallRecorder",
+    "CheckReport",
     "CollectResult",
     "DepthIdx",
     "Estimate",
@@ -81,6 +85,7 @@ __all__ = [
     "Reducer",
     "Scope",
     "Selection",
+    "check",
     "children",
     "collect",
     "estimate",

@@ -82,6 +82,8 @@ if TYPE_CHECKING:
     from torch.nn.parameter import Parameter
     from typing_extensions import Self
 
+    from .checks import CheckReport
+
 
 _DEFAULT_SUMMARY_KWARGS: dict[str, Any] = {
     "col_names": ("input_size", "output_size", "num_params", "params_percent"),
@@ -619,6 +621,38 @@ class Recorder(RecorderViews):
 
     _fast_forward = _eager_forward
     """What ``__call__``'s fast path runs (a subclass's own ``forward``)."""
+
+    def check(
+        self,
+        batch: Any,
+        *,
+        layers: Any = None,
+        rows: int = 8,
+        dtype_copy: bool = True,
+    ) -> CheckReport:
+        """Check this recording job on ``batch``: see :func:`scio_recorder.check`.
+
+        ``batch`` is what you call the recorder with: a tensor, or a mapping
+        of keyword arguments (a tuple: positional ones). The checked calls
+        are ``layers``, else the selection, else every recordable call.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> rnet = Recorder(
+        ...     nn.Sequential(nn.Linear(3, 2), nn.ReLU()), input_size=(1, 3)
+        ... )
+        >>> report = rnet.check(torch.randn(4, 3))
+        >>> report.failed, report.warned
+        ((), ())
+
+        """
+        from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
+
+        return check_recorder(
+            self, batch, layers=layers, rows=rows, dtype_copy=dtype_copy
+        )
 
     def generate(
         self,
