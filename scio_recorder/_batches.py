@@ -34,9 +34,11 @@ __all__ = [
     "index_getter",
     "key_getter",
     "move_to",
+    "padding_unwatched",
     "position_scheme",
 ]
 
+import contextlib
 import inspect
 import warnings
 import weakref
@@ -49,7 +51,11 @@ from ._engine.state import CallInputs, user_stacklevel
 from ._tree import map_tensors
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
+
+    from .recorder import Recorder
 
 POSITION_IDS = "from_mask"
 """The default of the ``position_ids`` option: derived from the padding mask."""
@@ -456,3 +462,21 @@ class PaddingWatch:
             "(`position_ids='from_mask'`). Shown once per recorder."
         )
         warnings.warn(msg, UserWarning, stacklevel=user_stacklevel())
+
+
+@contextlib.contextmanager
+def padding_unwatched(rnet: Recorder, mode: str | None) -> Iterator[None]:
+    """Keep ``rnet``'s :class:`PaddingWatch` quiet inside, when ``mode`` is ``None``.
+
+    A run with ``position_ids=None`` passes the batches as they are because
+    its caller said so: it is not the direct call the warning is for.
+    """
+    watch: PaddingWatch = rnet._padding  # noqa: SLF001 (the recorder's watch)
+    if mode is not None or watch.done:
+        yield
+        return
+    watch.done = True
+    try:
+        yield
+    finally:
+        watch.done = False

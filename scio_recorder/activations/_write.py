@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 import safetensors.torch
 import torch
 
-from scio_recorder._batches import POSITION_IDS, batch_getter, check_position_ids
+from scio_recorder._batches import (
+    POSITION_IDS,
+    batch_getter,
+    check_position_ids,
+    padding_unwatched,
+)
 from scio_recorder._files import differences, dtype_name, parse_dtype
 from scio_recorder._fingerprint import describe_spec
 from scio_recorder._lock import FolderLock
@@ -451,9 +456,12 @@ def write(  # noqa: PLR0913 (the documented options)
             unit="tok",
         )
         try:
-            with rnet.selecting(
-                *(spec.row.label for spec in specs if not spec.of_input),
-                inputs=[spec.row.label for spec in specs if spec.of_input],
+            with (
+                rnet.selecting(
+                    *(spec.row.label for spec in specs if not spec.of_input),
+                    inputs=[spec.row.label for spec in specs if spec.of_input],
+                ),
+                padding_unwatched(rnet, position_ids),
             ):
                 writer.run(rnet, batches, source, bar)
         finally:

@@ -28,6 +28,7 @@ from scio_recorder._batches import (
     as_arguments,
     batch_getter,
     check_position_ids,
+    padding_unwatched,
 )
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._ranks import rank_and_world
@@ -415,10 +416,13 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     if lock is not None:
         lock.acquire()
     try:
-        with rnet.selecting(
-            *(slot.label for slot in slots if not slot.of_input),
-            inputs=[slot.label for slot in slots if slot.of_input],
-            clone=clone,
+        with (
+            rnet.selecting(
+                *(slot.label for slot in slots if not slot.of_input),
+                inputs=[slot.label for slot in slots if slot.of_input],
+                clone=clone,
+            ),
+            padding_unwatched(rnet, position_ids),
         ):
             saved = Saved()
             if checkpoints is not None:
