@@ -30,7 +30,7 @@ from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
 from ._lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
-from .recorder import InPlaceWarning, Recorder, Selection
+from .recorder import InPlaceWarning, Recorder, Selection, check
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
@@ -47,7 +47,6 @@ __getattr__, __dir__ = _lazy_attributes(
         "RecordInfo": ".io",
         "RecorderGroup": ".group",
         "Records": ".io",
-        "check": ".checks",
         "collect": ".collect",
         "estimate": ".collect",
         "load_records": ".io",
@@ -61,7 +60,7 @@ if typing.TYPE_CHECKING:
     # CollectModule`). Type checkers are told it is the function, which is
     # how it is called.
     from .calls import CallRecorder
-    from .checks import CheckReport, check
+    from .checks import CheckReport
     from .collect import CollectResult, Estimate, collect, estimate
     from .group import RecorderGroup
     from .io import RecordInfo, Records, load_records, save_records

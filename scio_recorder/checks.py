@@ -1,9 +1,10 @@
 """A self-check of a recording job: are the records what you think they are.
 
-:func:`check` (also :meth:`Recorder.check <scio_recorder.Recorder.check>`
-and ``scio-recorder check``) runs the user's model on the user's batch a few
-times and reports six checks, one line each, PASS, WARN or FAIL, with the
-largest difference, where it is, and its likely cause in words:
+:func:`scio_recorder.check` (also :meth:`Recorder.check
+<scio_recorder.Recorder.check>` and ``scio-recorder check``) runs the user's
+model on the user's batch a few times and reports six checks, one line
+each, PASS, WARN or FAIL, with the largest difference, where it is, and its
+likely cause in words:
 
 * ``"recording"``: the net's outputs with the recorder and without it
   (no hook at all), same random state: bit-equal;
@@ -32,12 +33,13 @@ equal; a difference within the rounding tolerance warns.
 Why a module of its own: the checks run the recorder and its net many
 times and compare what they give, which no pass of the engine does; it is
 loaded when first used (``scio_recorder.check``, ``rnet.check``), not by
-``import scio_recorder``.
+``import scio_recorder``. It takes the recorder as it is given (the
+recorder's module imports it, not the other way round).
 """
 
 from __future__ import annotations
 
-__all__ = ["CHECKS", "CheckLine", "CheckReport", "check", "check_recorder"]
+__all__ = ["CHECKS", "CheckLine", "CheckReport", "check_recorder"]
 
 import contextlib
 import copy
@@ -61,8 +63,8 @@ from .select import as_list, resolve
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
+    from ._engine.plan import RecordOptions
     from .layers import DepthIdx, Layer
-    from .recorder import Recorder
 
 CHECKS = ("recording", "batch", "determinism", "dtype", "inplace", "calls")
 """The checks' names, in the report's order."""
@@ -328,7 +330,8 @@ def _float_dtype(net: nn.Module) -> torch.dtype | None:
 class _Run:
     """The recorder, the batch, and what each pass gave."""
 
-    rnet: Recorder
+    rnet: Any
+    """The :class:`~scio_recorder.Recorder` (this module sits below it)."""
     labels: list[DepthIdx]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -351,7 +354,8 @@ class _Run:
         return dict(self.rnet.activations)
 
     def describe(self, label: DepthIdx) -> str:
-        return self.rnet.table[label].describe()
+        row: Layer = self.rnet.table[label]
+        return row.describe()
 
 
 @contextlib.contextmanager
@@ -388,8 +392,9 @@ def _check_recording(run: _Run, plain: Any, recorded: Any) -> CheckLine:
             "path of the module around them (any hook does): the outputs change by "
             "roundings; record the module itself to keep it fused"
             if fused
-            else "the outputs change when the net is recorded: a hook of the net "
-            "(or an edit) changes what it computes"
+            else "the outputs change when the net is recorded: a module computes "
+            "another way when a hook is on it or on a submodule (a fused fast path, "
+            "as torch's TransformerEncoderLayer has)"
         )
     return CheckLine("recording", status, worst, "relative", "the net's output", cause)
 
@@ -656,22 +661,22 @@ def _wide_records(run: _Run, wide: torch.dtype) -> dict[DepthIdx, Any]:
         return dict(copied.activations)
 
 
-def _check_inplace(run: _Run, changed: set[tuple[str, DepthIdx]]) -> CheckLine:
-    """Check in-place overwrites; ``changed``: ``(kind, label)`` changed unforeseen."""
+def _check_inplace(run: _Run, changed: dict[DepthIdx, float]) -> CheckLine:
+    """Check in-place overwrites; ``changed``: label -> how much its record moved."""
     table = run.rnet.table
     known = [label for label in run.labels if "output" in table[label].overwritten]
     if changed:
-        labels = sorted({label for _, label in changed})
+        labels = sorted(changed, key=lambda label: -changed[label])
         return CheckLine(
             "inplace",
             "FAIL",
-            len(labels),
-            "count",
+            changed[labels[0]],
+            "relative",
             ", ".join(table[label].describe() for label in labels[:3]),
             "a record was changed in place by an operation the reference pass did not "
             "run (another mode, a data-dependent branch), so it no longer holds the "
             "layer's output: rnet.record(..., clone=True) keeps it exact",
-            {table[label].label_str: 1.0 for label in labels},
+            {table[label].label_str: changed[label] for label in labels},
         )
     if known:
         shown = ", ".join(table[label].describe() for label in known[:3])
@@ -727,7 +732,7 @@ def _skipped(name: str, why: str) -> CheckLine:
 # -- entry points ------------------------------------------------------------------
 
 
-def _labels(rnet: Recorder, layers: Any) -> list[DepthIdx]:
+def _labels(rnet: Any, layers: Any) -> list[DepthIdx]:
     if layers is not None:
         rows: list[Layer] = resolve(rnet.table, rnet.net, as_list(layers))
     elif rnet.recording:
@@ -742,14 +747,14 @@ def _labels(rnet: Recorder, layers: Any) -> list[DepthIdx]:
 
 
 def check_recorder(
-    rnet: Recorder,
+    rnet: Any,
     batch: Any,
     *,
     layers: Any = None,
     rows: int = 8,
     dtype_copy: bool = True,
 ) -> CheckReport:
-    """Check a recorder on a batch; see :func:`check` (and ``rnet.check``).
+    """Check a recorder on a batch: see :func:`scio_recorder.check`.
 
     The recorder's selection and the net (modes, parameters, buffers) are as
     before after it, and so is the global random state; ``rnet.activations``
@@ -764,9 +769,8 @@ def check_recorder(
     net = rnet.net
     passes = rnet._passes  # noqa: SLF001 (the engine's: options, in-place warnings)
     options = passes.plan.options  # the user's record options
-    warned = set(passes.warned)
+    warned = set(passes.warned)  # the check's passes warn nobody
     padding_done = rnet._padding.done  # noqa: SLF001 (the report says it instead)
-    passes.warned.clear()  # the in-place changes of these passes, all of them
     devices = sorted({p.device.index or 0 for p in net.parameters() if p.is_cuda})
     try:
         with (
@@ -777,33 +781,30 @@ def check_recorder(
         ):
             warnings.simplefilter("ignore", InPlaceWarning)
             warnings.filterwarnings("ignore", "A left-padded batch", UserWarning)
-            lines = _checks(run, passes, options, rows=rows, dtype_copy=dtype_copy)
+            lines = _checks(run, options, rows=rows, dtype_copy=dtype_copy)
     finally:
+        passes.warned.clear()
         passes.warned.update(warned)
         rnet._padding.done = padding_done  # noqa: SLF001
     return CheckReport(lines)
 
 
 def _checks(
-    run: _Run, passes: Any, options: Any, *, rows: int, dtype_copy: bool
+    run: _Run, options: RecordOptions, *, rows: int, dtype_copy: bool
 ) -> list[CheckLine]:
     rnet = run.rnet
     with rnet.selecting(), _seeded(enabled=True):
         plain = rnet(*run.args, **run.kwargs)
-    with rnet.selecting(
-        *run.labels,
-        clone=options.clone,
-        detach=options.detach,
-        device=options.device,
-        dtype=options.dtype,
-    ):
+    chosen = dataclasses.asdict(options)
+    chosen.pop("transforms", None)
+    with rnet.selecting(*run.labels, **chosen):
         try:
             first = run.records(seed=True)
         except CallPlanError as error:
             why = "the recorded pass failed its call plan (see calls)"
             return [
                 *(_skipped(name, why) for name in CHECKS[:-2]),
-                _check_inplace(run, set(passes.warned)),
+                _check_inplace(run, {}),
                 _check_calls(run, error),
             ]
         recorded = run.output
@@ -814,86 +815,15 @@ def _checks(
             _check_determinism(run, first, second),
             _check_dtype(run, first, copy_model=dtype_copy),
         ]
-    return [*lines, _check_inplace(run, set(passes.warned)), _check_calls(run, None)]
-
-
-def check(
-    net: nn.Module,
-    batch: Any,
-    *,
-    layers: Any = None,
-    rows: int = 8,
-    dtype_copy: bool = True,
-    **recorder_kwargs: Any,
-) -> CheckReport:
-    """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
-
-    Wraps ``net`` in a :class:`~scio_recorder.Recorder` (``recorder_kwargs``;
-    without ``input_data`` or ``input_size``, the batch is the reference
-    pass's input) and runs the six checks of :data:`CHECKS` (see the module
-    docstring): the outputs with and without the recorder, each row batched
-    against alone (its padding removed), two passes, a copy in a wider
-    dtype, in-place overwrites, the call plan. ``rnet.check(batch)`` does
-    the same on a recorder you have.
-
-    Parameters
-    ----------
-    net : torch.nn.Module
-        The model, in the mode you run it in (``eval()`` or not: the check
-        says what train mode changes).
-    batch : tensor, mapping or tuple
-        What you call the net with: a tensor (the one positional input), a
-        mapping (keyword arguments: a tokenizer's output), a tuple
-        (positional arguments) or a :class:`~scio_recorder.CallInputs`.
-    layers : selector or list of selectors, optional
-        The calls to check (anything :meth:`Recorder.record` takes). Default:
-        the recorder's selection, or every recordable call when nothing is
-        selected.
-    rows : int, default 8
-        How many rows to run alone (the most padded first).
-    dtype_copy : bool, default True
-        Compare with a copy of the model in a wider dtype (it costs the
-        copy's memory); ``False`` skips the ``"dtype"`` check (WARN).
-    **recorder_kwargs
-        Passed to :class:`~scio_recorder.Recorder`.
-
-    Returns
-    -------
-    CheckReport
-        One line per check; ``report.failed`` and ``report.warned`` name
-        them; ``print(report)`` shows the table.
-
-    Raises
-    ------
-    ValueError
-        For ``layers`` that select nothing recordable, ``rows < 1``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from torch import nn
-    >>> from scio_recorder import check
-    >>> _ = torch.manual_seed(0)
-    >>> net = nn.Sequential(
-    ...     nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(inplace=True)
-    ... )
-    >>> report = check(net.eval(), torch.randn(6, 2, 8))
-    >>> report.failed, report.warned
-    ((), ('inplace',))
-    >>> report = check(net.train(), torch.randn(6, 2, 8))
-    >>> report.failed
-    ('batch',)
-    >>> report["batch"].cause.split(",")[0]
-    "a BatchNorm in train mode (`1`) normalizes with the batch's own statistics"
-
-    """
-    from .recorder import Recorder  # noqa: PLC0415 (checks imports the recorder lazily)
-
-    if not {"input_data", "input_size"} & recorder_kwargs.keys():
-        args, kwargs = _arguments(batch)
-        if args:  # keyword inputs beside positional ones go to the forward
-            recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
-        else:
-            recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
-    rnet = Recorder(net, **recorder_kwargs)
-    return check_recorder(rnet, batch, layers=layers, rows=rows, dtype_copy=dtype_copy)
+    changed: dict[DepthIdx, float] = {}
+    if not options.clone:  # the records against copies taken as the calls end
+        with rnet.selecting(*run.labels, **{**chosen, "clone": True}):
+            copies = run.records(seed=True)
+        for label in run.labels:
+            moved = max(
+                (_difference(a, b) for a, b in _pairs(first[label], copies[label])),
+                default=0.0,
+            )
+            if moved > 0:
+                changed[label] = moved
+    return [*lines, _check_inplace(run, changed), _check_calls(run, None)]

@@ -16,6 +16,8 @@ so code written for it runs unchanged. On top of it:
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
   into one graph, and :meth:`Recorder.export` exports it with the records as
   outputs (see :mod:`._engine.compiled` and ``docs/compile.md``);
+* :func:`check` and :meth:`Recorder.check` check a recording job (see
+  :mod:`.checks`, which they load when first used);
 * language models: :meth:`Recorder.generate` runs the net's own method with
   a checked, edited pass per forward step, and edits can be keyed by layer
   (``activation_postproc={selector: fn}``, ``input_postproc=``).
@@ -38,6 +40,7 @@ __all__ = [
     "RecordOptions",
     "Recorder",
     "Selection",
+    "check",
 ]
 
 import contextlib
@@ -49,7 +52,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
-from ._batches import PaddingWatch
+from ._batches import PaddingWatch, as_arguments
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
 from ._engine.hooks import drop_copied_hooks
 from ._engine.passes import Passes
@@ -1040,6 +1043,87 @@ class Recorder(RecorderViews):
         passes = Passes(self, self._table, plan, self._net_direct)
         object.__setattr__(self, "_passes", passes)
         self._enter(self._compiler)
+
+
+def check(
+    net: nn.Module,
+    batch: Any,
+    *,
+    layers: Any = None,
+    rows: int = 8,
+    dtype_copy: bool = True,
+    **recorder_kwargs: Any,
+) -> CheckReport:
+    """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
+
+    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; without
+    ``input_data`` or ``input_size``, the batch is the reference pass's
+    input) and runs the six checks of :mod:`scio_recorder.checks`: the outputs with and without the recorder, each row batched
+    against alone (its padding removed), two passes, a copy in a wider
+    dtype, in-place overwrites, the call plan. ``rnet.check(batch)`` does
+    the same on a recorder you have.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        The model, in the mode you run it in (``eval()`` or not: the check
+        says what train mode changes).
+    batch : tensor, mapping or tuple
+        What you call the net with: a tensor (the one positional input), a
+        mapping (keyword arguments: a tokenizer's output), a tuple
+        (positional arguments) or a :class:`~scio_recorder.CallInputs`.
+    layers : selector or list of selectors, optional
+        The calls to check (anything :meth:`Recorder.record` takes). Default:
+        the recorder's selection, or every recordable call when nothing is
+        selected.
+    rows : int, default 8
+        How many rows to run alone (the most padded first).
+    dtype_copy : bool, default True
+        Compare with a copy of the model in a wider dtype (it costs the
+        copy's memory); ``False`` skips the ``"dtype"`` check (WARN).
+    **recorder_kwargs
+        Passed to :class:`~scio_recorder.Recorder`.
+
+    Returns
+    -------
+    CheckReport
+        One line per check; ``report.failed`` and ``report.warned`` name
+        them; ``print(report)`` shows the table.
+
+    Raises
+    ------
+    ValueError
+        For ``layers`` that select nothing recordable, ``rows < 1``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import check
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(
+    ...     nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(inplace=True)
+    ... )
+    >>> report = check(net.eval(), torch.randn(6, 2, 8))
+    >>> report.failed, report.warned
+    ((), ('inplace',))
+    >>> report = check(net.train(), torch.randn(6, 2, 8))
+    >>> report.failed
+    ('batch',)
+    >>> report["batch"].cause.split(",")[0]
+    "a BatchNorm in train mode (`1`) normalizes with the batch's own statistics"
+
+    """
+    from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
+
+    if not {"input_data", "input_size"} & recorder_kwargs.keys():
+        args, kwargs = as_arguments(batch, spread=True)
+        if args:  # keyword inputs beside positional ones go to the forward
+            recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
+        else:
+            recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
+    rnet = Recorder(net, **recorder_kwargs)
+    return check_recorder(rnet, batch, layers=layers, rows=rows, dtype_copy=dtype_copy)
 
 
 _EARLY_EXIT_COMPILED = (

@@ -29,6 +29,7 @@ from scio_recorder._batches import (
     move_to,
     position_scheme,
 )
+from tests.lms import LENGTHS, VOCAB, bert, gpt2, gpt_neo, llama, padded
 
 Pair = collections.namedtuple("Pair", ["a", "b"])  # noqa: PYI024 (a test batch)
 
@@ -163,51 +164,7 @@ def test_explain_and_collect_share_the_convention():
 
 # -- position ids from the padding mask ------------------------------------------
 
-VOCAB = 50
 EPS32 = torch.finfo(torch.float32).eps
-LENGTHS = (8, 5, 3)  # the rows' real tokens; the batch is 8 positions wide
-
-
-def gpt2() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=32,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def gpt_neo() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPTNeoConfig(
-        num_layers=2, attention_types=[[["global", "local"], 1]], hidden_size=16,
-        num_heads=2, vocab_size=VOCAB, max_position_embeddings=32, window_size=4,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    return transformers.GPTNeoForCausalLM(config).eval()
-
-
-def llama() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-        max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-def bert() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=32,
-    )  # fmt: skip
-    return transformers.BertForMaskedLM(config).eval()
 
 
 GPT2 = gpt2()  # for the property test: built once
@@ -238,19 +195,6 @@ MODELS = {  # builder, two blocks, two layers that output tensors, a causal LM?
         False,
     ),
 }
-
-
-def padded(side: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Three rows of :data:`LENGTHS` real tokens, padded on ``side`` (id 0)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (len(LENGTHS), max(LENGTHS)), generator=gen)
-    mask = torch.zeros_like(ids)
-    for row, length in enumerate(LENGTHS):
-        if side == "left":
-            mask[row, max(LENGTHS) - length :] = 1
-        else:
-            mask[row, :length] = 1
-    return {"input_ids": ids * mask, "attention_mask": mask}
 
 
 def alone(model, batch, names) -> list[dict[str, torch.Tensor]]:
