@@ -1058,10 +1058,11 @@ def check(
 
     Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; without
     ``input_data`` or ``input_size``, the batch is the reference pass's
-    input) and runs the six checks of :mod:`scio_recorder.checks`: the outputs with and without the recorder, each row batched
-    against alone (its padding removed), two passes, a copy in a wider
-    dtype, in-place overwrites, the call plan. ``rnet.check(batch)`` does
-    the same on a recorder you have.
+    input) and runs the six checks of :mod:`scio_recorder.checks`: the
+    outputs with and without the recorder, each row batched against alone
+    (its padding removed), two passes, a copy in a wider dtype, in-place
+    overwrites, the call plan. ``rnet.check(batch)`` does the same on a
+    recorder you have.
 
     Parameters
     ----------
