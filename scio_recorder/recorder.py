@@ -635,20 +635,17 @@ class Recorder(RecorderViews):
     ) -> CheckReport:
         """Check this recording job on ``batch``: see :func:`scio_recorder.check`.
 
-        ``batch`` is what you call the recorder with: a tensor, or a mapping
-        of keyword arguments (a tuple: positional ones). The checked calls
-        are ``layers``, else the selection, else every recordable call.
+        ``batch`` is what you call the recorder with (a tensor, or a mapping
+        of keyword arguments). The checked calls are ``layers``, else the
+        selection, else every recordable call.
 
         Examples
         --------
         >>> import torch
         >>> from torch import nn
-        >>> rnet = Recorder(
-        ...     nn.Sequential(nn.Linear(3, 2), nn.ReLU()), input_size=(1, 3)
-        ... )
-        >>> report = rnet.check(torch.randn(4, 3))
-        >>> report.failed, report.warned
-        ((), ())
+        >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+        >>> Recorder(net, input_size=(1, 3)).check(torch.randn(4, 3)).failed
+        ()
 
         """
         from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
@@ -1056,63 +1053,45 @@ def check(
 ) -> CheckReport:
     """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
 
-    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; without
-    ``input_data`` or ``input_size``, the batch is the reference pass's
-    input) and runs the six checks of :mod:`scio_recorder.checks`: the
-    outputs with and without the recorder, each row batched against alone
-    (its padding removed), two passes, a copy in a wider dtype, in-place
-    overwrites, the call plan. ``rnet.check(batch)`` does the same on a
-    recorder you have.
+    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; the batch is
+    the reference input unless ``input_data`` or ``input_size`` is given)
+    and runs the checks of :mod:`scio_recorder.checks`: recording, batch,
+    determinism, dtype, inplace, calls.
 
     Parameters
     ----------
     net : torch.nn.Module
-        The model, in the mode you run it in (``eval()`` or not: the check
-        says what train mode changes).
+        The model, in the mode you run it in.
     batch : tensor, mapping or tuple
-        What you call the net with: a tensor (the one positional input), a
-        mapping (keyword arguments: a tokenizer's output), a tuple
-        (positional arguments) or a :class:`~scio_recorder.CallInputs`.
+        What you call the net with: a tensor (the one input), a mapping
+        (keyword arguments), a tuple (positional ones) or a ``CallInputs``.
     layers : selector or list of selectors, optional
-        The calls to check (anything :meth:`Recorder.record` takes). Default:
-        the recorder's selection, or every recordable call when nothing is
-        selected.
+        The calls to check; default: every recordable call (``rnet.check``:
+        the selection, if any).
     rows : int, default 8
         How many rows to run alone (the most padded first).
     dtype_copy : bool, default True
-        Compare with a copy of the model in a wider dtype (it costs the
-        copy's memory); ``False`` skips the ``"dtype"`` check (WARN).
+        Compare with a copy of the model in a wider dtype (the copy's
+        memory); ``False`` skips it (the ``"dtype"`` line warns).
     **recorder_kwargs
-        Passed to :class:`~scio_recorder.Recorder`.
+        Passed to :class:`Recorder`.
 
     Returns
     -------
     CheckReport
-        One line per check; ``report.failed`` and ``report.warned`` name
-        them; ``print(report)`` shows the table.
-
-    Raises
-    ------
-    ValueError
-        For ``layers`` that select nothing recordable, ``rows < 1``.
+        One line per check; ``report.failed``, ``report.warned``; printed,
+        a table.
 
     Examples
     --------
     >>> import torch
     >>> from torch import nn
-    >>> from scio_recorder import check
     >>> _ = torch.manual_seed(0)
-    >>> net = nn.Sequential(
-    ...     nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(inplace=True)
-    ... )
-    >>> report = check(net.eval(), torch.randn(6, 2, 8))
-    >>> report.failed, report.warned
-    ((), ('inplace',))
-    >>> report = check(net.train(), torch.randn(6, 2, 8))
-    >>> report.failed
+    >>> net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(True))
+    >>> check(net.eval(), torch.randn(6, 2, 8)).warned  # the ReLU overwrites 1-2
+    ('inplace',)
+    >>> check(net.train(), torch.randn(6, 2, 8)).failed  # batch statistics
     ('batch',)
-    >>> report["batch"].cause.split(",")[0]
-    "a BatchNorm in train mode (`1`) normalizes with the batch's own statistics"
 
     """
     from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
