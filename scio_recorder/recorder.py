@@ -9,8 +9,10 @@ so code written for it runs unchanged. On top of it:
 * labels follow the calls of the reference pass (see :mod:`.layers`);
 * each pass checks the call plan: every hooked module must be called exactly
   as often as the layer table says, or the pass raises and keeps nothing;
-* records modified in place after they were taken are detected (warning), and
-  ``record(..., clone=True)`` keeps them exact;
+* records a later in-place operation overwrites (the reference pass sees
+  which) are copies, so records are exact by default; an in-place change the
+  reference pass did not run is detected (warning), and
+  ``record(..., clone=True)`` copies every record;
 * the state of a pass is local to that pass, so threads and nested recorders
   work;
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
@@ -150,7 +152,12 @@ class Recorder(RecorderViews):
     Warns
     -----
     InPlaceWarning
-        At the end of a pass whose records were modified in place afterwards.
+        At the end of a pass whose records were modified in place afterwards
+        by an operation the reference pass did not run (those it ran are
+        copied).
+    UserWarning
+        Once, when a left-padded batch without ``position_ids`` reaches a
+        model with learned absolute positions (see ``docs/guarantees.md``).
 
     Examples
     --------
@@ -350,8 +357,10 @@ class Recorder(RecorderViews):
             Modules (any selector) or parameter names (``"fc.weight"``) whose
             parameters :attr:`params` and :attr:`param_grads` show.
         clone : bool, default False
-            Record copies, taken before any postprocessor, so later in-place
-            operations of the net cannot change them.
+            Record copies of everything, taken before any postprocessor. Not
+            needed for exactness: the records a later in-place operation
+            overwrites in the reference pass are copies anyway (taken after
+            the postprocessor), and the others are left alone.
         detach : bool, default False
             Record tensors detached from the autograd graph.
         device : torch.device or str, optional
@@ -492,8 +501,14 @@ class Recorder(RecorderViews):
         Warns
         -----
         InPlaceWarning
-            If a record was modified in place after it was taken (once per
-            label and recorder).
+            If a record was modified in place after it was taken by an
+            operation the reference pass did not run (once per label and
+            recorder).
+        UserWarning
+            Once per recorder, when a batch whose ``attention_mask`` starts
+            with padding, without ``position_ids``, reaches a model with
+            learned absolute positions (its padded rows are numbered from
+            their padding; the message names the fix).
 
         Examples
         --------

@@ -281,6 +281,7 @@ SLOW_PAGES = {
     "docs/ood.md",
     "docs/plot.md",
     "docs/recipes/mahalanobis.md",
+    "docs/trusting.md",
 }
 
 

@@ -56,10 +56,12 @@ class InPlaceWarning(UserWarning):
     """A record was modified in place after it was taken.
 
     Raised (as a warning) at the end of a pass, once per label and recorder,
-    when a tensor of ``rnet.activations`` changed after it was recorded, for
-    example by a later ``ReLU(inplace=True)``. Silence it with
-    ``warnings.simplefilter("ignore", InPlaceWarning)``, or keep exact records
-    with ``rnet.record(..., clone=True)``.
+    when a tensor of ``rnet.activations`` changed after it was recorded by an
+    in-place operation that the reference pass did not run (a
+    ``Dropout(inplace=True)`` in train mode on a table built in eval mode):
+    the records that the reference pass saw overwritten are copies, exact.
+    Silence it with ``warnings.simplefilter("ignore", InPlaceWarning)``, or
+    keep exact records with ``rnet.record(..., clone=True)``.
     """
 
 
