@@ -60,6 +60,7 @@ import torch  # noqa: E402 (after the path fix)
 from torch import nn  # noqa: E402
 
 from scio_recorder import Recorder, collect  # noqa: E402
+from scio_recorder._tree import iter_tensors, map_tensors  # noqa: E402
 from scio_recorder.models import (  # noqa: E402
     resnet18_cifar,
     tiny_mlp,
@@ -127,14 +128,28 @@ def paired(samples: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(samples[a], samples[b], strict=True))
 
 
+def copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two records hold equal tensors, bit for bit."""
+    left, right = list(iter_tensors(a)), list(iter_tensors(b))
+    return len(left) == len(right) and all(
+        torch.equal(x, y) for x, y in zip(left, right, strict=True)
+    )
+
+
 def hand_hooks(
     modules: list[nn.Module], *, clone: bool
-) -> tuple[Callable[[], None], Callable[[], None], dict[int, list[torch.Tensor]]]:
-    store: dict[int, list[torch.Tensor]] = {}
+) -> tuple[Callable[[], None], Callable[[], None], dict[int, list[Any]]]:
+    store: dict[int, list[Any]] = {}
     handles: list[Any] = []
 
     def hook(module: nn.Module, _args: Any, out: Any) -> None:
-        store.setdefault(id(module), []).append(out.clone() if clone else out)
+        store.setdefault(id(module), []).append(
+            map_tensors(copy, out) if clone else out
+        )
 
     def setup() -> None:
         store.clear()
@@ -192,7 +207,7 @@ def exact_scenarios(case: Case) -> tuple[dict[str, Any], int]:
         seen[id(row.module)] = k + 1
         value = store[id(row.module)][k]
         check(
-            torch.equal(records[row.label], value),
+            same(records[row.label], value),
             f"{case.name}: the exact record of {row.label_str} is the cloning hook's",
         )
     return scenarios, len(exact_plan.copied)
