@@ -539,19 +539,30 @@ def _batch_cause(run: _Run, row: int, keep: Tensor | None, status: Status) -> st
     )
 
 
-def _check_determinism(
-    run: _Run, first: dict[DepthIdx, Any], second: dict[DepthIdx, Any]
-) -> CheckLine:
+def _compared(
+    run: _Run, records: dict[DepthIdx, Any], reference: dict[DepthIdx, Any]
+) -> tuple[dict[str, float], tuple[float, torch.dtype, str]]:
+    """Compare two passes' records, layer by layer.
+
+    Return the largest relative difference per layer, and the largest of
+    all with the reference's dtype and the layer it is at.
+    """
     per_layer: dict[str, float] = {}
     worst = (0.0, torch.float32, "")
     for label in run.labels:
-        for a, b in _pairs(second[label], first[label]):
+        for a, b in _pairs(records[label], reference[label]):
             diff = _difference(a, b)
             key = run.rnet.table[label].label_str
             per_layer[key] = max(per_layer.get(key, 0.0), diff)
             if diff > worst[0]:
                 worst = (diff, b.dtype, run.describe(label))
-    diff, dtype, where = worst
+    return per_layer, worst
+
+
+def _check_determinism(
+    run: _Run, first: dict[DepthIdx, Any], second: dict[DepthIdx, Any]
+) -> CheckLine:
+    per_layer, (diff, dtype, where) = _compared(run, second, first)
     status = _verdict(diff, dtype, exact=True)
     dropouts = _modules(run.rnet.net, _DROPOUTS)
     if status == "PASS":
@@ -596,16 +607,7 @@ def _check_dtype(
             f"not checked (dtype_copy=False): the model computes in {_name(dtype)}",
         )
     wider = _wide_records(run, wide)
-    per_layer: dict[str, float] = {}
-    worst = (0.0, "")
-    for label in run.labels:
-        for low, high in _pairs(records[label], wider[label]):
-            diff = _difference(low, high)
-            key = run.rnet.table[label].label_str
-            per_layer[key] = max(per_layer.get(key, 0.0), diff)
-            if diff > worst[0]:
-                worst = (diff, run.describe(label))
-    diff, where = worst
+    per_layer, (diff, _, where) = _compared(run, records, wider)
     if not math.isfinite(diff):
         status: Status = "FAIL"
     elif dtype == torch.float32:

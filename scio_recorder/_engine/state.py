@@ -310,15 +310,7 @@ class PassState:
         self.inputs[label] = record
         if not options.clone:
             for item in (*record.args, *record.kwargs.values()):
-                if isinstance(item, Tensor):  # the common case, without a tree walk
-                    try:
-                        version = item._version  # noqa: SLF001 (version counter)
-                    except RuntimeError:  # inference tensors have no version counter
-                        continue
-                    self.watched.append(item)
-                    self.versions.append(version)
-                else:
-                    self.watch(item)
+                self.watch_record(item)
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module`` (the general path).
