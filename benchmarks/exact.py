@@ -14,7 +14,9 @@ batch of calls of each scenario, in a freshly shuffled order:
 * ``hand``: a hand-written hook on every recorded module storing its output
   (inexact likewise);
 * ``hand_clone``: the same hooks storing ``out.clone()`` (what one writes to
-  be exact without knowing which records are overwritten).
+  be exact without knowing which records are overwritten);
+* ``exact_again``: ``exact`` once more, an A/A pair whose ratio shows the
+  noise of the machine (likewise ``None`` twice for ``collect``).
 
 Models: overhead.py's (``mlp``: ``tiny_mlp()`` on ``(1, 16)``; ``cnn``:
 ``resnet18_cifar()`` on ``(16, 3, 32, 32)``, with ``ReLU(inplace=True)``;
@@ -188,6 +190,7 @@ def exact_scenarios(case: Case) -> tuple[dict[str, Any], int]:
         "plain": (lambda: net(x), unhook, unhook),
         "uncopied": (lambda: rnet(x), select(uncopied), unhook),
         "exact": (lambda: rnet(x), select(exact_plan), unhook),
+        "exact_again": (lambda: rnet(x), select(exact_plan), unhook),  # A/A
         "hand": (lambda: net(x), *hand[:2]),
         "hand_clone": (lambda: net(x), *hand_clone[:2]),
     }
@@ -229,6 +232,7 @@ def position_scenarios(case: Case, batches: int) -> dict[str, Any]:
     return {
         "from_mask": (lambda: run("from_mask"), lambda: None, lambda: None),
         "none": (lambda: run(None), lambda: None, lambda: None),
+        "none_again": (lambda: run(None), lambda: None, lambda: None),  # A/A
     }
 
 
@@ -255,6 +259,7 @@ def gpt2_positions(batches: int) -> dict[str, Any]:
     return {
         "from_mask": (lambda: run("from_mask"), lambda: None, lambda: None),
         "none": (lambda: run(None), lambda: None, lambda: None),
+        "none_again": (lambda: run(None), lambda: None, lambda: None),  # A/A
     }
 
 
@@ -307,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         + (" (--quick: a smoke run, not a measurement)" if args.quick else "")
     )
     print(
-        "\n| model | copies per pass | exact / uncopied | exact / hand | "
-        "exact / hand_clone | uncopied / plain |\n|---|---|---|---|---|---|"
+        "\n| model | copies per pass | exact / uncopied | A/A (exact / exact) | "
+        "exact / hand | exact / hand_clone | uncopied / plain |\n"
+        "|---|---|---|---|---|---|---|"
     )
     for name in models:
         torch.manual_seed(args.seed)
@@ -317,20 +323,28 @@ def main(argv: list[str] | None = None) -> int:
         s = measure(scenarios, args.rounds, ms)
         print(
             f"| {name} | {copies} | {paired(s, 'exact', 'uncopied'):.3f} | "
+            f"{paired(s, 'exact', 'exact_again'):.3f} | "
             f"{paired(s, 'exact', 'hand'):.3f} | {paired(s, 'exact', 'hand_clone'):.3f} | "
             f"{paired(s, 'uncopied', 'plain'):.3f} |"
         )
-    print("\n| model | collect, from_mask / None | batches |\n|---|---|---|")
+    print(
+        "\n| model | collect, from_mask / None | A/A (None / None) | batches |\n"
+        "|---|---|---|---|"
+    )
     for name in models:
         torch.manual_seed(args.seed)
         case = build(name)
         s = measure(position_scenarios(case, args.batches), args.rounds, ms)
-        print(f"| {name} | {paired(s, 'from_mask', 'none'):.3f} | {args.batches} |")
+        print(
+            f"| {name} | {paired(s, 'from_mask', 'none'):.3f} | "
+            f"{paired(s, 'none', 'none_again'):.3f} | {args.batches} |"
+        )
     if not args.quick:
         s = measure(gpt2_positions(args.batches), args.rounds, ms)
         print(
             f"| gpt2 (2 x 64, left-padded 8 x 32) | "
-            f"{paired(s, 'from_mask', 'none'):.3f} | {args.batches} |"
+            f"{paired(s, 'from_mask', 'none'):.3f} | "
+            f"{paired(s, 'none', 'none_again'):.3f} | {args.batches} |"
         )
     return 1 if FAILED else 0
 
