@@ -296,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tables", default="exact,positions", help="exact, positions or both"
+    )
     args = parser.parse_args(argv)
+    tables = set(args.tables.split(","))
     models = [m for m in args.models.split(",") if m]
     ms = 5.0
     if args.quick:
@@ -311,22 +315,33 @@ def main(argv: list[str] | None = None) -> int:
         f"one thread, {args.rounds} rounds, CPU time of the thread"
         + (" (--quick: a smoke run, not a measurement)" if args.quick else "")
     )
+    if "exact" in tables:
+        exact_table(models, args.rounds, ms, args.seed)
+    if "positions" in tables:
+        positions_table(models, args, ms)
+    return 1 if FAILED else 0
+
+
+def exact_table(models: list[str], rounds: int, ms: float, seed: int) -> None:
     print(
         "\n| model | copies per pass | exact / uncopied | A/A (exact / exact) | "
         "exact / hand | exact / hand_clone | uncopied / plain |\n"
         "|---|---|---|---|---|---|---|"
     )
     for name in models:
-        torch.manual_seed(args.seed)
+        torch.manual_seed(seed)
         case = build(name)
         scenarios, copies = exact_scenarios(case)
-        s = measure(scenarios, args.rounds, ms)
+        s = measure(scenarios, rounds, ms)
         print(
             f"| {name} | {copies} | {paired(s, 'exact', 'uncopied'):.3f} | "
             f"{paired(s, 'exact', 'exact_again'):.3f} | "
             f"{paired(s, 'exact', 'hand'):.3f} | {paired(s, 'exact', 'hand_clone'):.3f} | "
             f"{paired(s, 'uncopied', 'plain'):.3f} |"
         )
+
+
+def positions_table(models: list[str], args: argparse.Namespace, ms: float) -> None:
     print(
         "\n| model | collect, from_mask / None | A/A (None / None) | batches |\n"
         "|---|---|---|---|"
@@ -346,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{paired(s, 'from_mask', 'none'):.3f} | "
             f"{paired(s, 'none', 'none_again'):.3f} | {args.batches} |"
         )
-    return 1 if FAILED else 0
 
 
 if __name__ == "__main__":

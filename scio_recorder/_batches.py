@@ -361,13 +361,15 @@ class Positions:
             self.input_index = 0 if positional else None
 
     @classmethod
-    def of(cls, net: nn.Module) -> Positions:
-        """Return the ``"from_mask"`` positions of ``net``, made once per net.
+    def of(cls, net: nn.Module, mode: str | None = POSITION_IDS) -> Positions:
+        """Return the positions of ``net`` in ``mode``, made once per net.
 
-        For the paths that take the net's inputs one batch at a time
-        (``Detector.score``, the explanations): the net's forward and
-        modules are looked at once, not at every call.
+        The net's forward and modules are looked at once, not at every call
+        (``Detector.score``, the explanations, every ``collect`` run).
         """
+        check_position_ids(mode)
+        if mode is None:
+            return _OFF
         positions = _POSITIONS.get(net)
         if positions is None:
             positions = _POSITIONS[net] = cls(net)
@@ -398,6 +400,9 @@ _POSITIONS: weakref.WeakKeyDictionary[nn.Module, Positions] = (
     weakref.WeakKeyDictionary()
 )
 """:meth:`Positions.of`'s: one per net, dropped with it."""
+
+_OFF = Positions(nn.Module(), None)
+""":meth:`Positions.of`'s with ``mode=None``: passes every batch as it is."""
 
 
 def _length(

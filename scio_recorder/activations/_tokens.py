@@ -284,7 +284,7 @@ class Batches:
         self.skip_bos = skip_bos
         self.device = device
         self.padding_id = _padding_id(rnet)
-        self.positions = Positions(rnet.net, position_ids)
+        self.positions = Positions.of(rnet.net, position_ids)
         """Position ids from the padding mask (``write(position_ids=)``)."""
 
     def arguments(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -27,7 +27,6 @@ from scio_recorder._batches import (
     Positions,
     as_arguments,
     batch_getter,
-    check_position_ids,
     padding_unwatched,
 )
 from scio_recorder._engine.state import CallInputs
@@ -353,10 +352,9 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
                     "`target=1` for (input, label) batches)."
                 )
                 raise ValueError(msg)
-    check_position_ids(position_ids)
     get_input = batch_getter(input, "input")
     input_is_callable = callable(input) and not isinstance(input, int | str)
-    positions = Positions(rnet.net, position_ids)
+    positions = Positions.of(rnet.net, position_ids)
     if positions.active:  # the net takes position ids: derive them when missing
         get_input = _with_positions(get_input, positions, spread=input_is_callable)
         input_is_callable = True
