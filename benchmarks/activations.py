@@ -40,6 +40,15 @@ Reading: a set of four layers of width 256 over ``--read-batches`` batches
 workers, in tokens per second over one epoch (starting the workers
 included).
 
+An SAE's latents (a random top-k SAE on the middle block: ``d_sae = 16 x
+width``, ``k = 32``), paired in the same way: the block itself stored dense
+(``layer``), its latents stored sparsely (``SparseLatents``: 32 index-value
+pairs a token), and its latents stored dense (the SAE attached with
+``sae.attach`` and its latents' layer written), each alone, with the size
+of the shards on disk. Checked first: the sparse latents read back dense
+equal ``sae.encode`` of the stored layer's rows, batch by batch, bit for
+bit.
+
 SAELens's ``CacheActivationsRunner`` is timed where ``sae_lens`` and
 ``datasets`` import (they are not dependencies; a virtual environment with
 ``pip install sae-lens`` and this package has both), on a TransformerLens
@@ -79,8 +88,14 @@ import transformers  # noqa: E402 (after the path fix)
 from scio_recorder import Recorder  # noqa: E402 (after the path fix)
 from scio_recorder.activations import (  # noqa: E402 (after the path fix)
     ActivationDataset,
+    SparseLatents,
     _writer,  # the early-exit switch
     write,
+)
+from scio_recorder.sae import (  # noqa: E402 (after the path fix)
+    SparseAutoencoder,
+    attach,
+    splice,
 )
 
 if TYPE_CHECKING:
@@ -355,6 +370,85 @@ def memory(size_name: str, counts: list[int], root: Path) -> list[str]:
     return lines
 
 
+def shard_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("shard-*.safetensors"))
+
+
+def latents(
+    size: dict[str, int], batches: list[dict[str, Any]], rounds: int, root: Path
+) -> list[str]:
+    """An SAE's latents stored sparsely, against the layer and the latents dense."""
+    model = build(size)
+    block = f"transformer.h.{size['layers'] // 2}"
+    rnet = Recorder(model, input_data={"input_ids": batches[0]["input_ids"][:1]})
+    torch.manual_seed(1)
+    width = size["width"]
+    sae = SparseAutoencoder(width, 16 * width, activation="topk", k=32)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    rows = batches[0]["input_ids"].shape[0]
+    sizes: dict[str, int] = {}
+
+    def layer(folder: Path) -> None:
+        write(rnet, batches, folder / "set", layers={"x": block})
+        sizes["layer"] = shard_bytes(folder / "set")
+
+    def sparse(folder: Path) -> None:
+        write(rnet, batches, folder / "set", layers={"f": SparseLatents(sae, block)})
+        sizes["sparse_latents"] = shard_bytes(folder / "set")
+
+    def dense(folder: Path) -> None:
+        with attach(rnet, {block: splice(sae, keep_error=True)}):
+            inside = Recorder(
+                model, input_data={"input_ids": batches[0]["input_ids"][:1]}
+            )
+            write(inside, batches, folder / "set", layers={"f": f"{block}.sae.latents"})
+        sizes["dense_latents"] = shard_bytes(folder / "set")
+
+    # check, untimed: the sparse latents, read dense, are encode of the rows
+    with tempfile.TemporaryDirectory(dir=root) as where:
+        both = write(
+            rnet,
+            batches,
+            Path(where) / "set",
+            layers={"x": block, "f": SparseLatents(sae, block)},
+        )
+        got = both[:]
+        batch_of = both.index[:, 0] // rows
+        with torch.no_grad():
+            equal = all(
+                torch.equal(
+                    got["f"][batch_of == b], sae.encode(got["x"][batch_of == b])
+                )
+                for b in range(len(batches))
+            )
+        check(equal, "the sparse latents are encode of the layer's rows, bit for bit")
+    jobs = {
+        "layer": Job(layer, root),
+        "sparse_latents": Job(sparse, root),
+        "dense_latents": Job(dense, root),
+    }
+    for job in jobs.values():  # warm-up
+        job.run()
+    times = paired(jobs, rounds)
+    lines = [
+        "| stored | bytes/token on disk | MiB | tokens/s | time / layer |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in jobs:
+        median = statistics.median(times[name])
+        lines.append(
+            f"| {name} | {sizes[name] / tokens:,.0f} | {sizes[name] / 2**20:,.2f} | "
+            f"{tokens / median:,.0f} | {ratio(times, name, 'layer'):.3f} |"
+        )
+    lines.append(
+        f"\n{len(batches)} batches, {tokens:,} tokens kept, {block} (width {width}), "
+        f"a top-k SAE with {16 * width:,} latents and k = 32 (float32 values, "
+        f"{'int16' if 16 * width <= 32768 else 'int32'} indices); the bytes include "
+        "each token's index (16 bytes) and the safetensors headers."
+    )
+    return lines
+
+
 def reading(size: dict[str, int], count: int, rounds: int, root: Path) -> list[str]:
     """Tokens per second of the three ways to read a set, over an epoch each.
 
@@ -559,6 +653,8 @@ def main() -> int:
                 "\nSAELens: `sae_lens` (and `datasets`) do not import here: its "
                 "`CacheActivationsRunner` was not timed."
             )
+        print(f"\nAn SAE's latents, {args.rounds} rounds:\n")
+        print("\n".join(latents(size, batches, args.rounds, Path(root))))
         print("\nPeak memory of a write (a process each, shards of 8,192 tokens):\n")
         counts = [int(n) for n in args.memory.split(",")]
         print("\n".join(memory("quick" if args.quick else "full", counts, Path(root))))

@@ -1,19 +1,28 @@
-"""Measure what building a ``Recorder`` costs, against one plain forward.
+"""Measure what building a ``Recorder`` costs, against torchinfo and one forward.
 
-GPT-2 from a config (random weights, no download), CPU, one thread, eval
-mode. Each round times, in a freshly shuffled order, one plain forward under
-``torch.no_grad()`` and one construction per scenario:
+Two nets, CPU, one thread, eval mode, no download:
 
-* ``real``: ``Recorder(net, input_data=x, force_static_flow=False)``;
-* ``real+check``: the default, ``Recorder(net, input_data=x)`` (real
-  reference pass, then the fake-tensor static-flow check);
+* ``mlp``: a 2,000-module MLP, ``Sequential`` of 1,000 ``Linear(64, 64)`` +
+  ``ReLU`` pairs (2,001 module calls), a batch of 8;
+* ``gpt2``: GPT-2 from a config (12 layers, width 512 by default, random
+  weights), a batch of 2 x 64 tokens.
+
+Each round times, in a freshly shuffled order, one plain forward under
+``torch.no_grad()``, one ``torchinfo.summary(net, input_data=x,
+verbose=0)`` (torchinfo's defaults otherwise) and one construction per
+scenario:
+
+* ``default``: ``Recorder(net, input_data=x)`` (real reference pass, the
+  static-flow check);
+* ``no check``: ``force_static_flow=False``;
 * ``fake``: ``reference_tensors="fake"``, ``force_static_flow=False``;
-* ``fake+check``: ``reference_tensors="fake"`` with the default check (one pass
-  does both).
+* ``fake+check``: ``reference_tensors="fake"`` with the default check.
 
-Each ratio is the median over rounds of construction time over the plain
-forward of the same round (paired, so slow drifts of a shared machine
-cancel). ``python benchmarks/construct.py --help`` lists the options.
+Two ratios per scenario, each the median over rounds of the ratio of two
+times of the same round (paired, so slow drifts of a shared machine cancel):
+to one plain forward, and to ``torchinfo.summary`` plus one forward (issue
+35's target: at most 2). ``python benchmarks/construct.py --help`` lists the
+options; ``--quick`` runs one small round of each net.
 """
 
 from __future__ import annotations
@@ -21,79 +30,142 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-import transformers
+# `benchmarks/transformers.py` would shadow the library: drop this script's
+# folder, first on `sys.path`, before importing it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from scio_recorder import Recorder
+import torch  # noqa: E402 (after the path fix)
+import torchinfo  # noqa: E402 (after the path fix)
+import transformers  # noqa: E402 (after the path fix)
+from torch import nn  # noqa: E402 (after the path fix)
 
-SCENARIOS = {
-    "real": {"force_static_flow": False},
-    "real+check": {},
+import scio_recorder  # noqa: E402 (after the path fix)
+from scio_recorder import Recorder  # noqa: E402 (after the path fix)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "no check": {"force_static_flow": False},
     "fake": {"force_static_flow": False, "reference_tensors": "fake"},
     "fake+check": {"reference_tensors": "fake"},
 }
 
 
-def main() -> None:
-    """Print the median paired ratios as a Markdown table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    warnings.simplefilter("ignore")  # transformers' config notes
+def mlp(pairs: int, width: int, batch: int) -> tuple[nn.Module, torch.Tensor, str]:
+    """The MLP of ``2 * pairs`` modules and its input."""
+    layers = [m for _ in range(pairs) for m in (nn.Linear(width, width), nn.ReLU())]
+    net = nn.Sequential(*layers).eval()
+    described = (
+        f"MLP, {2 * pairs:,} modules (Linear({width}, {width}) + ReLU), batch {batch}"
+    )
+    return net, torch.rand(batch, width), described
+
+
+def gpt2(
+    layers: int, width: int, batch: int, seq: int
+) -> tuple[nn.Module, torch.Tensor, str]:
+    """GPT-2 from a config and a batch of token ids."""
     config = transformers.GPT2Config(
-        n_layer=args.layers,
-        n_embd=args.width,
-        n_head=max(1, args.width // 64),
-        n_positions=max(1024, args.seq),
+        n_layer=layers,
+        n_embd=width,
+        n_head=max(1, width // 64),
+        n_positions=max(1024, seq),
     )
     net = transformers.GPT2LMHeadModel(config).eval()
-    x = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+    params = sum(p.numel() for p in net.parameters()) / 1e6
+    described = (
+        f"GPT-2, {layers} layers, width {width} ({params:.0f}M), batch {batch} x {seq}"
+    )
+    return net, torch.randint(0, config.vocab_size, (batch, seq)), described
+
+
+def measure(net: nn.Module, x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
+    """Time every job once per round, in a shuffled order; return the times."""
 
     def forward() -> None:
         with torch.no_grad():
             net(x)
 
-    def build(options: dict[str, object]) -> None:
-        Recorder(net, input_data=x, **options)
+    def summary() -> None:
+        torchinfo.summary(net, input_data=x, verbose=0)
 
-    jobs = {"forward": forward} | {
-        name: (lambda options=options: build(options))
-        for name, options in SCENARIOS.items()
+    def build(options: dict[str, Any]) -> Callable[[], None]:
+        return lambda: Recorder(net, input_data=x, **options) and None
+
+    jobs = {"forward": forward, "torchinfo": summary} | {
+        name: build(options) for name, options in SCENARIOS.items()
     }
     for job in jobs.values():  # warm-up
         job()
     times: dict[str, list[float]] = {name: [] for name in jobs}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         order = list(jobs)
         random.shuffle(order)
         for name in order:
             start = time.perf_counter()
             jobs[name]()
             times[name].append(time.perf_counter() - start)
-    params = sum(p.numel() for p in net.parameters()) / 1e6
+    return times
+
+
+def report(times: dict[str, list[float]]) -> None:
+    """Print medians and the two paired ratios of each scenario."""
+    forward, summary = times["forward"], times["torchinfo"]
+    baseline = [f + s for f, s in zip(forward, summary, strict=True)]
     print(
-        f"GPT-2, {args.layers} layers, width {args.width}, {params:.0f}M "
-        f"parameters, batch {args.batch} x {args.seq}, one thread, "
-        f"{args.rounds} rounds\n"
+        "| scenario | median s | ratio to one forward | ratio to torchinfo + forward |"
     )
-    print("| scenario | median s | ratio to one forward |")
-    print("|---|---:|---:|")
-    print(f"| forward | {statistics.median(times['forward']):.3f} | 1.00 |")
-    for name in SCENARIOS:
-        ratios = [t / f for t, f in zip(times[name], times["forward"], strict=True)]
-        print(
-            f"| {name} | {statistics.median(times[name]):.3f} | "
-            f"{statistics.median(ratios):.2f} |"
+    print("|---|---:|---:|---:|")
+    for name in ["forward", "torchinfo", *SCENARIOS]:
+        own = times[name]
+        to_forward = statistics.median(t / f for t, f in zip(own, forward, strict=True))
+        to_baseline = statistics.median(
+            t / b for t, b in zip(own, baseline, strict=True)
         )
+        print(
+            f"| {name} | {statistics.median(own):.3f} | {to_forward:.2f} | "
+            f"{to_baseline:.2f} |"
+        )
+
+
+def main() -> None:
+    """Print the paired ratios of each net as Markdown tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--net", choices=["mlp", "gpt2", "both"], default="both")
+    parser.add_argument("--pairs", type=int, default=1000, help="MLP Linear+ReLU pairs")
+    parser.add_argument("--layers", type=int, default=12, help="GPT-2 layers")
+    parser.add_argument("--width", type=int, default=512, help="GPT-2 width")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--quick", action="store_true", help="tiny nets, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.layers, args.width, args.seq, args.rounds = 20, 1, 64, 8, 1
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    warnings.simplefilter("ignore")  # transformers' config notes
+    nets = []
+    if args.net in {"mlp", "both"}:
+        nets.append(mlp(args.pairs, 64, 8))
+    if args.net in {"gpt2", "both"}:
+        nets.append(gpt2(args.layers, args.width, args.batch, args.seq))
+    for net, x, described in nets:
+        times = measure(net, x, args.rounds)
+        print(
+            f"\n{described}; scio_recorder {scio_recorder.__version__} from "
+            f"{scio_recorder.__file__}; one thread, {args.rounds} rounds\n"
+        )
+        report(times)
 
 
 if __name__ == "__main__":

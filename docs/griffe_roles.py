@@ -9,6 +9,16 @@ documented object, its class, its module, then the package. ``~`` keeps only
 the last part as the title. Names outside the package (``torch.compile``)
 stay code: no inventory of theirs is available offline.
 
+Docstring tables wrap a long cell onto a continuation row whose first cell
+is empty (``| | more of the cell |``: lines are limited to 88 characters);
+:func:`joined_rows` joins such a row to the row above, cell by cell, so
+that the page shows one row, not a row and an empty one.
+
+It also drops, from the docstring of a subpackage's face, the paragraph
+that maps its private modules for developers ("This package is the public
+face; ..."): readers of the API pages cannot import those modules, and
+``help()`` still shows it (:func:`public_only`).
+
 Loaded by ``mkdocs.yml`` (``mkdocstrings`` -> ``extensions``);
 ``docs/hooks.py`` fails the build if a role is left in a page.
 """
@@ -103,6 +113,59 @@ def convert(text: str, obj: griffe.Object, package: griffe.Object) -> str:
     return ROLE.sub(replace, text)
 
 
+_PRIVATE_MAP = re.compile(
+    r"(?:^|\n\n)This (?:package|subpackage) is the public face;.*?(?=\n\n|\Z)",
+    re.DOTALL,
+)
+
+
+def public_only(text: str) -> str:
+    r"""Return ``text`` without the paragraph mapping a face's private modules.
+
+    Examples
+    --------
+    >>> public_only("Views.\n\nThis package is the public face; ``_base``.\n\nMore.")
+    'Views.\n\nMore.'
+
+    """
+    return _PRIVATE_MAP.sub("", text)
+
+
+_ROW = re.compile(r"^(?P<indent>\s*)\|(?P<cells>.*)\|\s*$")
+
+
+def joined_rows(text: str) -> str:
+    r"""Return ``text`` with each table row whose first cell is empty joined above.
+
+    Examples
+    --------
+    >>> print(joined_rows("| a | b |\n|---|---|\n| x | y, |\n| | z |"))
+    | a | b |
+    |---|---|
+    | x | y, z |
+
+    """
+    lines: list[str] = []
+    for line in text.split("\n"):
+        row = _ROW.match(line)
+        above = _ROW.match(lines[-1]) if lines else None
+        cells = row["cells"].split("|") if row else []
+        if row and above and cells and not cells[0].strip() and len(cells) > 1:
+            previous = above["cells"].split("|")
+            if len(previous) == len(cells) and not set(previous[0].strip()) <= {
+                "-",
+                ":",
+            }:
+                merged = [
+                    f" {a.strip()} {b.strip()} ".replace("  ", " ") if b.strip() else a
+                    for a, b in zip(previous, cells, strict=True)
+                ]
+                lines[-1] = f"{above['indent']}|{'|'.join(merged)}|"
+                continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
 class SphinxRoles(griffe.Extension):
     """Rewrite the Sphinx roles of every docstring of the loaded package."""
 
@@ -112,4 +175,6 @@ class SphinxRoles(griffe.Extension):
             return
         for obj in _walk(pkg):
             if obj.docstring is not None:
-                obj.docstring.value = convert(obj.docstring.value, obj, pkg)
+                text = public_only(obj.docstring.value) if obj.is_module else None
+                text = joined_rows(text or obj.docstring.value)
+                obj.docstring.value = convert(text, obj, pkg)

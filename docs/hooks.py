@@ -1,16 +1,34 @@
-"""MkDocs hook: put the notebooks of ``notebooks/`` into the site, executed.
+"""MkDocs hook: put the executed notebooks and the views' pages into the site.
 
-The notebooks live at the top of the repository, stored without outputs; the
-site shows them under ``notebooks/``. Before the files are collected, every
-build (``mkdocs build`` and each rebuild of ``mkdocs serve``) executes each
-notebook in a fresh kernel, its working folder a temporary folder
-(``notebooks/execute.py``, the function ``python notebooks/run.py --execute``
-uses too), and copies the executed notebook into ``docs/notebooks/``
-(ignored by git), where mkdocs-jupyter renders it. Executed copies are cached
-in ``.cache/notebooks/`` (ignored by git) under a hash of the notebook *and*
-of the package's source files (``scio_recorder/**/*.py``): a rebuild with
-neither changed reuses them in milliseconds, a code change re-executes. A
-notebook whose cell raises fails the build with that cell's error.
+The notebooks live at the top of the repository (``notebooks/``), stored
+without outputs; the site shows them under ``notebooks/``, executed. Before
+the pages are read (``on_files``), every build (``mkdocs build`` and each
+rebuild of ``mkdocs serve``) executes each notebook in a fresh kernel, its
+working folder a temporary folder (``notebooks/execute.py``, the function
+``python notebooks/run.py --execute DIR`` uses too), and runs the code of
+``docs/views.md``, whose views (HTML pages and pictures) the site serves
+under ``view-pages/``. Two run at a time (``SCIO_DOCS_JOBS``, default 2),
+each with torch on one thread. The results are cached outside the checkout
+(``notebooks/execute.py``'s ``cache_folder``: ``~/.cache/scio-recorder/docs``)
+under a hash of the notebook or page *and* of the package's source files
+(``scio_recorder/**/*.py``): a rebuild with neither changed reuses them, a
+code change re-executes. Nothing is written into the checkout. A notebook
+whose cell raises or writes to stderr (a warning a reader would see in red)
+fails the build, naming the cell.
+
+A notebook built from a docs page (``mahalanobis.ipynb``, from the recipe)
+is not executed again: the page shows the same code with its outputs (and
+``tests/test_docs.py`` runs it); the notebook is offered for download under
+``downloads/``.
+
+The header shows the version: ``on_config`` appends the package's
+``__version__`` (read from ``scio_recorder/__init__.py``, not imported) to
+the site's name.
+
+Formulas: ``$...$`` and ``$$...$$`` in a page (``pymdownx.arithmatex``,
+generic mode) become MathML when the page's HTML is made
+(:func:`mathml`, with ``latex2mathml``), which browsers draw natively: no
+script, no font, nothing fetched, the same offline.
 
 After each page is rendered:
 
@@ -26,24 +44,27 @@ from __future__ import annotations
 import html
 import importlib.util
 import logging
+import os
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
 ROOT = Path(__file__).resolve().parent.parent
+GALLERY = ROOT / "docs" / "views.md"
 log = logging.getLogger("mkdocs.hooks.notebooks")
 
 
-def _execute_module() -> Any:
-    """Import ``notebooks/execute.py`` (not a package: loaded by path)."""
-    name = "scio_notebooks_execute"
+def _module(name: str, path: Path) -> Any:
+    """Import a module of the repository that is not in a package, by path."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "notebooks" / "execute.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None  # noqa: S101 (the file is part of the repository)
     assert spec.loader is not None  # noqa: S101
     module = importlib.util.module_from_spec(spec)
@@ -52,22 +73,115 @@ def _execute_module() -> Any:
     return module
 
 
-def on_config(config: Any) -> Any:
-    """Execute the notebooks (or reuse the cached copies) into ``docs/notebooks``."""
-    execute = _execute_module()
-    target = Path(config["docs_dir"]) / "notebooks"
-    target.mkdir(exist_ok=True)
-    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        log.info("notebook %s: executing (or reusing the cache)", notebook.name)
-        path, fresh = execute.executed(notebook)
-        log.info(
-            "notebook %s: %s %s",
-            notebook.name,
-            "executed into" if fresh else "reused",
-            path.relative_to(ROOT),
+def _execute_module() -> Any:
+    """Import ``notebooks/execute.py``."""
+    return _module("scio_notebooks_execute", ROOT / "notebooks" / "execute.py")
+
+
+def _sources() -> dict[str, Path]:
+    """Each notebook's source (``notebooks/run.py``'s ``SOURCES``)."""
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        return dict(
+            _module("scio_notebooks_run", ROOT / "notebooks" / "run.py").SOURCES
         )
-        shutil.copyfile(path, target / notebook.name)
+    finally:
+        sys.path.remove(str(ROOT / "notebooks"))
+
+
+def version() -> str:
+    """Return ``scio_recorder.__version__``, read from the source."""
+    source = (ROOT / "scio_recorder" / "__init__.py").read_text(encoding="utf-8")
+    found = re.search(r'^__version__ = "([^"]+)"', source, re.MULTILINE)
+    if found is None:  # pragma: no cover (the package always has one)
+        msg = "no __version__ in scio_recorder/__init__.py"
+        raise ValueError(msg)
+    return found[1]
+
+
+def on_config(config: Any) -> Any:
+    """Show the version beside the site's name (``scio-recorder 0.1.0``)."""
+    config["site_name"] = f"{config['site_name']} {version()}"
     return config
+
+
+@event_priority(50)  # before mkdocs-jupyter's, which renders the notebooks it finds
+def on_files(files: Any, config: Any) -> Any:
+    """Execute the notebooks and the views' page (or reuse the cache); add them."""
+    execute = _execute_module()
+    docs = (ROOT / "docs").resolve()
+    notebooks, downloads = [], []
+    for name, source in _sources().items():
+        path = ROOT / "notebooks" / f"{name}.ipynb"
+        in_docs = source.resolve().is_relative_to(docs)
+        (downloads if in_docs else notebooks).append(path)
+    jobs = {f"notebook {p.name}": (execute.executed, p) for p in notebooks}
+    jobs[f"page {GALLERY.name}"] = (execute.page_files, GALLERY)
+    workers = int(os.environ.get("SCIO_DOCS_JOBS", "2"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {what: pool.submit(job, path) for what, (job, path) in jobs.items()}
+        done = {what: future.result() for what, future in futures.items()}
+    for what, (_, fresh) in done.items():
+        log.info("%s: %s", what, "executed" if fresh else "reused from the cache")
+    site = execute.cache_folder() / "site"
+    (site / "notebooks").mkdir(parents=True, exist_ok=True)
+    for notebook in notebooks:
+        path, _ = done[f"notebook {notebook.name}"]
+        shutil.copyfile(path, site / "notebooks" / notebook.name)
+        files.append(
+            File(
+                f"notebooks/{notebook.name}",
+                str(site),
+                config["site_dir"],
+                config["use_directory_urls"],
+            )
+        )
+    folder, _ = done[f"page {GALLERY.name}"]
+    for made in sorted(folder.iterdir()):
+        files.append(
+            File.generated(config, f"view-pages/{made.name}", abs_src_path=str(made))
+        )
+    for notebook in downloads:
+        files.append(
+            File.generated(
+                config, f"downloads/{notebook.name}", content=notebook.read_bytes()
+            )
+        )
+    return files
+
+
+_MATH = re.compile(
+    r'<(?P<tag>span|div) class="arithmatex">\s*'
+    r"\\[(\[](?P<tex>.*?)\\[)\]]\s*</(?P=tag)>",
+    re.DOTALL,
+)
+
+
+def mathml(output: str) -> str:
+    """Return ``output`` with each arithmatex formula replaced by MathML.
+
+    Raises
+    ------
+    ValueError
+        Naming a formula that ``latex2mathml`` cannot read.
+    """
+    from latex2mathml.converter import convert  # noqa: PLC0415 (the docs extra)
+
+    def replace(match: re.Match[str]) -> str:
+        tex = html.unescape(match["tex"])
+        display = "block" if match["tag"] == "div" else "inline"
+        try:
+            return convert(tex, display=display)
+        except Exception as error:  # latex2mathml raises several kinds
+            msg = f"the formula {tex!r} is not LaTeX that latex2mathml reads: {error}"
+            raise ValueError(msg) from error
+
+    return _MATH.sub(replace, output)
+
+
+def on_page_content(content: str, **_: Any) -> str:
+    """Turn the page's formulas into MathML."""
+    return mathml(content)
 
 
 RAW_ROLE = re.compile(
@@ -98,7 +212,7 @@ def check_notebook_page(output: str, name: str) -> None:
     if starts and not _OUTPUT.search(output):
         msg = (
             f"{name}: the notebook page shows no output in its {len(starts)} code "
-            "cells: it was rendered unexecuted (docs/hooks.py's on_config "
+            "cells: it was rendered unexecuted (docs/hooks.py's on_files "
             "executes every notebook; was it bypassed?)"
         )
         raise ValueError(msg)

@@ -1,33 +1,67 @@
 """The static-flow check and the fake reference pass.
 
-Both run the user's net under :class:`~torch._subclasses.fake_tensor.FakeTensorMode`:
-every tensor the net computes is a *fake* tensor, which has a shape, a dtype
-and a device but no values, and no kernel computes anything (the net's real
-parameters and buffers are seen through fake copies made on first use, which
-share no memory and cost none). Shapes are concrete, so control flow on
-shapes runs as usual; reading a *value* into Python (``if x.sum() > 0``,
-``x.item()``, ``int(x)``, ``x.tolist()``, ``torch.equal``) raises
-:class:`~torch._subclasses.fake_tensor.DataDependentOutputException` at the
-line that reads it.
+The check (``force_static_flow=True``, the default of
+:class:`~scio_recorder.Recorder`) refuses a net whose forward may call other
+modules, or compute other values, on other data of the same shapes: a net
+whose flow depends on tensor *values*. Its verdict is the one of the
+fake-tensor check it replaces (:func:`_fake_verdict`, below), with one
+exception and at a fraction of the cost:
 
-* :func:`check_static_flow` is the ``force_static_flow`` check of
-  :class:`~scio_recorder.Recorder`: a net is refused when a fake pass on the
-  table's example inputs reads a tensor value into Python *and* the net is
-  not traceable by :func:`torch.fx.symbolic_trace` (which accepted every net
-  it refused before). Libraries written for :func:`torch.compile` and
-  :func:`torch.export` (Hugging Face ``transformers``) skip their eager-only
-  value checks on fake tensors, so their models pass. An operation that fake
-  tensors cannot run (no fake kernel, a data-dependent output *shape* such as
-  ``x[x > 0]``) ends the check without a verdict: the net is accepted.
-* :func:`fake_table` builds the layer table from a fake reference pass
-  (``Recorder(..., reference_tensors="fake")``) and falls back to the real pass,
-  with a warning, where the fake one cannot run.
+1. **The reference pass is watched.** The table's own pass (torchinfo, real
+   tensors) runs under :func:`~scio_recorder._watch.watching`, a dispatch mode
+   that lists every value the forward reads into Python (``if x.sum() > 0:``,
+   ``x.item()``, ``int(x)``, ``x.tolist()``, ``torch.equal``). A forward can
+   depend on values only through such reads, so a pass without any (an MLP,
+   a CNN, GPT-2 or Llama on token ids alone) is accepted there: no second
+   forward runs, and the check adds one Python call per operator to the
+   reference pass. Building a recorder then costs about what
+   ``torchinfo.summary`` plus one forward cost (``benchmarks/construct.py``),
+   where the fake-tensor forward alone cost about 10 times that on a net of
+   2,000 small modules.
+2. **A pass that reads values gets the fake-tensor verdict.** The forward runs
+   once more, on :class:`~torch._subclasses.fake_tensor.FakeTensorMode`'s fake
+   tensors (shapes, no values): reading a value raises there. No read there:
+   accepted, as before (libraries written for :func:`torch.compile`, Hugging
+   Face ``transformers`` among them, skip their eager-only value checks, such
+   as "is the attention mask all ones?", on fake tensors). A read there, and
+   :func:`torch.fx.symbolic_trace` cannot trace the net either: refused, as
+   before (fx turns a read into a node of its graph; it accepted every net
+   the check ever refused). An operation fake tensors cannot run ends that
+   pass without a verdict: accepted, as before.
+3. **Unless the reads change nothing.** Before refusing, the check asks
+   whether the values the real pass read change anything it computes
+   (:func:`~scio_recorder._watch.without_effect`): every read must be a
+   yes/no, and every other outcome of every such read, tried by forcing it
+   (the whole tree of outcomes, at most 16 forced passes), must give the
+   same module calls and bit-identical outputs of every call. Such a read
+   decides only a side effect, a warning, a log line or a print
+   (transformers' ``if self.config.pad_token_id in input_ids[:, [-1, 0]]:``
+   padding warning, for a config that sets ``pad_token_id``): accepted.
+
+What it refuses is thus exactly what the fake-tensor check refused, less
+the nets whose reads have no effect; and it accepts exactly what that check
+accepted, plus those. Why step 3 is sound (every sequence of yes/no outcomes
+some data could produce is tried, forcing can only find more effects) is
+written out in :mod:`scio_recorder._watch`. Why step 1 is: the forward's
+Python code is a function of its inputs' shapes and of the values it reads;
+without reads, every input of these shapes runs the same code.
+
+What none of it sees: a read outside the forward's operators (``numpy()``,
+``data_ptr()``) and a value-dependent shape read through ``.shape``
+(``x[x > 0]``); the check sees only the paths the example inputs lead to.
+The per-pass call-plan check of every recording pass covers what is left.
+
+:func:`fake_table` builds the layer table from a fake reference pass
+(``Recorder(..., reference_tensors="fake")``): the same table, nothing
+computed (the net's parameters and buffers are seen through fake copies made
+on first use). A fake pass without a read checks the flow by itself. Where
+fake tensors cannot run the net, or it reads a value, the table comes from
+the real pass (checked as above), with a warning saying why.
 
 A model placed by accelerate (its modules carry ``_hf_hook``: offloaded
 weights are loaded just before a module runs) is faked like any other, except
-that accelerate's hooks run on real tensors (:func:`fake_pass`): they load one
-module's real weights at a time, as in a real pass, while the module's own
-computation stays fake.
+that accelerate's hooks run on real tensors
+(:func:`~scio_recorder._watch.accelerate_hooks_in`); a watch pauses in them.
 
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
 net's modes, ``requires_grad`` flags, parameters, buffers and accelerate
@@ -45,10 +79,7 @@ __all__ = [
 ]
 
 import contextlib
-import dataclasses
-import functools
-import os
-import traceback
+import gc
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -65,10 +96,19 @@ from torch.nn.parameter import is_lazy
 
 from ._engine.passes import is_recorder
 from ._preserve import preserved
+from ._watch import (
+    DataRead,
+    accelerate_hooks_in,
+    rng_state,
+    watching,
+    without_effect,
+)
 from .layers import LayerTable, build_table, example_inputs, reference_kwargs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from ._watch import RngState
 
 # torch's modules whose fast path is skipped for tensor subclasses (their
 # forward checks `has_torch_function`): a fake pass would call other modules.
@@ -77,126 +117,136 @@ _TYPE_CHECKED_FAST_PATHS = (
     nn.TransformerEncoderLayer,
     nn.TransformerEncoder,
 )
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # noqa: PTH120 (a prefix)
-_OWN_DIR = os.path.dirname(__file__) + os.sep  # noqa: PTH120 (a prefix)
-_TORCHINFO_DIR = os.path.dirname(_torchinfo_impl.__file__) + os.sep  # noqa: PTH120
 
 
-@dataclasses.dataclass(frozen=True)
-class DataRead:
-    """Where a fake pass read a tensor value into Python.
+# -- the check -------------------------------------------------------------------
 
-    Attributes
+
+def check_static_flow(net: nn.Module, summary_kwargs: dict[str, Any]) -> None:
+    """Refuse ``net`` if its forward's flow depends on tensor values.
+
+    Runs a reference pass of ``net`` on real tensors, watching the values it
+    reads into Python, and judges them as the module's docstring says.
+
+    Parameters
     ----------
-    location : str
-        ``file:line`` of the innermost frame outside torch, torchinfo and this
-        package (the net's own code), ``"an unknown line"`` if none.
-    code : str
-        The source line there, ``""`` if unknown.
-    error : BaseException
-        The exception fake tensors raised.
+    net : torch.nn.Module
+        The network.
+    summary_kwargs : dict
+        The table's keyword arguments (``input_data`` or ``input_size``,
+        ``mode``, the net's keyword inputs): the check runs the same pass.
+
+    Raises
+    ------
+    RuntimeError
+        If the forward reads a value on fake tensors (the message names the
+        line), the values it reads on real tensors change what it computes,
+        and :func:`torch.fx.symbolic_trace` cannot trace ``net``; raised from
+        the fx error.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> class Branchy(nn.Module):
+    ...     def forward(self, x):
+    ...         return x if x.sum() > 0 else -x
+    >>> class Warns(nn.Module):
+    ...     def forward(self, x):
+    ...         if (x == 0).any():
+    ...             print("zeros!")  # the only effect of the read
+    ...         return x + 1
+    >>> check_static_flow(nn.Linear(3, 2), {"input_size": (1, 3)})
+    >>> check_static_flow(Warns(), {"input_size": (1, 3)})
+    >>> check_static_flow(Branchy(), {"input_size": (1, 3)})
+    Traceback (most recent call last):
+    ...
+    RuntimeError: The control flow of the input network is not static: ...
+
     """
-
-    location: str
-    code: str
-    error: BaseException
-
-    def describe(self) -> str:
-        """Say where the value was read, e.g. ``net.py:12 (`if x.sum() > 0:`)``."""
-        return f"{self.location} (`{self.code}`)" if self.code else self.location
+    _checked_table(net, reference_kwargs(net, summary_kwargs))
 
 
-def _find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """Return the first exception of ``kind`` in the cause/context chain."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
+def _checked_table(
+    net: nn.Module,
+    summary_kwargs: dict[str, Any],
+    fake_read: DataRead | None = None,
+) -> LayerTable:
+    """Build the table from a watched real pass; refuse a data-dependent flow.
+
+    ``fake_read``: where a fake pass of the same inputs already read a value
+    (:func:`fake_table`), so that the fake verdict needs no pass of its own.
+    """
+    before = rng_state()
+    reads: list[DataRead] = []
+
+    @contextlib.contextmanager
+    def watched() -> Iterator[None]:
+        with watching(net) as watch:
+            yield
+        reads.extend(watch.reads)
+
+    table = build_table(net, summary_kwargs, around=watched)
+    if reads:
+        _judge(net, summary_kwargs, reads, before, fake_read)
+    return table
 
 
-def _data_read(error: BaseException) -> DataRead | None:
-    """Return where ``error`` (or its causes) read a value, ``None`` if not."""
-    read = _find(error, DataDependentOutputException)
-    if read is None:
+def _judge(
+    net: nn.Module,
+    summary_kwargs: dict[str, Any],
+    reads: list[DataRead],
+    before: RngState,
+    fake_read: DataRead | None,
+) -> None:
+    """Raise if the fake verdict refuses ``net`` and its ``reads`` have effects."""
+    refusal: Exception | None
+    if fake_read is not None:
+        fx_error = _fx_traces(net)
+        refusal = None if fx_error is None else _refuse(fake_read, fx_error)
+    else:
+        refusal = _fake_verdict(net, summary_kwargs)
+    if refusal is not None and not without_effect(net, summary_kwargs, reads, before):
+        raise refusal
+
+
+def _fake_verdict(net: nn.Module, summary_kwargs: dict[str, Any]) -> Exception | None:
+    """Judge ``net`` by the fake-tensor check: the error refusing it, or ``None``."""
+    reason = _check_unsafe(net)
+    if reason is None:
+        read = _fake_forward(net, summary_kwargs)
+        if read is None:
+            return None
+        fx_error = _fx_traces(net)
+        return None if fx_error is None else _refuse(read, fx_error)
+    # A fake pass could change the net (`reason`): fx alone decides, as before.
+    fx_error = _fx_traces(net)
+    if fx_error is None:
         return None
-    frames = [
-        frame
-        for frame in traceback.extract_tb(read.__traceback__)
-        if not frame.filename.startswith((_TORCH_DIR, _OWN_DIR, _TORCHINFO_DIR))
-    ]
-    if not frames:
-        return DataRead("an unknown line", "", read)
-    frame = frames[-1]
-    code = (frame.line or "").strip()
-    return DataRead(f"{frame.filename}:{frame.lineno}", code, read)
+    msg = (
+        "The control flow of the input network may not be static: "
+        "`torch.fx.symbolic_trace` cannot trace it (see traceback), and "
+        f"the fake-tensor check cannot run because {reason}. Pass "
+        "`force_static_flow=False` to accept it anyway: every pass then "
+        "checks that recorded modules are called as in the reference pass "
+        "and raises otherwise. See `help(Recorder)`"
+    )
+    error = RuntimeError(msg)
+    error.__cause__ = fx_error
+    return error
 
 
-@contextlib.contextmanager
-def fake_pass(net: nn.Module | None = None) -> Iterator[None]:
-    """Run the enclosed code on fake tensors (real tensors are faked on use).
-
-    accelerate's hooks on the modules of ``net`` (see :func:`_real_hooks`) run
-    on real tensors.
-    """
-    with (
-        FakeTensorMode(allow_non_fake_inputs=True),
-        torch.no_grad(),
-        _real_hooks(net),
-    ):
-        yield
-
-
-@contextlib.contextmanager
-def _real_hooks(net: nn.Module | None) -> Iterator[None]:
-    """Run the ``pre_forward``/``post_forward`` of accelerate's hooks unfaked.
-
-    A model placed by accelerate (``dispatch_model``, ``cpu_offload``,
-    ``disk_offload``, ``from_pretrained(..., device_map=...)``) has a hook on
-    its modules (``module._hf_hook``) whose ``pre_forward`` moves the inputs
-    to the module's execution device and, for an offloaded module, loads its
-    weights from the offload map into new parameters; ``post_forward`` sets
-    them back on the ``meta`` device. Under the fake mode those parameters
-    would be fake, and accelerate rebuilds a parameter with
-    ``type(param)(value)``, which a fake tensor's class refuses. With the fake
-    mode lifted around the hooks, they place real weights (one module at a
-    time, as in a real pass: a disk-offloaded module is read from disk) and
-    the module's own computation stays fake. The hooks compute nothing
-    themselves, and fake inputs stay fake through them (a fake tensor runs in
-    its own mode). Each hook's methods are shadowed by instance attributes
-    for the duration of the pass, then removed.
-    """
-    hooks = {
-        id(hook): hook
-        for module in (net.modules() if net is not None else ())
-        if (hook := getattr(module, "_hf_hook", None)) is not None
-    }
-    patched: list[tuple[Any, str]] = []
+def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | None:
+    """Run one fake pass of ``net``; return where it read a value, if it did."""
+    train = str(summary_kwargs.get("mode", "eval")) == "train"
     try:
-        for hook in hooks.values():
-            if not hasattr(hook, "__dict__"):  # not accelerate's
-                continue
-            for name in ("pre_forward", "post_forward"):
-                method = getattr(hook, name, None)
-                if method is None or name in vars(hook):
-                    continue
-                setattr(hook, name, _unfaked(method))
-                patched.append((hook, name))
-        yield
-    finally:
-        for hook, name in patched:
-            delattr(hook, name)
-
-
-def _unfaked(method: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return method(*args, **kwargs)
-
-    return call
+        with preserved(net), fake_pass(net):
+            args, kwargs = example_inputs(net, summary_kwargs)
+            net.train(train)
+            net(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 (anything else: no verdict)
+        return _data_read(error)
+    return None
 
 
 def _fx_traces(net: nn.Module) -> BaseException | None:
@@ -235,76 +285,46 @@ def _refuse(read: DataRead, fx_error: BaseException) -> RuntimeError:
     return error
 
 
-def _judge(net: nn.Module, read: DataRead | None) -> None:
-    """Raise if ``read`` is a data-dependent read and fx cannot trace ``net``."""
-    if read is None:
-        return
-    fx_error = _fx_traces(net)
-    if fx_error is not None:
-        raise _refuse(read, fx_error)
+# -- the fake reference pass -----------------------------------------------------
 
 
-def check_static_flow(net: nn.Module, summary_kwargs: dict[str, Any]) -> None:
-    """Refuse ``net`` if its forward reads tensor values into Python.
-
-    Parameters
-    ----------
-    net : torch.nn.Module
-        The network.
-    summary_kwargs : dict
-        The table's keyword arguments (``input_data`` or ``input_size``,
-        ``mode``, the net's keyword inputs): the check runs the same pass.
-
-    Raises
-    ------
-    RuntimeError
-        If a fake pass reads a tensor value into Python (the message names the
-        line) and :func:`torch.fx.symbolic_trace` cannot trace ``net``; raised
-        from the fx error.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from torch import nn
-    >>> class Branchy(nn.Module):
-    ...     def forward(self, x):
-    ...         return x if x.sum() > 0 else -x
-    >>> check_static_flow(nn.Linear(3, 2), {"input_size": (1, 3)})
-    >>> check_static_flow(Branchy(), {"input_size": (1, 3)})
-    Traceback (most recent call last):
-    ...
-    RuntimeError: The control flow of the input network is not static: ...
-
-    """
-    reason = _check_unsafe(net)
-    if reason is None:
-        _judge(net, _fake_forward(net, summary_kwargs))
-        return
-    # A fake pass could change the net (`reason`): fx alone decides, as before.
-    fx_error = _fx_traces(net)
-    if fx_error is not None:
-        msg = (
-            "The control flow of the input network may not be static: "
-            "`torch.fx.symbolic_trace` cannot trace it (see traceback), and "
-            f"the fake-tensor check cannot run because {reason}. Pass "
-            "`force_static_flow=False` to accept it anyway: every pass then "
-            "checks that recorded modules are called as in the reference pass "
-            "and raises otherwise. See `help(Recorder)`"
-        )
-        raise RuntimeError(msg) from fx_error
-
-
-def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | None:
-    """Run one fake pass of ``net``; return where it read a value, if it did."""
-    train = str(summary_kwargs.get("mode", "eval")) == "train"
-    try:
-        with preserved(net), fake_pass(net):
-            args, kwargs = example_inputs(net, summary_kwargs)
-            net.train(train)
-            net(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 (anything else: no verdict)
-        return _data_read(error)
+def _find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """Return the first exception of ``kind`` in the cause/context chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
     return None
+
+
+def _data_read(error: BaseException) -> DataRead | None:
+    """Return where ``error`` (or its causes) read a value, ``None`` if not."""
+    read = _find(error, DataDependentOutputException)
+    if read is None:
+        return None
+    traceback = read.__traceback__
+    frame = None
+    while traceback is not None:  # the innermost frame
+        frame, traceback = traceback.tb_frame, traceback.tb_next
+    return DataRead.at(frame)
+
+
+@contextlib.contextmanager
+def fake_pass(net: nn.Module | None = None) -> Iterator[None]:
+    """Run the enclosed code on fake tensors (real tensors are faked on use).
+
+    accelerate's hooks on the modules of ``net`` run on real tensors (see
+    :func:`~scio_recorder._watch.accelerate_hooks_in`).
+    """
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        torch.no_grad(),
+        accelerate_hooks_in(net, unset_fake_temporarily),
+    ):
+        yield
 
 
 def _check_unsafe(net: nn.Module) -> str | None:
@@ -350,8 +370,9 @@ def fake_table(
     summary_kwargs : dict
         Keyword arguments for :func:`torchinfo.summary`.
     check_flow : bool
-        Whether to refuse a net that reads tensor values into Python (the
-        check of :func:`check_static_flow`, done by the same pass).
+        Whether to refuse a net whose flow depends on tensor values (the
+        check of :func:`check_static_flow`, done by the same pass when it
+        reads no value).
 
     Returns
     -------
@@ -379,15 +400,12 @@ def fake_table(
     """
     summary_kwargs = reference_kwargs(net, summary_kwargs)
     reason = _fake_unsafe(net, summary_kwargs)
+    read = None
     if reason is None:
         try:
-            table = build_table(
-                net, summary_kwargs, around=functools.partial(fake_pass, net)
-            )
+            table = build_table(net, summary_kwargs, around=lambda: fake_pass(net))
         except Exception as error:  # noqa: BLE001 (fall back to the real pass)
             read = _data_read(error)
-            if check_flow:
-                _judge(net, read)
             if read is not None:
                 reason = f"the forward reads a tensor value at {read.describe()}"
             else:
@@ -395,26 +413,16 @@ def fake_table(
         else:
             _assert_real(net)
             return table
-        check_flow = False  # the fake pass checked it
+    # The real pass judges the flow before the warning: a refusal comes alone.
+    if check_flow:
+        table = _checked_table(net, summary_kwargs, fake_read=read)
+    else:
+        table = build_table(net, summary_kwargs)
     warnings.warn(
         f'`reference_tensors="fake"` ran on real tensors: {reason}.',
         UserWarning,
         stacklevel=4,  # the caller of `Recorder`
     )
-    return _real_table(net, summary_kwargs, check_flow=check_flow)
-
-
-def _real_table(
-    net: nn.Module, summary_kwargs: dict[str, Any], *, check_flow: bool
-) -> LayerTable:
-    """Build the table from a real pass, then check the flow if asked.
-
-    The check comes second: the real pass materializes lazy parameters, after
-    which a fake pass can run.
-    """
-    table = build_table(net, summary_kwargs)
-    if check_flow:
-        check_static_flow(net, summary_kwargs)
     return table
 
 
@@ -442,10 +450,34 @@ def table_of(
     """Return the layer table of ``net``, checking its flow if asked.
 
     The :class:`~scio_recorder.Recorder` entry point: with ``fake`` the table
-    comes from :func:`fake_table`; else from a real pass, followed by
-    :func:`check_static_flow` if ``check_flow``.
+    comes from :func:`fake_table`; else from a real pass, watched by the
+    static-flow check if ``check_flow`` (:func:`check_static_flow`).
     """
     summary_kwargs = reference_kwargs(net, summary_kwargs)
-    if fake:
-        return fake_table(net, summary_kwargs, check_flow=check_flow)
-    return _real_table(net, summary_kwargs, check_flow=check_flow)
+    with _collector_paused():
+        if fake:
+            return fake_table(net, summary_kwargs, check_flow=check_flow)
+        if check_flow:
+            return _checked_table(net, summary_kwargs)
+        return build_table(net, summary_kwargs)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (if on) for the enclosed code.
+
+    A reference pass allocates a few dozen small objects per module call
+    (a row, its hooks' handles, sizes), so the collector runs every few dozen
+    calls, and now and then walks every object of the process (a million
+    with transformers imported): up to 40% of construction on a net of 2,000
+    small modules. Nothing a pass allocates needs the cyclic collector in
+    the meantime (tensors are freed by reference counting); collection
+    resumes on exit.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

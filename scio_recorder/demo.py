@@ -260,9 +260,18 @@ def _pictures(
 
         shown = [name for name in PICTURED if name in evaluations.detectors]
         for name in ood:
-            for kind, draw in (("scores", score_histograms), ("roc", roc_curves)):
-                fig = draw(evaluations[name], shown)
-                fig.supxlabel(seed, fontsize="medium")
+            # the histograms span the 1 %-99 % quantiles: a few huge
+            # distances would squash every other score into one bin
+            figures = (
+                (
+                    "scores",
+                    score_histograms(evaluations[name], shown, clip=(0.01, 0.99)),
+                ),
+                ("roc", roc_curves(evaluations[name], shown)),
+            )
+            for kind, fig in figures:
+                # on two lines: one would be cut off at both sides
+                fig.supxlabel(seed.replace(" (", "\n("), fontsize="medium")
                 path = folder / f"{kind}-{name}.png"
                 fig.savefig(path, dpi=110)
                 files.append(path)

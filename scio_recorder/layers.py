@@ -1031,7 +1031,7 @@ class _Unsummed(ModelStatistics):
 
 
 @contextlib.contextmanager
-def _summary_patches() -> Iterator[None]:
+def _summary_patches(rows: list[_Row]) -> Iterator[None]:
     """Patch torchinfo for the duration of one summary; put it back on exit.
 
     * torchinfo sizes a call's inputs and outputs with
@@ -1039,29 +1039,67 @@ def _summary_patches() -> Iterator[None]:
       padded-batch fast path of ``nn.TransformerEncoder`` in eval mode passes
       them between its layers). A nested tensor (or a tuple starting with one,
       as torchinfo sizes a call's inputs by the first) is sized by
-      :func:`nested_size`; everything else goes to torchinfo's own function.
+      :func:`nested_size`; another tensor, or a sequence starting with one,
+      as torchinfo sizes it, without reading its ``.data`` (an operator
+      call); everything else goes to torchinfo's own function.
     * ``torchinfo.summary`` builds an :class:`_Unsummed` instead of its
       exponential-time statistics.
+    * torchinfo registers no hooks of its own: :class:`_CallLog` logs every
+      call and builds the rows (``rows``), which torchinfo's own rows would
+      only duplicate (at about the cost of the forward on a net of small
+      layers). torchinfo's error message after a failed pass ("Executed
+      layers up to: ...") lists ``rows``.
     """
     with _LOCK:
         original = LayerInfo.__dict__["calculate_size"]
         calculate = original.__func__
         statistics = _torchinfo_impl.ModelStatistics  # type: ignore[attr-defined]
+        hooked = {
+            name: getattr(_torchinfo_impl, name)
+            for name in (
+                "apply_hooks",
+                "add_missing_container_layers",
+                "set_children_layers",
+            )
+        }
+
+        def apply_hooks(
+            *_args: Any,
+        ) -> tuple[list[_Row], dict[int, Any], dict[int, Any]]:
+            return rows, {}, {}
 
         def calculate_size(inputs: Any, batch_dim: int | None) -> tuple[list[int], int]:
             first = inputs[0] if isinstance(inputs, list | tuple) and inputs else inputs
-            if isinstance(first, Tensor) and first.is_nested:
-                return nested_size(first), first.element_size()
+            if isinstance(first, Tensor):
+                if first.is_nested:
+                    return nested_size(first), first.element_size()
+                # torchinfo's own result, without its `.data`, an operator
+                # call per row that a dispatch mode (the static-flow check's)
+                # would see: a tensor's size, or a sequence's first tensor's
+                # with the batch dimension set to 1
+                size = list(first.size())
+                if first is not inputs and batch_dim is not None:
+                    size = [*size[:batch_dim], 1, *size[batch_dim + 1 :]]
+                return size, first.element_size()
             size, elem_bytes = calculate(inputs, batch_dim)
             return size, elem_bytes
 
         LayerInfo.calculate_size = staticmethod(calculate_size)  # type: ignore[method-assign]
         _torchinfo_impl.ModelStatistics = _Unsummed  # type: ignore[attr-defined]
+        _torchinfo_impl.apply_hooks = apply_hooks  # type: ignore[assignment]
+        _torchinfo_impl.add_missing_container_layers = _ignore
+        _torchinfo_impl.set_children_layers = _ignore
         try:
             yield
         finally:
             LayerInfo.calculate_size = original  # type: ignore[method-assign]
             _torchinfo_impl.ModelStatistics = statistics  # type: ignore[attr-defined]
+            for name, function in hooked.items():
+                setattr(_torchinfo_impl, name, function)
+
+
+def _ignore(summary_list: list[LayerInfo]) -> None:
+    """Stand in for torchinfo's steps on its own rows (see ``_summary_patches``)."""
 
 
 _SUMMARY_OPTIONS = frozenset(inspect.signature(torchinfo.summary).parameters) - {
@@ -1252,7 +1290,7 @@ def build_table(
     try:
         with (
             preserved(net),
-            _summary_patches(),
+            _summary_patches(log.rows),
             around() if around is not None else contextlib.nullcontext(),
         ):
             summary = torchinfo.summary(net, **kwargs)

@@ -67,6 +67,7 @@ Scale = Literal["linear", "log", "symlog"]
 SCALES = ("linear", "log", "symlog")
 _TAB10 = 10  # matplotlib's default cycle: distinct up to ten lines
 _STYLES = ("-", "--", ":", "-.")
+_IN_PANEL = 4  # detectors whose legend fits in a panel's corner
 
 
 def _matplotlib(module: str | None = None) -> Any:
@@ -280,7 +281,7 @@ def score_histograms(  # noqa: PLR0913 (the data, which panels, how to draw them
     panels = [(k, ev, name) for k, ev in enumerate(evaluations) for name in names]
     xlabel = "score (higher: more OoD)"
     if clip is not None:
-        xlabel += f"\ntails clipped to the {clip[0]:.3g}-{clip[1]:.3g} quantiles"
+        xlabel += f"\nclipped to the {clip[0]:.3g}-{clip[1]:.3g} quantiles"
     handles: dict[str, Any] = {}
     for ax, (k, ev, name) in zip(axes, panels, strict=True):
         inside = _numpy(ev.id_scores[name])
@@ -312,7 +313,8 @@ def score_histograms(  # noqa: PLR0913 (the data, which panels, how to draw them
         title = f"{name}{where} (AUROC {ev[name]['AUROC']:.2f})"
         # A long name would run into the next panel's title: a smaller font.
         ax.set_title(title, fontsize=None if len(title) <= _TITLE_CHARS else "small")
-        ax.set_xlabel(xlabel)
+        # small: a panel is about 30 characters of the default size wide
+        ax.set_xlabel(xlabel, fontsize="small" if clip is None else "x-small")
         ax.set_yticks([])
     if handles:
         fig.legend(
@@ -364,10 +366,15 @@ def _curve_panels(  # noqa: PLR0913 (what roc_curves takes, and how to draw)
                 style["linestyle"] = _STYLES[i % len(_STYLES)]
             draw(panel, ev, name, style)
         finish(panel, ev)
-        if many:
+        if many or len(names) > _IN_PANEL:
+            # beside the panel: inside, it would hide curves (a reversed
+            # ranking runs through the lower right corner)
             panel.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
         else:
             panel.legend(fontsize=7, loc=legend)
+    if ax is None and (many or len(names) > _IN_PANEL):
+        # room for the legends beside the panels, which keep their size
+        fig.set_figwidth(fig.get_figwidth() * 1.6)  # type: ignore[union-attr]
     return fig  # type: ignore[return-value]
 
 

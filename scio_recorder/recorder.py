@@ -67,8 +67,10 @@ from ._engine.plan import (
     Selection,
     make_plan,
 )
+from ._engine.shards import Shards
 from ._engine.state import CallInputs, InPlaceWarning
 from ._flow import table_of
+from ._quantized import gradient_cuts
 from ._tree import iter_tensors
 from ._views import RecorderViews, labels_text
 from .scope import Scope
@@ -111,14 +113,16 @@ class Recorder(RecorderViews):
     net : torch.nn.Module
         The network to record. It is kept as the submodule ``_net``.
     force_static_flow : bool, default True
-        If true, refuse networks with data-dependent control flow: a forward
-        on fake tensors (shapes without values, nothing computed) with the
-        table's example inputs must read no tensor value into Python
-        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``), unless
-        :func:`torch.fx.symbolic_trace` traces the net. Control flow on
-        shapes, ``print``, keyword-only arguments and Hugging Face models
-        pass; the error names the line that reads a value. With ``False`` any
-        network is accepted. Either way every recording pass checks that each
+        If true, refuse networks with data-dependent control flow: the
+        reference pass, watched, must read no tensor value into Python
+        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``); if it does, a
+        forward on fake tensors (shapes without values) must read none, or
+        :func:`torch.fx.symbolic_trace` must trace the net, or every value
+        read must change nothing the net computes (a yes/no deciding only a
+        warning or a log line, tried both ways). Control flow on shapes,
+        ``print``, keyword-only arguments and Hugging Face models (whatever
+        their config) pass; the error names the line that reads a value.
+        With ``False`` any network is accepted. Either way every recording pass checks that each
         recorded module is called as often as in the reference pass, and
         raises otherwise, so a dynamic flow gives either the right
         activations or an error. See ``docs/guarantees.md``.
@@ -131,6 +135,14 @@ class Recorder(RecorderViews):
         a recorder inside the net, a net torchinfo would move to another
         device) the pass runs on real tensors, with a warning. See
         ``docs/labels.md``.
+    shards : {"whole", "local"}, default "whole"
+        For a tensor-parallel net (sharded by torch's ``parallelize_module``
+        or transformers' ``tp_plan``, on every rank): ``"whole"`` gathers the
+        pieces that column-parallel layers return and row-parallel layers
+        take, so records are the unsharded layer's tensors and an edit given
+        a whole tensor is cut back into this rank's piece; ``"local"`` keeps
+        each rank's piece, for records and edits. No effect on other nets.
+        See ``docs/bigmodels.md``.
     **summary_kwargs
         Passed to :func:`torchinfo.summary`. ``input_data`` or ``input_size``
         is required. Defaults: ``col_names=("input_size", "output_size",
@@ -191,6 +203,7 @@ class Recorder(RecorderViews):
         *,
         force_static_flow: bool = True,
         reference_tensors: Literal["real", "fake"] = "real",
+        shards: Literal["whole", "local"] = "whole",
         **summary_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -219,7 +232,11 @@ class Recorder(RecorderViews):
         object.__setattr__(self, "_padding", PaddingWatch())
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
-        empty = CallPlan.empty(self._table.mode_description)
+        if shards not in {"whole", "local"}:
+            msg = f'`shards` is "whole" or "local", got {shards!r}'
+            raise ValueError(msg)
+        self._shards = Shards.of(net) if shards == "whole" else None
+        empty = CallPlan.empty(self._table.mode_description, self._shards)
         self._passes = Passes(self, self._table, empty, net)
         self._compiler = compiler
         self._enter(compiler)
@@ -409,6 +426,17 @@ class Recorder(RecorderViews):
         outputs = resolve(table, net, selectors)
         input_rows = resolve(table, net, as_list(inputs))
         grad_rows = resolve(table, net, as_list(grads))
+        if grad_rows and (cuts := gradient_cuts(net)):
+            msg = (
+                f"Cannot record gradients of this net: {len(cuts)} of its layers "
+                f"(`{cuts[0]}` first) quantize their input to int8 "
+                "(torchao's dynamic activation quantization), through which torch "
+                "passes no gradient, so every gradient before them would silently "
+                "miss their paths. Record gradients on the float model, or on one "
+                "quantized weight-only (`Int8WeightOnlyConfig`), whose input "
+                "gradients are exact."
+            )
+            raise ValueError(msg)
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
@@ -419,7 +447,9 @@ class Recorder(RecorderViews):
             device=torch.device(device) if device is not None else None,
             dtype=dtype,
         )
-        plan = make_plan(table, outputs, input_rows, grad_rows, options)
+        plan = make_plan(
+            table, outputs, input_rows, grad_rows, options, shards=self._shards
+        )
         self._selection = Selection(
             tuple(sorted(row.label for row in outputs)),
             tuple(sorted(row.label for row in input_rows)),

@@ -1304,5 +1304,12 @@ def test_an_arrow_export_without_pyarrow_says_how_to_get_it(tmp_path, monkeypatc
 
 
 def test_the_face_exports_its_names():
-    assert activations.__all__ == ["MANIFEST", "ActivationDataset", "write"]
+    assert activations.__all__ == [
+        "MANIFEST",
+        "ActivationDataset",
+        "SparseLatents",
+        "TokenBatch",
+        "token_batches",
+        "write",
+    ]
     assert activations.MANIFEST == "manifest.json"

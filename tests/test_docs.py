@@ -73,12 +73,13 @@ def python_blocks(document: str) -> list[str]:
     return BLOCK.findall((ROOT / document).read_text(encoding="utf-8"))
 
 
-def torchrun_blocks() -> list[tuple[str, int, str]]:
+def torchrun_blocks() -> list[tuple[str, int, str, str | None]]:
+    """The ``# torchrun`` blocks of every page, with the output shown after each."""
     return [
-        (document, index, block)
+        (document, index, block.text, block.shown)
         for document in documents()
-        for index, block in enumerate(python_blocks(document))
-        if block.startswith(TORCHRUN)
+        for index, block in enumerate(blocks(document))
+        if block.language == "python" and block.text.startswith(TORCHRUN)
     ]
 
 
@@ -278,10 +279,15 @@ def run_session(session: str, where: str) -> None:
 SLOW_PAGES = {
     "docs/cli.md",
     "docs/compile.md",
+    "docs/migrate/nnsight.md",
+    "docs/migrate/openood.md",
+    "docs/migrate/transformerlens.md",
     "docs/ood.md",
     "docs/plot.md",
     "docs/recipes/mahalanobis.md",
+    "docs/sae.md",
     "docs/trusting.md",
+    "docs/views.md",
 }
 
 
@@ -403,12 +409,13 @@ def test_a_page_showing_what_the_code_does_not_print_fails(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("document", "index", "block"),
+    ("document", "index", "block", "shown"),
     torchrun_blocks(),
-    ids=[f"{d}-{i}" for d, i, _ in torchrun_blocks()],
+    ids=[f"{d}-{i}" for d, i, _, _ in torchrun_blocks()],
 )
-def test_torchrun_examples_run(document, index, block, tmp_path):
-    """A ``# torchrun`` block runs under a 2-process gloo launch."""
+def test_torchrun_examples_run(document, index, block, shown, tmp_path):
+    """A ``# torchrun`` block runs under a 2-process gloo launch, printing what
+    the page shows after it (if it shows anything)."""
     script = tmp_path / "example.py"
     script.write_text(block, encoding="utf-8")
     env = dict(os.environ)
@@ -437,6 +444,10 @@ def test_torchrun_examples_run(document, index, block, tmp_path):
             check=False,
         )
         if done.returncode == 0:
+            assert shown is None or matches(shown, done.stdout), (
+                f"{document} block {index} prints {done.stdout!r}; the page "
+                f"shows {shown!r}"
+            )
             return
         failures.append(done.stderr[-3000:])
     pytest.fail(f"{document} block {index}:\n" + "\n--- retry ---\n".join(failures))

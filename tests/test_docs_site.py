@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import scio_recorder
+
 griffe = pytest.importorskip("griffe")
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -175,3 +177,56 @@ def test_a_failing_notebook_names_itself_and_the_cells_error(tmp_path):
     ):
         execute.executed(source, tmp_path / "cache", package=tmp_path)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_formulas_become_mathml_and_one_latex2mathml_cannot_read_fails():
+    """``$...$`` (arithmatex's spans and divs) is MathML in the page; no script."""
+    pytest.importorskip("latex2mathml")
+    hooks = load("hooks")
+    page = (
+        '<p>a <span class="arithmatex">\\(\\alpha &lt; \\beta_c\\)</span></p>'
+        '<div class="arithmatex">\\[x^2\\]</div>'
+    )
+    out = hooks.mathml(page)
+    assert "arithmatex" not in out
+    assert out.count("<math ") == 2
+    assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in out
+    assert "&#x003B1;" in out  # alpha
+    assert "&#x0003C;" in out  # the escaped "<" read as LaTeX's "<"
+    with pytest.raises(ValueError, match=r"the formula 'x\^' is not LaTeX"):
+        hooks.mathml('<span class="arithmatex">\\(x^\\)</span>')
+
+
+def test_docstring_tables_join_continuation_rows_and_faces_drop_their_private_map():
+    """A ``| | more |`` row joins the row above; the private-module map is dropped."""
+    roles = load("griffe_roles")
+    text = "| family | names |\n|---|---|\n| a | x, |\n| | y |\n| b | z |"
+    assert roles.joined_rows(text) == (
+        "| family | names |\n|---|---|\n| a | x, y |\n| b | z |"
+    )
+    face = "Views.\n\nThis package is the public face; ``_base``,\n``_x``.\n\nMore."
+    assert roles.public_only(face) == "Views.\n\nMore."
+    assert roles.public_only("No map here.") == "No map here."
+
+
+def test_charts_read_the_tables_the_pages_show():
+    """``docs/charts.py`` finds each table it draws, with the numbers it reads."""
+    charts = load("charts")
+    rows = charts.auroc_rows()
+    assert len(rows) == 39
+    assert all(0 <= near[0] <= 1 and 0 <= far[0] <= 1 for _, near, far in rows)
+    assert ("RMDS", (0.951, 0.020)) in [(name, near) for name, near, _ in rows]
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    overhead = charts.table(text, "| model | scenario | median µs |")
+    assert {row[0] for row in overhead} == {"mlp", "cnn", "transformer"}
+    assert all(charts.number(row[4]) > 0 for row in overhead)
+    fits = charts.table(text, "| fit | 256 | 4,096 | 16,384 | growth |")
+    assert [row[0] for row in fits][:2] == ["KNN", "NNGuide"]
+    search = charts.table(text, "| bank rows | bank MiB | method | extra memory MiB |")
+    assert {row[2] for row in search} == {"torch", "faiss", "naive"}
+
+
+def test_the_header_shows_the_packages_version():
+    hooks = load("hooks")
+    config = hooks.on_config({"site_name": "scio-recorder"})
+    assert config["site_name"] == f"scio-recorder {scio_recorder.__version__}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -33,15 +34,16 @@ THIS_FILE = Path(__file__).name
 X = (2, 4)
 
 
-def gpt2() -> nn.Module:
+def gpt2(**options: int) -> nn.Module:
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64, **options
     )
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def llama() -> nn.Module:
+def llama(**options: int) -> nn.Module:
     config = transformers.LlamaConfig(
+        **options,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -53,8 +55,9 @@ def llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def bert() -> nn.Module:
+def bert(**options: int) -> nn.Module:
     config = transformers.BertConfig(
+        **options,
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -237,6 +240,226 @@ def test_check_leaves_no_compiled_state_and_the_net_as_it_was():
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
 
 
+# -- the check on real tensors: yes/no reads tried both ways ---------------------
+
+FIRST_BLOCK = {
+    gpt2: "transformer.h.0",
+    llama: "model.layers.0",
+    bert: "encoder.layer.0",
+}
+
+
+@pytest.mark.parametrize("factory", [gpt2, llama, bert])
+@pytest.mark.parametrize(
+    "pad_at", [None, 0, -1], ids=["no-pad", "pad-first", "pad-last"]
+)
+def test_hugging_face_models_with_a_pad_token_wrap_and_record_exactly(factory, pad_at):
+    """A config with `pad_token_id` wraps with the defaults and records exactly.
+
+    Without an attention mask, transformers reads `pad_token_id in
+    input_ids[:, [-1, 0]]` to decide whether to log a warning: a yes/no read
+    whose other outcome calls the same modules. The record of the first block
+    equals what a hand-written forward hook on the same module keeps.
+    """
+    net = factory(pad_token_id=0)
+    ids = torch.randint(1, 100, (2, 16))
+    if pad_at is not None:
+        ids[:, pad_at] = 0
+    rnet = Recorder(net, input_data={"input_ids": ids})
+    assert _calls(rnet) == _calls(
+        Recorder(net, input_data={"input_ids": ids}, force_static_flow=False)
+    )
+    rnet.record(FIRST_BLOCK[factory])
+    block = net.get_submodule(FIRST_BLOCK[factory])
+    kept = []
+    handle = block.register_forward_hook(lambda _m, _i, out: kept.append(out))
+    try:
+        with torch.no_grad():
+            rnet(input_ids=ids)
+    finally:
+        handle.remove()
+    (label,) = rnet.activations
+    assert rnet.table[label].module is block
+    # the same tensors, computed once on the same path: bit for bit
+    torch.testing.assert_close(rnet.activations[label], kept[0], rtol=0, atol=0)
+
+
+def _calls(rnet):
+    return [
+        (r.label, r.name, r.module, r.call_index, r.end_order) for r in rnet.table.rows
+    ]
+
+
+class WarnsOnZeros(nn.Module):
+    """Warns, logs and prints when its input holds a zero; calls the same modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x == 0).any():  # a yes/no read: only a warning depends on it
+            warnings.warn("zeros in the input", UserWarning, stacklevel=2)
+            logging.getLogger("tests.flow").warning("zeros")
+            print("zeros")
+        return self.linear(x)
+
+
+class Nested(nn.Module):
+    """Calls `deep` only when two yes/no reads are both true."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.deep = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x > 0).all():  # true on inputs in (0, 1)
+            x = x * 2
+            if (x > 10).any():  # false there: `deep` never runs on such data
+                x = self.deep(x)
+        return self.linear(x)
+
+
+class Guarded(nn.Module):
+    """Raises on a negative input; calls the same module otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x < 0).any():  # a yes/no read whose other outcome raises
+            msg = "negative input"
+            raise ValueError(msg)
+        return self.linear(x)
+
+
+class SignFlip(nn.Module):
+    """The same module call either way; the read decides the output's sign."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.linear(x)
+        return y if y.sum() > 0 else -y  # a yes/no read deciding the output
+
+
+class Hidden(nn.Module):
+    """The read changes a call's output, which the net's output never shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x == 0).any():  # decides the input of `linear`
+            x = x + 1
+        return self.linear(x) * 0
+
+
+class ManyWarnings(nn.Module):
+    """``n`` yes/no reads, each deciding only a warning: ``2**n`` paths."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for k in range(self.n):
+            if (x > k).any():  # only a warning depends on it
+                warnings.warn(f"above {k}", UserWarning, stacklevel=2)
+        return self.linear(x)
+
+
+class TolistLoop(nn.Module):
+    """Calls its layer once per positive row: a read of numbers by `tolist`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for value in x.sum(1).tolist():  # a read of numbers
+            if value > 0:
+                x = self.linear(x)
+        return x
+
+
+def test_a_read_that_decides_only_a_warning_is_accepted_and_its_other_branch_silent(
+    capsys, caplog
+):
+    """Both outcomes compute the same; the forced branch warns, logs nothing."""
+    net = WarnsOnZeros()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the forced branch's warning would raise
+        rnet = Recorder(net, input_size=(2, 3))  # random inputs: no zero
+    assert capsys.readouterr() == ("", "")
+    assert not caplog.records
+    plain = Recorder(net, input_size=(2, 3), force_static_flow=False)
+    assert _calls(rnet) == _calls(plain)
+    with pytest.warns(UserWarning, match="zeros in the input"):
+        Recorder(net, input_data=torch.zeros(2, 3))  # the real branch still warns
+    assert capsys.readouterr().out == "zeros\n"
+
+
+def test_the_forced_passes_leave_the_random_state_where_the_reference_pass_does():
+    """Drawing after construction gives what it gives without the check."""
+    torch.manual_seed(0)
+    Recorder(WarnsOnZeros(), input_size=(2, 3), force_static_flow=False)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    Recorder(WarnsOnZeros(), input_size=(2, 3))
+    assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize(
+    ("net", "line"),
+    [
+        (Branchy(), "if x.sum() > 0:"),
+        (Nested(), "if (x > 0).all():"),
+        (Guarded(), "if (x < 0).any():"),
+        (SignFlip(), "return y if y.sum() > 0 else -y"),
+        (Hidden(), "if (x == 0).any():"),
+        (ItemLoop(), "for _ in range(int("),
+        (TolistLoop(), "for value in x.sum(1).tolist():"),
+        (ManyWarnings(5), "if (x > k).any():"),
+    ],
+    ids=["branch", "nested", "raises", "sign", "hidden", "item", "tolist", "too-many"],
+)
+def test_reads_that_change_what_the_net_computes_are_refused(net, line):
+    """Calls, an output, a call's output, an error, numbers, 32 paths: refused.
+
+    The message names the first line that reads a value (on fake tensors, as
+    the check always has) and the fix.
+    """
+    pattern = (
+        rf"reads a tensor value into Python at \S*{re.escape(THIS_FILE)}:\d+ "
+        rf"\(`{re.escape(line)}.*`\), so which modules run may depend on the "
+        r"data .*Pass `force_static_flow=False`"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ManyWarnings' own warnings
+        with pytest.raises(RuntimeError, match=pattern):
+            Recorder(net, input_data=torch.rand(2, 3))
+
+
+def test_every_path_of_a_few_yes_no_reads_is_tried_and_accepted():
+    """Three reads deciding warnings only: seven forced passes, all the same."""
+    net = ManyWarnings(3)
+    x = torch.rand(2, 3)
+    with pytest.warns(UserWarning, match="above 0") as caught:  # the reference pass's
+        rnet = Recorder(net, input_data=x)
+    assert [str(w.message) for w in caught] == ["above 0"]  # forced ones silent
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = Recorder(net, input_data=x, force_static_flow=False)
+    assert _calls(rnet) == _calls(plain)
+
+
 # -- item 7: the fake reference pass --------------------------------------------
 
 TABLE_NETS = [
@@ -286,6 +509,17 @@ def test_fake_reference_tensors_gives_the_same_table(factory, size, options):
     real = Recorder(net, force_static_flow=False, **kwargs)
     same_tables(real.table, fake.table)
     assert repr(real) == repr(fake)
+
+
+@pytest.mark.parametrize(("factory", "size", "options"), TABLE_NETS)
+def test_the_check_leaves_the_table_as_a_pass_without_it_gives(factory, size, options):
+    """The watched reference pass gives the rows of an unwatched one."""
+    net = factory()
+    kwargs = {"input_size": size, **options}
+    same_tables(
+        Recorder(net, force_static_flow=False, **kwargs).table,
+        Recorder(net, **kwargs).table,
+    )
 
 
 @pytest.mark.parametrize("factory", [gpt2, llama])

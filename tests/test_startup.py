@@ -59,6 +59,8 @@ HEAVY = (
     "scio_recorder.demo",
     "scio_recorder.recipes",
     "scio_recorder.cli",
+    "scio_recorder.sae",
+    "scio_recorder.views",
 )
 """Modules (and their submodules) that ``import scio_recorder`` must not load."""
 
@@ -113,6 +115,8 @@ def library_steps() -> dict[str, set[str]]:
         rnet(torch.ones(3, 4))
         repr(rnet)
         step("plain recorder")
+        Recorder(net, input_size=(1, 4))
+        step("checked recorder")
         scio_recorder.collect
         step("collect")
         import scio_recorder.ood
@@ -134,10 +138,20 @@ def test_import_loads_no_compiler_no_tool_no_optional_library(library_steps):
 def test_a_plain_recorder_pass_loads_no_compiler(library_steps):
     """Building a recorder (no static-flow check), a pass, its table: no more.
 
-    The static-flow check (``force_static_flow=True``, the default) runs the
-    net under torch's ``FakeTensorMode``, which imports ``torch._dynamo``.
+    The default static-flow check is the next test.
     """
     assert _heavy(library_steps["plain recorder"]) == []
+
+
+def test_the_default_check_loads_no_compiler_on_a_net_that_reads_no_value(
+    library_steps,
+):
+    """`force_static_flow=True` watches the reference pass: no fake tensors, no Dynamo.
+
+    Only a net that reads tensor values into Python gets a fake-tensor pass
+    (``scio_recorder._flow``), whose ``FakeTensorMode`` imports ``torch._dynamo``.
+    """
+    assert _heavy(library_steps["checked recorder"]) == []
 
 
 def test_ood_detectors_load_one_family_at_a_time(library_steps):
@@ -176,6 +190,28 @@ def test_lazy_names_are_listed_and_importable():
         match=re.escape("module 'scio_recorder.ood' has no attribute 'NoSuch"),
     ):
         _ = ood.NoSuchDetector
+
+
+@pytest.mark.slow
+def test_opening_a_view_loads_no_plotting_and_no_ood_catalogue():
+    """The views load when imported; a page is made without matplotlib or OoD."""
+    steps = _run_steps(
+        """
+        import scio_recorder
+        step("import")
+        from scio_recorder.views import layer_view, patching_view
+        from torch import nn
+        rnet = scio_recorder.Recorder(
+            nn.Linear(2, 2), input_size=(1, 2), force_static_flow=False
+        )
+        patching_view(torch.ones(2, 3)).html()
+        layer_view(rnet).html()
+        step("views")
+        """
+    )
+    assert _heavy(steps["import"]) == []
+    assert "scio_recorder.views" in steps["views"]
+    assert _heavy(steps["views"], HEAVY[:-1]) == []
 
 
 def test_cli_help_and_usage_errors_answer_before_the_work_is_imported(tmp_path):

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx, Layer, LayerTable
 
+    from .shards import Shards
+
 Postprocessor: TypeAlias = Callable[[Any], Any]
 """``postproc(output) -> replacement output or None``."""
 
@@ -187,6 +189,9 @@ class CallPlan:
     operations: no copy at all."""
     copied_inputs: frozenset[DepthIdx] = frozenset()
     """The same for recorded inputs: labels whose inputs were overwritten."""
+    shards: Shards | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The tensor-parallel layout of the net, whose pieces the pass makes whole
+    (see :mod:`.shards`); ``None`` for a net in one piece."""
     end_slots: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """The slot of each hooked module in a pass's call counts (derived)."""
     expected_counts: list[int] = dataclasses.field(init=False, repr=False)
@@ -218,9 +223,9 @@ class CallPlan:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def empty(cls, reference: str) -> CallPlan:
+    def empty(cls, reference: str, shards: Shards | None = None) -> CallPlan:
         """Return the plan that records nothing."""
-        return cls({}, {}, {}, RecordOptions(), reference, 0)
+        return cls({}, {}, {}, RecordOptions(), reference, 0, shards=shards)
 
     def mismatch(
         self,
@@ -275,12 +280,13 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
     *,
     edits: Sequence[Layer] = (),
     input_edits: Sequence[Layer] = (),
+    shards: Shards | None = None,
 ) -> CallPlan:
     """Return the call plan that captures the given rows.
 
     ``edits`` and ``input_edits`` are rows hooked only to be edited (their
     outputs, or their inputs), not recorded unless also in ``outputs`` or
-    ``inputs``.
+    ``inputs``; ``shards``: see :attr:`CallPlan.shards`.
     """
     out_labels = {row.label for row in outputs}
     grad_labels = {row.label for row in grads}
@@ -331,6 +337,7 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
         frozenset(unrecorded),
         copied,
         copied_inputs,
+        shards,
     )
 
 
@@ -381,4 +388,5 @@ def with_edits(
         plan.options,
         edits=rows(sorted(edits)),
         input_edits=rows(sorted(input_edits)),
+        shards=plan.shards,
     )

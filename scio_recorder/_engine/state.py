@@ -245,7 +245,7 @@ class PassState:
         self.plan = plan
         self.postproc = postproc
         self.dont_record = dont_record
-        self.plain = postproc is None and not dont_record
+        self.plain = postproc is None and not dont_record and plan.shards is None
         self.training = training
         if grad_sink is not None:
             self.grad_sink = grad_sink
@@ -268,6 +268,9 @@ class PassState:
         label = self.next_entry(module, plan.start_slots, self.starts, plan.starts)
         if label is None:
             return None
+        pieces = args
+        if plan.shards is not None:  # a tensor-parallel net: whole inputs
+            args = plan.shards.whole(module, args, "input")
         if not self.dont_record and label not in plan.unrecorded:
             self.record_inputs(label, args, kwargs)
         edit = None if self.input_postproc is None else self.input_postproc.get(label)
@@ -282,9 +285,7 @@ class PassState:
             )
             raise ValueError(msg)
         new = edit(args[0])
-        if new is None:
-            return None
-        if new is not args[0] and not isinstance(edit, reshaping):
+        if new is not None and new is not args[0] and not isinstance(edit, reshaping):
             check_edit(
                 new,
                 args[0],
@@ -294,6 +295,12 @@ class PassState:
                     f"{label[0]}-{label[1]} of {plan.describe[module]}"
                 ),
             )
+        if plan.shards is not None and args is not pieces:
+            # the edit (or the whole, edited in place) goes back as this rank's piece
+            whole = args if new is None else (new, *args[1:])
+            return plan.shards.piece(module, whole, pieces, "input"), kwargs
+        if new is None:
+            return None
         return (new, *args[1:]), kwargs
 
     def record_inputs(self, label: DepthIdx, args: Any, kwargs: Any) -> None:
@@ -347,7 +354,7 @@ class PassState:
             raise self.extra_call(module, k + 1, len(entries))
         return entries[k]
 
-    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:
+    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:  # noqa: C901 (one frame: every recorded call)
         """Capture what ``spec`` asks of a call's ``output``; return its edit."""
         label, wants_output, wants_grad = spec
         if not wants_output:
@@ -356,6 +363,9 @@ class PassState:
             return None
         plan = self.plan
         options = plan.options
+        shards, piece = plan.shards, output
+        if shards is not None:  # a tensor-parallel net: whole outputs
+            output = shards.whole(module, output, "output")
         record = None
         copy = False
         if not self.dont_record and label not in plan.unrecorded:
@@ -374,6 +384,11 @@ class PassState:
         )
         if copy:
             self.records[label] = plan.copy_options.apply(output)
+        if shards is not None and output is not piece and self.postproc is not None:
+            # the edit (or the whole, edited in place) goes back as this rank's piece
+            result = shards.piece(
+                module, output if result is None else result, piece, "output"
+            )
         if record is not None and not options.clone:
             self.watch_record(record)
         if wants_grad and not self.dont_record:

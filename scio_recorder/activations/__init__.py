@@ -25,7 +25,10 @@ This package is the public face; its private modules, one concept each:
 * ``_shuffle``: the shuffle buffer;
 * ``_shards``: safetensors shards written without a copy, mapped back;
 * ``_manifest``: the set's manifest, checked and assembled;
-* ``_dataset``: :class:`ActivationDataset`.
+* ``_dataset``: :class:`ActivationDataset`;
+* ``_sparse``: :class:`SparseLatents`, an SAE's latents stored sparsely;
+* ``_stream``: :func:`token_batches` (a stream's batches as ``write`` takes
+  them, for tools that measure over the same tokens).
 
 Examples
 --------
@@ -54,8 +57,17 @@ Examples
 
 from __future__ import annotations
 
-__all__ = ["MANIFEST", "ActivationDataset", "write"]
+__all__ = [
+    "MANIFEST",
+    "ActivationDataset",
+    "SparseLatents",
+    "TokenBatch",
+    "token_batches",
+    "write",
+]
 
 from ._dataset import ActivationDataset
 from ._manifest import MANIFEST
+from ._sparse import SparseLatents
+from ._stream import TokenBatch, token_batches
 from ._write import write

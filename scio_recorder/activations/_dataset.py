@@ -38,6 +38,7 @@ from scio_recorder._files import parse_dtype
 from ._arrow import to_arrow
 from ._manifest import MANIFEST, load_moments, read_manifest
 from ._shards import ShardReader, check_shard
+from ._sparse import densify, sparse_info, unpack
 from ._tokens import INDEX
 
 if TYPE_CHECKING:
@@ -106,6 +107,12 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     ----------
     path : str or os.PathLike
         The set's folder (it holds ``manifest.json``).
+    latents : {"dense", "sparse"}, default "dense"
+        How layers stored sparsely
+        (:class:`~scio_recorder.activations.SparseLatents`) are given back:
+        dense, ``{name: [d_sae]}`` per token; or as their stored pairs,
+        ``{"<name>.indices": [k] int64, "<name>.values": [k]}`` (the ``k``
+        largest latents, largest first; unused pairs hold the value 0).
 
     Attributes
     ----------
@@ -114,9 +121,12 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     layers : tuple of str
         The layers' names, in the order written.
     dtypes : dict
-        Each layer's stored dtype.
+        Each layer's stored dtype (a sparse layer's: its values').
     dims : dict
-        Each layer's vector size ``d``.
+        Each layer's vector size ``d`` (a sparse layer's: ``d_sae``).
+    sparse : dict
+        The layers stored sparsely: name -> ``{"size", "k", "values",
+        "indices", "nonzeros"}``.
 
     Raises
     ------
@@ -154,7 +164,13 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
 
     """
 
-    def __init__(self, path: str | _os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | _os.PathLike[str], *, latents: str = "dense"
+    ) -> None:
+        if latents not in ("dense", "sparse"):
+            msg = f"`latents` must be 'dense' or 'sparse', got {latents!r}."
+            raise ValueError(msg)
+        self.latents = latents
         self.path = Path(path)
         fix = (
             "Write the set again with `write(..., overwrite=True)`, or restore "
@@ -180,10 +196,19 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         self._manifest = manifest
         layers = manifest["layers"]
         self.layers = tuple(layers)
-        self.dtypes = {
-            name: parse_dtype(entry["dtype"]) for name, entry in layers.items()
+        self._stored = {
+            name: (parse_dtype(entry["dtype"]), int(entry["shape"][0]))
+            for name, entry in layers.items()
         }
-        self.dims = {name: int(entry["shape"][0]) for name, entry in layers.items()}
+        self.sparse = _sparse_layers(layers, latents, self.path / MANIFEST, fix)
+        self.dtypes = {
+            name: self.sparse[name]["values"] if name in self.sparse else dtype
+            for name, (dtype, _) in self._stored.items()
+        }
+        self.dims = {
+            name: self.sparse[name]["size"] if name in self.sparse else width
+            for name, (_, width) in self._stored.items()
+        }
         self._files = [entry["file"] for entry in manifest["shards"]]
         counts = [int(entry["tokens"]) for entry in manifest["shards"]]
         self._offsets = [int(entry["row_offset"]) for entry in manifest["shards"]]
@@ -193,8 +218,8 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         self._starts_tensor = torch.tensor(self._starts, dtype=torch.int64)
         for file, count in zip(self._files, counts, strict=True):
             columns = {
-                name: (self.dtypes[name], [count, self.dims[name]])
-                for name in self.layers
+                name: (dtype, [count, width])
+                for name, (dtype, width) in self._stored.items()
             }
             columns[INDEX] = (torch.int64, [count, 2])
             problem = check_shard(self.path / file, columns)
@@ -291,7 +316,25 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         shard = bisect.bisect_right(self._starts, i) - 1
         columns = self._reader(shard).columns
         local = i - self._starts[shard]
-        return {name: columns[name][local] for name in self.layers}
+        return self._unpacked({name: columns[name][local] for name in self.layers})
+
+    def _unpacked(self, out: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Give the sparse layers of ``out`` back dense, or as their pairs."""
+        if not self.sparse:
+            return out
+        result: dict[str, Tensor] = {}
+        for key, value in out.items():
+            info = self.sparse.get(key)
+            if info is None:
+                result[key] = value
+                continue
+            indices, values = unpack(value, info)
+            if self.latents == "dense":
+                result[key] = densify(indices, values, info["size"])
+            else:
+                result[f"{key}.indices"] = indices
+                result[f"{key}.values"] = values
+        return result
 
     def _selected(self, item: Any) -> Tensor | int:
         """Return the tokens ``item`` selects (1-D), or its one int; refuse the rest."""
@@ -335,9 +378,9 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     def __getitems__(self, indices: list[int]) -> list[dict[str, Tensor]]:
         """Return a batch of tokens (what a ``DataLoader`` asks), read in one go."""
         batch = self._gather(torch.as_tensor(indices, dtype=torch.int64))
-        layers = self.layers
-        rows = zip(*(batch[name].unbind(0) for name in layers), strict=True)
-        return [dict(zip(layers, row, strict=True)) for row in rows]
+        keys = list(batch)
+        rows = zip(*(batch[key].unbind(0) for key in keys), strict=True)
+        return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def _gather(
         self, indices: Tensor, *, index: str | None = None
@@ -350,7 +393,7 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
             raise IndexError(msg)
         indices = indices % max(n, 1)
         count = indices.shape[0]
-        sizes = {name: (self.dtypes[name], self.dims[name]) for name in self.layers}
+        sizes = dict(self._stored)
         columns = {name: name for name in self.layers}
         if index is not None:
             sizes[index] = (torch.int64, 2)
@@ -373,7 +416,7 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
                     out[key] = rows
                 else:
                     out[key][where] = rows
-        return out
+        return self._unpacked(out)
 
     def loader(  # noqa: PLR0913 (a DataLoader's options)
         self,
@@ -448,7 +491,15 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         ------
         ImportError
             If pyarrow is not installed (the message says how to install it).
+        ValueError
+            If the set holds latents stored sparsely (not exported).
         """
+        if self.sparse:
+            msg = (
+                f"`to_arrow` exports dense layers; {sorted(self.sparse)} are stored "
+                "sparsely (`SparseLatents`): write a set without them to export it."
+            )
+            raise ValueError(msg)
         return to_arrow(
             [self._reader(shard).columns for shard in range(len(self._files))],
             offsets=self._offsets,
@@ -480,6 +531,33 @@ class _Batches(Dataset[dict[str, Tensor]]):
     def __getitem__(self, indices: list[int]) -> dict[str, Tensor]:
         where = torch.as_tensor(indices, dtype=torch.int64)
         return self.data._gather(where, index="index" if self.index else None)  # noqa: SLF001 (this module's own class)
+
+
+def _sparse_layers(
+    layers: Mapping[str, Any], latents: str, manifest: Path, fix: str
+) -> dict[str, dict[str, Any]]:
+    """Return the layers stored sparsely and how (see ``_sparse.sparse_info``)."""
+    sparse: dict[str, dict[str, Any]] = {}
+    for name, entry in layers.items():
+        try:
+            info = sparse_info(entry)
+        except ValueError as error:
+            msg = (
+                f"The manifest '{manifest}' of the activation set is damaged or "
+                f"was edited: layer {name!r}: {error}. {fix}"
+            )
+            raise ValueError(msg) from error
+        if info is None:
+            continue
+        sparse[name] = info
+        for key in (f"{name}.indices", f"{name}.values"):
+            if latents == "sparse" and key in layers:
+                msg = (
+                    f"`latents='sparse'` gives layer {name!r} as {key!r}, which "
+                    "is also a layer of the set: read it with `latents='dense'`."
+                )
+                raise ValueError(msg)
+    return sparse
 
 
 def _layer_stats(states: Mapping[str, Tensor], layer: str) -> dict[str, Tensor]:

@@ -190,12 +190,14 @@ def assemble(  # noqa: PLR0913 (what a part adds)
     calls: dict[str, str],
     model: dict[str, Any],
     metadata: Any,
+    sparse: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Add a finished part (every rank's summary, in rank order) to the set.
 
     Writes the merged statistics (a new file) and then the manifest, both
     atomically; returns the manifest. ``layers`` names the layers, ``calls``
-    describes each one's call in words.
+    describes each one's call in words, ``sparse`` how the layers stored
+    sparsely are packed (``_sparse.SparseLatents.info``).
     """
     rows_before = previous["rows"] if previous is not None else 0
     shards = list(previous["shards"]) if previous is not None else []
@@ -225,6 +227,8 @@ def assemble(  # noqa: PLR0913 (what a part adds)
             }
             for name, call in calls.items()
         }
+        for name, info in (sparse or {}).items():
+            described[name]["sparse"] = info
     stats_file = None
     if statistics is not None:
         parts = list(statistics)

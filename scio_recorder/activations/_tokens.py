@@ -25,6 +25,7 @@ __all__ = [
     "record_tensor",
     "resolve_layers",
     "take",
+    "token_ids",
 ]
 
 import dataclasses
@@ -41,6 +42,8 @@ from scio_recorder._engine.state import pick_argument
 from scio_recorder.collect import InputOf
 from scio_recorder.layers import label_str
 from scio_recorder.select import as_label, resolve_one
+
+from ._sparse import SparseLatents
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,14 +63,18 @@ class LayerSpec:
     row: Layer
     of_input: bool = False
     arg: int | str | None = None
+    sparse: SparseLatents | None = None
 
     def describe(self) -> str:
         """Describe the call in words, for fingerprints and messages."""
         row = self.row
         what = "output" if not self.of_input else f"input {self.arg!r}"
-        return (
+        call = (
             f"{what} of `{row.name}` ({type(row.module).__name__}, call "
             f"{row.call_index}, {row.label_str})"
+        )
+        return (
+            call if self.sparse is None else f"{self.sparse.describe()} of the {call}"
         )
 
 
@@ -123,7 +130,9 @@ def resolve_layers(rnet: Recorder, layers: object) -> list[LayerSpec]:
         raise ValueError(msg)
     specs: list[LayerSpec] = []
     seen: dict[tuple[Any, ...], str] = {}
-    for given, selector in items:
+    for given, entry in items:
+        sparse = entry if isinstance(entry, SparseLatents) else None
+        selector = entry.layer if isinstance(entry, SparseLatents) else entry
         of_input = isinstance(selector, InputOf)
         target = selector.selector if isinstance(selector, InputOf) else selector
         row = resolve_one(
@@ -134,11 +143,13 @@ def resolve_layers(rnet: Recorder, layers: object) -> list[LayerSpec]:
             hint="`layers=[{label}]`",
         )
         name = given if given is not None else _name_of(selector, row)
+        if given is None and sparse is not None:
+            name = f"{name}:latents"
         arg = selector.arg if isinstance(selector, InputOf) else None
         if name == INDEX or not name:
             msg = f"`layers`: {name!r} cannot name a layer (reserved or empty)."
             raise ValueError(msg)
-        key = (row.label, of_input, arg)
+        key = (row.label, of_input, arg, id(sparse))
         if key in seen or name in seen.values():
             other = seen.get(key, name)
             msg = (
@@ -147,7 +158,7 @@ def resolve_layers(rnet: Recorder, layers: object) -> list[LayerSpec]:
             )
             raise ValueError(msg)
         seen[key] = name
-        specs.append(LayerSpec(name, row, of_input, arg))
+        specs.append(LayerSpec(name, row, of_input, arg, sparse))
     return specs
 
 
@@ -247,7 +258,7 @@ def _padding_id(rnet: Recorder) -> int | None:
     return None if pad in special else pad
 
 
-def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+def token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     """Return the ``[batch, positions]`` token ids among the arguments, if any."""
     ids = kwargs.get("input_ids")
     if isinstance(ids, Tensor):
@@ -368,7 +379,7 @@ class Batches:
         """Refuse ``mask=None`` on a batch holding the config's padding token."""
         if self.get_mask is not None or self.padding_id is None:
             return
-        ids = _token_ids(args, kwargs)
+        ids = token_ids(args, kwargs)
         if ids is not None and bool((ids == self.padding_id).any()):
             msg = (
                 f"Batch {index} holds the padding token id {self.padding_id} "

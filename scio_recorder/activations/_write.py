@@ -30,6 +30,7 @@ from scio_recorder._batches import (
     check_position_ids,
     padding_unwatched,
 )
+from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._files import differences, dtype_name, parse_dtype
 from scio_recorder._fingerprint import describe_spec
 from scio_recorder._lock import FolderLock
@@ -125,6 +126,9 @@ def default_shard_size(specs: list[LayerSpec], dtype: torch.dtype | None) -> int
     size = 4 if dtype is None else torch.empty((), dtype=dtype).element_size()
     per_token = 16  # the index
     for spec in specs:
+        if spec.sparse is not None:
+            per_token += spec.sparse.row_bytes(dtype)
+            continue
         shape = spec.row.input_size if spec.of_input else spec.row.output_size
         if isinstance(shape, list) and shape and isinstance(shape[0], list):
             shape = shape[0]
@@ -370,7 +374,9 @@ def write(  # noqa: PLR0913 (the documented options)
         position_ids=position_ids,
     )
     folder = Path(path)
-    placed = rank_and_world()
+    # Tensor parallelism: every rank runs the same batches and holds the same
+    # whole records, so each rank writes a set of its own (to its own folder).
+    placed = None if tensor_parallel(rnet.net) else rank_and_world()
     rank, world = placed if placed is not None else (0, 1)
     size = shard_size if shard_size is not None else default_shard_size(specs, dtype)
     fingerprint = _fingerprint(
@@ -507,6 +513,16 @@ def _check_append(
     }
     dtype = fingerprint.get("dtype")
     for spec in specs:
+        if spec.sparse is not None:
+            info = spec.sparse.info(None if dtype is None else parse_dtype(dtype))
+            if manifest["layers"][spec.name].get("sparse") != info:
+                msg = (
+                    f"Cannot append to the set in '{folder}': layer {spec.name!r} "
+                    f"is stored as {manifest['layers'][spec.name].get('sparse')}, "
+                    f"not {info}: append with the set's `dtype`."
+                )
+                raise ValueError(msg)
+            continue
         stored = columns[spec.name][0]
         if dtype is not None and dtype != dtype_name(stored):
             msg = (
@@ -575,6 +591,11 @@ def _finish_part(  # noqa: PLR0913 (what the manifest needs)
             statistics=states,
             layers=[spec.name for spec in specs],
             calls={spec.name: spec.describe() for spec in specs},
+            sparse={
+                spec.name: spec.sparse.info(writer.dtype)
+                for spec in specs
+                if spec.sparse is not None
+            },
             model=model_info(rnet.net),
             metadata=metadata,
         )

@@ -328,7 +328,12 @@ class RankWriter:
         stored: dict[str, Tensor] = {}
         recorded: dict[str, Tensor] = {}
         for spec, value in zip(self.specs, values, strict=True):
-            rows, cast = take(value, keep, spec, self.dtype)
+            if spec.sparse is None:
+                rows, cast = take(value, keep, spec, self.dtype)
+            else:  # the SAE's latents of the rows, and their pairs packed
+                rows, cast = spec.sparse.pack(
+                    take(value, keep, spec, None)[0], spec.name, self.dtype
+                )
             recorded[spec.name] = rows
             stored[spec.name] = cast.to("cpu", memory_format=torch.contiguous_format)
         where = keep.nonzero().to("cpu")

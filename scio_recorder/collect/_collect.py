@@ -29,6 +29,7 @@ from scio_recorder._batches import (
     batch_getter,
     padding_unwatched,
 )
+from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._ranks import rank_and_world
 
@@ -441,7 +442,9 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         local = {
             slot.label: slot.store.tensor() for slot in slots if slot.store is not None
         }
-        if world > 1 and gather is not None:
+        # Tensor parallelism: every rank ran the same batches, and its records
+        # are whole (the recorder gathered them): each rank's results are all.
+        if world > 1 and gather is not None and not tensor_parallel(rnet.net):
             merged = merge_across_ranks(
                 slots,
                 local,

@@ -12,6 +12,8 @@ that cache instead of running them: only the blocks after it run.
   whose modules each run once per pass, or ``None`` (not a stack, or the net
   in training mode, where dropout makes the runs differ);
 * :func:`answered_blocks`: the blocks a patch at one call leaves as they were;
+* :func:`capturing`: the ``with`` block of the corrupted run, which keeps what
+  each block's own ``forward`` returned;
 * :func:`answering`: the ``with`` block in which those calls are answered.
 
 Answering a call replaces the module's ``forward``, the only way torch leaves
@@ -23,27 +25,47 @@ removes it too. It answers only the thread that asked, inside its ``with``
 block: any other caller (another thread, a compiled trace) runs the module's
 own ``forward``; a copy of the module (``copy.deepcopy``, pickle,
 ``torch.save``) taken meanwhile gets the module's own ``forward``, not the
-dispatcher. Hooks run around it as around any call, so the recorder's
-call counts and edits hold. What this assumes of a block: its effect on the
-rest of the pass is its output (not, e.g., a key/value cache that a later
-layer reads); ``patch_sweep(..., reuse_prefix=False)`` runs every block.
+dispatcher.
+
+The cache is kept by the same dispatcher, in the corrupted run: what the
+``forward`` it stands for returned (cloned, since a hook may change it in
+place), before any forward hook saw it. Every hook then runs around an
+answered call as around a real one, on the same inputs, so it sees and
+returns the same values: the module's forward pre-hooks and forward hooks
+(``with_kwargs``, ``always_call``), the global ones
+(``torch.nn.modules.module.register_module_forward_hook``), the recorder's
+(its call counts and edits hold), and accelerate's, which live inside the
+instance ``forward`` (skipped with it, their effect is in the answer). A
+cache read by a forward hook (the recorder's, as before) would hold the
+output after the hooks that ran before it, which the answered call then
+passes through those hooks again: a block hook ``tanh`` applied twice. Hooks
+on the modules *inside* an answered block do not run (their effect on the
+block's output is in the answer; their side effects, such as recording, are
+not repeated). What this assumes of a block: its effect on the rest of the
+pass is its output (not, e.g., a key/value cache that a later layer reads),
+and its hooks give the same result on the same values in every pass (no
+randomness, no state changed from pass to pass);
+``patch_sweep(..., reuse_prefix=False)`` runs every block.
 """
 
 from __future__ import annotations
 
-__all__ = ["Stack", "answered_blocks", "answering", "find_stack"]
+__all__ = ["Stack", "answered_blocks", "answering", "capturing", "find_stack"]
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+from scio_recorder._tree import map_tensors
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from scio_recorder.layers import Layer
     from scio_recorder.recorder import Recorder
@@ -103,18 +125,22 @@ _ABSENT = object()
 
 
 class _Dispatcher:
-    """A module's ``forward`` while a sweep answers its calls."""
+    """A module's ``forward`` while a sweep answers its calls or keeps them."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.saved = module.__dict__.get("forward", _ABSENT)
-        self.answers: dict[int, list[Callable[[], Any]]] = {}
+        self.handlers: dict[int, list[Callable[[Callable[[], Any]], Any]]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.compiler.is_compiling():
-            answers = self.answers.get(threading.get_ident())
-            if answers:
-                return answers[-1]()
+            handlers = self.handlers.get(threading.get_ident())
+            if handlers:
+                return handlers[-1](functools.partial(self.forward, *args, **kwargs))
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run what ``forward`` was before the dispatcher (the class's, or theirs)."""
         if self.saved is _ABSENT:
             return type(self.module).forward(self.module, *args, **kwargs)
         return self.saved(*args, **kwargs)
@@ -159,28 +185,74 @@ _DISPATCHERS: dict[int, _Dispatcher] = {}
 def answering(answers: Mapping[nn.Module, Callable[[], Any]]) -> Iterator[None]:
     """Answer this thread's calls of each module with ``answers[module]()``.
 
+    The module's ``forward`` does not run; its hooks run around the answer.
     Nested blocks of one thread answer with the innermost answer.
+    """
+    with _handling({module: _answer_with(a) for module, a in answers.items()}):
+        yield
+
+
+def _answer_with(answer: Callable[[], Any]) -> Callable[[Callable[[], Any]], Any]:
+    return lambda _forward: answer()
+
+
+@contextlib.contextmanager
+def capturing(modules: Iterable[nn.Module]) -> Iterator[dict[nn.Module, Any]]:
+    """Keep what each module's own ``forward`` returns in this thread's calls.
+
+    Yields a dict, filled as the modules run: ``module ->`` its last call's
+    return value, every tensor in it detached and cloned (a forward hook
+    changing the output in place leaves it as ``forward`` returned it). The
+    value is the one :func:`answering` must give for the hooks around an
+    answered call to see what they see around a real one.
+    """
+    kept: dict[nn.Module, Any] = {}
+
+    def keeper(module: nn.Module) -> Callable[[Callable[[], Any]], Any]:
+        def keep(forward: Callable[[], Any]) -> Any:
+            output = forward()
+            kept[module] = map_tensors(_copy, output)
+            return output
+
+        return keep
+
+    with _handling({module: keeper(module) for module in modules}):
+        yield kept
+
+
+def _copy(tensor: Tensor) -> Tensor:
+    return tensor.detach().clone()
+
+
+@contextlib.contextmanager
+def _handling(
+    handlers: Mapping[nn.Module, Callable[[Callable[[], Any]], Any]],
+) -> Iterator[None]:
+    """Hand this thread's calls of each module to ``handlers[module]``.
+
+    A handler gets the call of the module's real ``forward`` (no argument)
+    and returns what the call returns. The innermost ``with`` block wins.
     """
     thread = threading.get_ident()
     taken: list[nn.Module] = []
     try:
         with _LOCK:
-            for module, answer in answers.items():
+            for module, handler in handlers.items():
                 dispatcher = _DISPATCHERS.get(id(module))
                 if dispatcher is None:
                     dispatcher = _DISPATCHERS[id(module)] = _Dispatcher(module)
                     dispatcher.install()
-                dispatcher.answers.setdefault(thread, []).append(answer)
+                dispatcher.handlers.setdefault(thread, []).append(handler)
                 taken.append(module)
         yield
     finally:
         with _LOCK:
             for module in taken:
                 dispatcher = _DISPATCHERS[id(module)]
-                mine = dispatcher.answers[thread]
+                mine = dispatcher.handlers[thread]
                 mine.pop()
                 if not mine:
-                    del dispatcher.answers[thread]
-                if not dispatcher.answers:
+                    del dispatcher.handlers[thread]
+                if not dispatcher.handlers:
                     dispatcher.uninstall()
                     del _DISPATCHERS[id(module)]

@@ -40,7 +40,7 @@ from ._base import (
     stream_of,
     with_stream,
 )
-from ._prefix import answered_blocks, answering, find_stack
+from ._prefix import answered_blocks, answering, capturing, find_stack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -188,9 +188,13 @@ def patch_sweep(  # noqa: PLR0913 (keyword-only options)
         grid in one pass.
     reuse_prefix : bool, default True
         Answer the blocks before a patch from the corrupted run on a block
-        stack; ``False`` runs every block of every cell (for a net whose
-        blocks leave something other than their output to later layers, e.g.
-        a key/value cache shared across layers).
+        stack: an answered block gives what its own ``forward`` returned
+        there, and every hook on it (the user's forward hooks and pre-hooks,
+        global ones, accelerate's) runs around the answer as around a real
+        call, so the grid is the one of ``False``. ``False`` runs every block
+        of every cell (for a net whose blocks leave something other than
+        their output to later layers, e.g. a key/value cache shared across
+        layers, or a hook on a block whose result changes from pass to pass).
 
     Returns
     -------
@@ -353,10 +357,11 @@ class _Sweep:
     ) -> Tensor:
         """One pass per row (or chunk of it), the blocks before it answered."""
         rnet, batch = self.rnet, self.batch
-        blocks = {block.label: block for row in answered.values() for block in row}
-        _, prefix = run_keeping(
-            rnet, self.corrupted, list(blocks), input_postproc=self.reading
-        )
+        # What each block's own forward returned, not its output after the
+        # hooks (a user's hook would then run twice on an answered call).
+        blocks = {block.module for row in answered.values() for block in row}
+        with rnet.selecting(), capturing(blocks) as prefix, torch.no_grad():
+            run_net(rnet, self.corrupted, dont_record=True, input_postproc=self.reading)
         per_pass = len(columns) if max_batch is None else max_batch // batch
         values: dict[tuple[int, int], Tensor] = {}
         for i, label in enumerate(labels):
@@ -367,7 +372,7 @@ class _Sweep:
                         for j in range(start, min(start + per_pass, len(columns)))
                     ]
                     answers = {
-                        block.module: _answer(prefix[block.label], len(cells), batch)
+                        block.module: _answer(prefix[block.module], len(cells), batch)
                         for block in answered[label]
                     }
                     with answering(answers):

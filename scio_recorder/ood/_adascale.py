@@ -113,7 +113,7 @@ class AdaScale(Detector):
     * ``fit`` keeps ``Q'`` of every fit sample; ``p(x) = p_min + (1 -
       ECDF(Q'(x))) (p_max - p_min)``, the ECDF of the fit samples' ``Q'``
       (the fraction of them ``<= Q'(x)``);
-    * ``s(x) = sum relu(f) / sum of its top ``F - round(F p(x))`` values``
+    * ``s(x) = sum relu(f) / (sum of its top F - round(F p(x)) values)``
       (:func:`ada_scale`);
     * variant ``"A"``: the rest of the net runs on ``f exp(s)`` (an edit in
       flight, as :class:`Scale`), ``score = -logsumexp(logits)``; variant
@@ -146,8 +146,11 @@ class AdaScale(Detector):
         Scale the activations (``"A"``) or the logits (``"L"``).
     percentiles : (float, float), default (0.75, 0.85)
         ``p_min`` and ``p_max``, fractions with ``0 <= p_min <= p_max < 1``.
-    k1, k2 : float, default 0.05, 0.01
-        The fractions of the largest activations read for ``Q'``.
+    k1 : float, default 0.05
+        The fraction of the largest activations whose shifted values
+        ``Q'`` sums.
+    k2 : float, default 0.01
+        The fraction of the largest activations whose shifts ``Q'`` sums.
     lmbda : float, default 10.0
         The weight of the activations' shift in ``Q'`` (OpenOOD's name).
     o : float, default 0.05

@@ -168,8 +168,11 @@ class VRA(_Shaping):
         The wrapped net.
     layer : selector
         The layer whose output is edited.
-    lower_percentile, upper_percentile : float, default 0.01, 0.99
-        Fractions in ``[0, 1]`` (pytorch-ood's names and defaults).
+    lower_percentile : float, default 0.01
+        The quantile clipped to from below, a fraction in ``[0, 1]``
+        (pytorch-ood's name and default).
+    upper_percentile : float, default 0.99
+        The quantile clipped to from above (pytorch-ood's name and default).
     gamma : float, optional
         The paper's offset; ``None``: pytorch-ood's clip.
     detector : callable, optional

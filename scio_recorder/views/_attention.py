@@ -1,0 +1,237 @@
+"""Attention per head: the weights recorded, or recomputed from recorded q and k."""
+
+from __future__ import annotations
+
+__all__ = ["attention_from_qk", "attention_view"]
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._base import View, finite, names, new_figure, one_sample
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from matplotlib.figure import Figure
+    from torch import Tensor
+
+_HEADS_DIMS = 4  # [batch, heads, tokens, head size]
+_FLAT_DIMS = 3  # [batch, tokens, heads * head size]
+
+
+def _split(x: Tensor, heads: int, what: str) -> Tensor:
+    """``[B, T, H * D]`` -> ``[B, H, T, D]``; ``[B, H, T, D]`` as it is."""
+    if x.dim() == _HEADS_DIMS:
+        if x.shape[1] != heads:
+            msg = (
+                f"attention_from_qk: `{what}` {list(x.shape)} has {x.shape[1]} "
+                f"heads in dimension 1, not {heads}"
+            )
+            raise ValueError(msg)
+        return x
+    if x.dim() != _FLAT_DIMS or x.shape[-1] % heads:
+        msg = (
+            f"attention_from_qk: `{what}` must be [batch, tokens, heads * head_size] "
+            f"or [batch, heads, tokens, head_size]; got {list(x.shape)} for {heads} "
+            "heads"
+        )
+        raise ValueError(msg)
+    batch, tokens, width = x.shape
+    return x.reshape(batch, tokens, heads, width // heads).transpose(1, 2)
+
+
+def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
+    q: Tensor,
+    k: Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Return the attention weights ``softmax(q k^T * scale)`` of each head.
+
+    For nets whose attention computes its weights inside a fused kernel
+    (PyTorch's scaled-dot-product attention): record the queries and keys
+    (GPT-2's ``attn.c_attn`` output holds both, Llama's ``q_proj`` and
+    ``k_proj`` outputs, *before* their rotary embedding) and recompute the
+    weights. With eager attention the weights can be recorded instead.
+
+    Parameters
+    ----------
+    q, k : Tensor
+        ``[batch, tokens, heads * head_size]`` (a projection's output) or
+        ``[batch, heads, tokens, head_size]``.
+    num_heads : int
+        Query heads.
+    num_kv_heads : int, optional
+        Key heads under grouped-query attention (each serves
+        ``num_heads // num_kv_heads`` query heads); default ``num_heads``.
+    causal : bool, default True
+        Mask the keys after each query (a decoder). Queries are the last
+        ``q.shape[-2]`` positions of the keys.
+    mask : Tensor, optional
+        ``[batch, keys]``, 1 for a key to attend to, 0 for padding.
+    scale : float, optional
+        Default ``1 / sqrt(head_size)``.
+
+    Returns
+    -------
+    Tensor
+        ``[batch, heads, queries, keys]``, float32 or wider, each row
+        summing to 1 (a row with every key masked is all zeros).
+
+    Examples
+    --------
+    >>> import torch
+    >>> q, k = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    >>> weights = attention_from_qk(q, k, num_heads=2)
+    >>> weights.shape
+    torch.Size([1, 2, 3, 3])
+    >>> weights[0, 0, 0].tolist()  # the first token sees only itself
+    [1.0, 0.0, 0.0]
+
+    """
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_heads < 1 or kv_heads < 1 or num_heads % kv_heads:
+        msg = (
+            f"attention_from_qk: num_heads={num_heads}, num_kv_heads={kv_heads}: "
+            "both at least 1, and num_heads a multiple of num_kv_heads"
+        )
+        raise ValueError(msg)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    queries = _split(q.detach(), num_heads, "q").to(dtype)
+    keys = _split(k.detach(), kv_heads, "k").to(dtype)
+    if queries.shape[-1] != keys.shape[-1] or queries.shape[0] != keys.shape[0]:
+        msg = (
+            f"attention_from_qk: q {list(queries.shape)} and k {list(keys.shape)} "
+            "(as [batch, heads, tokens, head_size]) must share batch and head size"
+        )
+        raise ValueError(msg)
+    keys = keys.repeat_interleave(num_heads // kv_heads, dim=1)
+    factor = 1 / math.sqrt(queries.shape[-1]) if scale is None else scale
+    logits = queries @ keys.transpose(-1, -2) * factor
+    n_q, n_k = logits.shape[-2:]
+    blocked = torch.zeros(n_q, n_k, dtype=torch.bool, device=logits.device)
+    if causal:
+        blocked = torch.ones_like(blocked).triu(n_k - n_q + 1)
+    blocked = blocked.expand(logits.shape[0], 1, n_q, n_k)
+    if mask is not None:
+        blocked = blocked | (mask.to(logits.device) == 0)[:, None, None, :]
+    logits = logits.masked_fill(blocked, -math.inf)
+    weights = torch.softmax(logits, dim=-1)
+    return weights.nan_to_num(0.0)  # a row with every key masked
+
+
+class _AttentionView(View):
+    kind = "attention"
+
+    def figure(self) -> Figure:
+        weights = torch.tensor(
+            [
+                [[math.nan if v is None else v for v in row] for row in head]
+                for head in self.data["weights"]
+            ]
+        ).numpy()
+        heads = weights.shape[0]
+        columns = min(heads, 4)
+        rows = math.ceil(heads / columns)
+        fig = new_figure(2.6 * columns + 0.8, 2.6 * rows + 0.6)
+        axes = [fig.add_subplot(rows, columns, h + 1) for h in range(heads)]
+        labelled = heads == 1 or len(self.data["keys"]) <= 16  # noqa: PLR2004
+        for h, ax in enumerate(axes):
+            image = ax.imshow(weights[h], cmap="Blues", vmin=0, vmax=1)
+            ax.set_title(f"head {h}", fontsize=9)
+            if labelled:
+                ax.set_xticks(range(weights.shape[2]), self.data["keys"], rotation=90)
+                ax.set_yticks(range(weights.shape[1]), self.data["queries"])
+                ax.tick_params(labelsize=7)
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+        fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+        fig.suptitle(self.title, fontsize=10)
+        return fig
+
+
+def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
+    weights: Tensor,
+    tokens: Sequence[Any] | None = None,
+    *,
+    keys: Sequence[Any] | None = None,
+    sample: int = 0,
+    layer: str | None = None,
+    title: str | None = None,
+) -> View:
+    """Return a view of a layer's attention patterns, head by head.
+
+    All heads as small multiples, or one head at a time (picked from a
+    list) as a heat map with the tokens along its sides. Hovering a cell
+    shows its weight; hovering a query token shows its row, the keys it
+    attends to most first.
+
+    Parameters
+    ----------
+    weights : Tensor
+        ``[batch, heads, queries, keys]`` (the attention weights a Hugging
+        Face model returns with ``output_attentions=True``, or an eager
+        attention module's second output, recorded; or
+        :func:`attention_from_qk`), or ``[heads, queries, keys]``.
+    tokens : sequence, optional
+        The query tokens (as text); default ``0, 1, ...``.
+    keys : sequence, optional
+        The key tokens, if not the queries (a cache before them).
+    sample : int, default 0
+        The sample of the batch shown.
+    layer : str, optional
+        The layer's name, shown.
+    title : str, optional
+        Default ``"Attention"`` (and the layer).
+
+    Returns
+    -------
+    View
+
+    Examples
+    --------
+    >>> import torch
+    >>> weights = torch.softmax(torch.randn(1, 2, 3, 3), dim=-1)
+    >>> view = attention_view(weights, ["The", " cat", " sat"], layer="h.0.attn")
+    >>> len(view.data["weights"]), view.data["queries"], view.title
+    (2, ['The', ' cat', ' sat'], 'Attention, h.0.attn')
+
+    """
+    found = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+    if found.dim() == _HEADS_DIMS:
+        found = one_sample(found, 0, sample, "attention_view")
+    if found.dim() != _FLAT_DIMS:
+        msg = (
+            "attention_view: `weights` must be [batch, heads, queries, keys] or "
+            f"[heads, queries, keys]; got {list(torch.as_tensor(weights).shape)}"
+        )
+        raise ValueError(msg)
+    _, n_q, n_k = found.shape
+    queries = names(tokens, n_q, "tokens", "attention_view")
+    if keys is None and n_k != n_q:
+        # keys before the queries (a cache): unnamed, then the queries' tokens
+        key_names = [str(j) for j in range(n_k - n_q)] + queries
+        if n_k < n_q:
+            key_names = [str(j) for j in range(n_k)]
+    else:
+        key_names = names(
+            keys if keys is not None else tokens, n_k, "keys", "attention_view"
+        )
+    data = {
+        "weights": [[finite(row) for row in head] for head in found.tolist()],
+        "queries": queries,
+        "keys": key_names,
+        "layer": layer,
+    }
+    view = _AttentionView(
+        data, title=title or ("Attention" + (f", {layer}" if layer else ""))
+    )
+    view.height = 560
+    return view

@@ -1,0 +1,215 @@
+"""What every view shares: the page shell, its data, the static figure.
+
+A view is data (JSON, embedded in the page) plus a script that draws it:
+one HTML document, its style and scripts inline (``_static/*.css``,
+``_static/*.js``), which loads nothing from the network. The shared script
+(``_static/base.js``) gives the tooltip, the colour scales and a canvas heat
+map; each view adds its own script, which reads the data from the element
+``#sv-data``.
+
+In Jupyter, :meth:`View._repr_html_` puts the document in an ``<iframe
+srcdoc=...>``: its style cannot leak into the notebook, and two views on
+one page keep their own scripts.
+"""
+
+from __future__ import annotations
+
+__all__ = ["View", "finite", "names", "one_sample", "rounded"]
+
+import html
+import importlib
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scio_recorder._extras import install_hint
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from matplotlib.figure import Figure
+    from torch import Tensor
+
+_STATIC = Path(__file__).resolve().parent / "_static"
+_DIGITS = 6
+"""Significant digits kept of each number in a page (float32 holds about 7)."""
+
+_FIGURES = (".png", ".svg", ".pdf")
+
+
+def _static(name: str) -> str:
+    return (_STATIC / name).read_text(encoding="utf-8")
+
+
+def rounded(value: float, digits: int = _DIGITS) -> float | None:
+    """Return ``value`` to ``digits`` significant digits; ``None`` if not finite.
+
+    JSON has no NaN nor infinity: the page shows them as missing.
+
+    Examples
+    --------
+    >>> rounded(0.123456789), rounded(float("nan"))
+    (0.123457, None)
+
+    """
+    if not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def finite(values: Iterable[float], digits: int = _DIGITS) -> list[float | None]:
+    """Return :func:`rounded` of each value, as a list for JSON."""
+    return [rounded(float(v), digits) for v in values]
+
+
+def one_sample(values: Tensor, dim: int, sample: int, who: str) -> Tensor:
+    """Return sample ``sample`` of ``values``' batch dimension ``dim``.
+
+    Raises
+    ------
+    IndexError
+        Naming the batch's size, for a sample outside it.
+    """
+    if not 0 <= sample < values.shape[dim]:
+        msg = (
+            f"{who}: sample={sample}, but the batch has {values.shape[dim]} "
+            f"samples; pick one of 0 to {values.shape[dim] - 1}"
+        )
+        raise IndexError(msg)
+    return values.select(dim, sample)
+
+
+def names(given: Sequence[Any] | None, count: int, what: str, who: str) -> list[str]:
+    """Return ``count`` names: ``given`` as text, or ``0 .. count - 1``."""
+    if given is None:
+        return [str(i) for i in range(count)]
+    found = [str(name) for name in given]
+    if len(found) != count:
+        msg = f"{who}: {len(found)} {what} for {count}; give one per {what[:-1]}"
+        raise ValueError(msg)
+    return found
+
+
+def matplotlib_module(module: str) -> Any:
+    """Import ``matplotlib.<module>``, or say how to install matplotlib."""
+    try:
+        return importlib.import_module(f"matplotlib.{module}")
+    except ImportError as error:
+        msg = (
+            "The static picture of a view needs matplotlib: "
+            f"{install_hint('plot', 'matplotlib')}. The HTML needs nothing."
+        )
+        raise RuntimeError(msg) from error
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """Return a new matplotlib figure (no global state: no ``pyplot``)."""
+    figure: Figure = matplotlib_module("figure").Figure(
+        figsize=(width, height), layout="constrained"
+    )
+    return figure
+
+
+class View:
+    """An interactive view: one self-contained HTML page and its static picture.
+
+    Made by the functions of :mod:`scio_recorder.views`, not directly. The
+    page holds its data, style and scripts: it works offline, saved to a
+    file, in a notebook and in an exported notebook.
+
+    Attributes
+    ----------
+    kind : str
+        Which view: ``"attention"``, ``"lens"``, ``"patching"``,
+        ``"layers"`` or ``"ood"``.
+    title : str
+        Shown above the view.
+    data : dict
+        What the page draws (JSON-ready: numbers rounded to six significant
+        digits, ``None`` for a value that is not finite).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from scio_recorder.views import patching_view
+    >>> view = patching_view(torch.tensor([[0.5, -1.0]]), layers=["1-1"])
+    >>> view.kind, view.data["values"]
+    ('patching', [[0.5, -1.0]])
+    >>> page = view.html()
+    >>> page.startswith("<!DOCTYPE html>"), "http" in page
+    (True, False)
+
+    """
+
+    kind: str = "view"
+    height: int = 400
+    """The height, in pixels, of the frame :meth:`_repr_html_` shows it in."""
+
+    def __init__(self, data: dict[str, Any], *, title: str) -> None:
+        self.data = data
+        self.title = title
+
+    def __repr__(self) -> str:
+        """Return ``<kind view: title>``."""
+        return f"<{self.kind} view: {self.title}>"
+
+    def html(self) -> str:
+        """Return the page: one HTML document, its style and scripts inline."""
+        payload = json.dumps(self.data, allow_nan=False, separators=(",", ":"))
+        # inside <script>, "</" would end the element: JSON allows "<\/"
+        payload = payload.replace("</", "<\\/")
+        style = _static("base.css") + _static(f"{self.kind}.css")
+        script = _static("base.js") + _static(f"{self.kind}.js")
+        return (
+            "<!DOCTYPE html>\n"
+            '<html lang="en"><head><meta charset="utf-8">\n'
+            f"<title>{html.escape(self.title)}</title>\n"
+            f"<style>{style}</style></head>\n"
+            f'<body><div class="sv-view sv-{self.kind}">'
+            f'<h1 class="sv-title">{html.escape(self.title)}</h1>'
+            '<div id="sv-root"></div></div>\n'
+            '<div id="sv-tip" class="sv-tip" hidden></div>\n'
+            f'<script type="application/json" id="sv-data">{payload}</script>\n'
+            f"<script>{script}</script>\n"
+            "</body></html>\n"
+        )
+
+    def _repr_html_(self) -> str:
+        """Return the page in a frame, for Jupyter (styles and scripts kept apart)."""
+        return (
+            f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" '
+            f'style="width: 100%; height: {self.height}px; border: 0" '
+            f'title="{html.escape(self.title, quote=True)}"></iframe>'
+        )
+
+    def figure(self) -> Figure:
+        """Return the static picture (matplotlib), for a paper."""
+        raise NotImplementedError  # pragma: no cover (each view has its own)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page (``.html``) or the picture (``.png``, ``.svg``, ``.pdf``).
+
+        Returns
+        -------
+        Path
+            The file written.
+
+        Raises
+        ------
+        ValueError
+            For another suffix.
+        """
+        target = Path(path)
+        suffix = target.suffix.lower()
+        if suffix in {".html", ".htm"}:
+            target.write_text(self.html(), encoding="utf-8")
+        elif suffix in _FIGURES:
+            self.figure().savefig(target, dpi=150)
+        else:
+            msg = (
+                f"save({str(path)!r}): name an .html file (the interactive "
+                f"page) or a {', '.join(_FIGURES)} file (the static picture)"
+            )
+            raise ValueError(msg)
+        return target

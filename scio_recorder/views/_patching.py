@@ -1,0 +1,122 @@
+"""The patching grid as a heat map: layers x positions, hover shows the value."""
+
+from __future__ import annotations
+
+__all__ = ["patching_view"]
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._base import View, finite, matplotlib_module, names, new_figure
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from matplotlib.figure import Figure
+    from torch import Tensor
+
+
+def matrix(values: Any, who: str, what: str) -> Tensor:
+    """Return ``values`` as a float64 CPU tensor, or say what shape is expected."""
+    tensor = torch.as_tensor(values).detach().to("cpu", torch.float64)
+    if tensor.dim() != 2:  # noqa: PLR2004 (a grid)
+        msg = f"{who}: `{what}` must be 2-D, got the shape {list(tensor.shape)}"
+        raise ValueError(msg)
+    return tensor
+
+
+class _PatchingView(View):
+    kind = "patching"
+
+    def figure(self) -> Figure:
+        values = torch.tensor(
+            [
+                [float("nan") if v is None else v for v in row]
+                for row in self.data["values"]
+            ]
+        ).numpy()
+        rows, cols = values.shape
+        fig = new_figure(min(12, 1.5 + 0.35 * cols), min(10, 1.2 + 0.3 * rows))
+        ax = fig.add_subplot()
+        low, high = self.data["low"], self.data["high"]
+        colors = matplotlib_module("colors")
+        if low < 0 < high:
+            bound = max(-low, high)
+            norm = colors.Normalize(vmin=-bound, vmax=bound)
+            cmap = "RdBu_r"
+        else:
+            norm, cmap = colors.Normalize(vmin=low, vmax=high), "Blues"
+        image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto")
+        ax.set_yticks(range(rows), self.data["layers"], fontsize=8)
+        ax.set_xticks(range(cols), self.data["positions"], rotation=90, fontsize=8)
+        ax.set_xlabel("position")
+        ax.set_ylabel("layer")
+        ax.set_title(self.title, fontsize=10)
+        fig.colorbar(image, ax=ax, label=self.data["metric"], shrink=0.8)
+        return fig
+
+
+def patching_view(
+    grid: Tensor,
+    *,
+    layers: Sequence[Any] | None = None,
+    positions: Sequence[Any] | None = None,
+    metric: str = "metric",
+    title: str = "Activation patching",
+) -> View:
+    """Return the heat map of a patching grid; hovering a cell shows its value.
+
+    Values of both signs are drawn on a blue-white-red scale centred on 0;
+    values of one sign, white (the lowest) to blue (the highest).
+
+    Parameters
+    ----------
+    grid : Tensor
+        ``[layers, positions]``, e.g. from
+        :func:`~scio_recorder.explain.patch_sweep` (or
+        :func:`~scio_recorder.explain.attribution_patch`).
+    layers : sequence, optional
+        A name per row (the selectors given to ``patch_sweep``); default
+        ``0, 1, ...``.
+    positions : sequence, optional
+        A name per column, e.g. the input's tokens; default ``0, 1, ...``.
+    metric : str, default "metric"
+        What a value is (shown on hover and on the colour bar).
+    title : str, default "Activation patching"
+
+    Returns
+    -------
+    View
+        ``.html()``, ``.save("grid.html")``, ``.figure()``,
+        ``.save("grid.png")``; shown in Jupyter.
+
+    Examples
+    --------
+    >>> import torch
+    >>> view = patching_view(
+    ...     torch.tensor([[0.0, 1.0], [0.25, 0.5]]),
+    ...     layers=["h.0", "h.1"],
+    ...     positions=["The", " cat"],
+    ...     metric="logit difference",
+    ... )
+    >>> view.data["layers"], view.data["low"], view.data["high"]
+    (['h.0', 'h.1'], 0.0, 1.0)
+
+    """
+    values = matrix(grid, "patching_view", "grid")
+    rows, cols = values.shape
+    finite_values = values[values.isfinite()]
+    low = float(finite_values.min()) if finite_values.numel() else 0.0
+    high = float(finite_values.max()) if finite_values.numel() else 1.0
+    data = {
+        "values": [finite(row) for row in values.tolist()],
+        "layers": names(layers, rows, "layers", "patching_view"),
+        "positions": names(positions, cols, "positions", "patching_view"),
+        "metric": metric,
+        "low": low,
+        "high": high,
+    }
+    view = _PatchingView(data, title=title)
+    view.height = min(900, 200 + 40 * rows)
+    return view

@@ -1,0 +1,103 @@
+// OoD results: a detector (and an OoD set) picked from a list; the score
+// histograms of in-distribution and OoD data, and the ROC curve.
+(() => {
+  const { data, root, el, fmt, choice, show, hide } = SV;
+  const NS = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") node.setAttribute("class", v);
+      else node.setAttribute(k, v);
+    }
+    children.forEach((c) => node.append(c));
+    return node;
+  }
+  const text = (x, y, s, attrs) => svg("text", { x, y, ...attrs }, s);
+  let set = 0, detector = 0;
+  const panels = el("div", { class: "sv-panels" });
+  const metrics = el("div", { class: "sv-metrics" });
+
+  function pct(n, total) {
+    return total ? ` (${(100 * n / total).toFixed(1)}%)` : "";
+  }
+
+  function histogram(p, s) {
+    const W = 440, H = 200, L = 8, B = 34;
+    const edges = p.edges, bins = edges.length - 1;
+    const nId = s.n_id, nOod = s.n_ood;
+    const share = (c, n) => (n ? c / n : 0);
+    let top = 0;
+    for (let b = 0; b < bins; b++) top = Math.max(top, share(p.id[b], nId), share(p.ood[b], nOod));
+    top = top || 1;
+    const w = (W - L) / bins;
+    const plot = svg("svg", { class: "sv-plot", width: W, height: H + B, viewBox: `0 0 ${W} ${H + B}` });
+    for (let b = 0; b < bins; b++) {
+      const x = L + b * w;
+      for (const [counts, n, cls] of [[p.id, nId, "sv-id"], [p.ood, nOod, "sv-ood"]]) {
+        const h = (H - 4) * share(counts[b], n) / top;
+        plot.append(svg("rect", { class: cls, x, y: H - h, width: Math.max(1, w - 1), height: h }));
+      }
+    }
+    for (let b = 0; b < bins; b++) {
+      const hit = svg("rect", { class: "sv-bin", x: L + b * w, y: 0, width: w, height: H });
+      hit.dataset.bin = b;
+      const low = b === 0 && p.clipped ? "≤ " : "";
+      const high = b === bins - 1 && p.clipped ? " (and above)" : "";
+      hit.addEventListener("mousemove", (event) => show(event,
+        `bin ${b}: ${low}[${fmt(edges[b])}, ${fmt(edges[b + 1])}${b === bins - 1 ? "]" : ")"}${high}\n` +
+        `in-distribution ${p.id[b]}${pct(p.id[b], nId)}\n${s.name} ${p.ood[b]}${pct(p.ood[b], nOod)}`));
+      hit.addEventListener("mouseleave", hide);
+      plot.append(hit);
+    }
+    plot.append(svg("line", { class: "sv-axis", x1: L, y1: H, x2: W, y2: H }));
+    plot.append(text(L, H + 14, fmt(edges[0])), text(W, H + 14, fmt(edges[bins]), { "text-anchor": "end" }));
+    plot.append(text((L + W) / 2, H + 28, p.clipped
+      ? `score (higher: more OoD), tails clipped to the ${data.clip[0]}-${data.clip[1]} quantiles`
+      : "score (higher: more OoD)", { "text-anchor": "middle" }));
+    const legend = el("div", { class: "sv-legend" },
+      el("span", {}, el("i", { style: "background:#1f77b4" }), `in-distribution (${nId})`),
+      el("span", {}, el("i", { style: "background:#ff7f0e" }), `${s.name} (${nOod})`));
+    return el("div", { class: "sv-panel sv-histogram" }, el("h2", { text: "Scores" }), legend, plot);
+  }
+
+  function roc(p, s) {
+    const S = 220, M = 30;
+    const [fpr, tpr] = p.roc;
+    const plot = svg("svg", { class: "sv-plot", width: S + M, height: S + M, viewBox: `${-M} 0 ${S + M} ${S + M}` });
+    const X = (v) => v * S, Y = (v) => S - v * S;
+    plot.append(svg("line", { class: "sv-chance", x1: 0, y1: S, x2: S, y2: 0 }));
+    plot.append(svg("polyline", { class: "sv-curve", points: fpr.map((f, k) => `${X(f)},${Y(tpr[k])}`).join(" ") }));
+    plot.append(svg("rect", { x: 0, y: 0, width: S, height: S, fill: "none", class: "sv-axis" }));
+    plot.append(text(S / 2, S + 14, "false positive rate (ID flagged)", { "text-anchor": "middle" }));
+    plot.append(text(-8, S / 2, "true positive rate", { "text-anchor": "middle", transform: `rotate(-90 -8 ${S / 2})` }));
+    const dot = svg("circle", { r: 4, fill: "#d62728", visibility: "hidden" });
+    const hit = svg("rect", { class: "sv-bin sv-roc-hit", x: 0, y: 0, width: S, height: S });
+    hit.addEventListener("mousemove", (event) => {
+      const box = hit.getBoundingClientRect();
+      const f = (event.clientX - box.left) / box.width;
+      let best = 0;
+      for (let k = 1; k < fpr.length; k++) if (Math.abs(fpr[k] - f) < Math.abs(fpr[best] - f)) best = k;
+      dot.setAttribute("cx", X(fpr[best]));
+      dot.setAttribute("cy", Y(tpr[best]));
+      dot.setAttribute("visibility", "visible");
+      show(event, `FPR ${fmt(fpr[best])}\nTPR ${fmt(tpr[best])}\n(${s.name} positive)`);
+    });
+    hit.addEventListener("mouseleave", () => { hide(); dot.setAttribute("visibility", "hidden"); });
+    plot.append(dot, hit);
+    return el("div", { class: "sv-panel sv-roc" }, el("h2", { text: `ROC, AUROC ${fmt(p.metrics.AUROC)}` }), plot);
+  }
+
+  function draw() {
+    const s = data.sets[set], p = s.panels[detector];
+    panels.replaceChildren(histogram(p, s), roc(p, s));
+    metrics.textContent = Object.entries(p.metrics).map(([k, v]) => `${k} ${fmt(v)}`).join("   ");
+  }
+  const controls = el("div", { class: "sv-controls" },
+    choice("detector", data.detectors.map((d, k) => `${d} (AUROC ${fmt(data.sets[0].panels[k].metrics.AUROC)})`),
+      (k) => { detector = k; draw(); }));
+  if (data.sets.length > 1) {
+    controls.append(choice("OoD set", data.sets.map((s) => s.name), (k) => { set = k; draw(); }));
+  }
+  root.append(controls, metrics, panels);
+  draw();
+})();

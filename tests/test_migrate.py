@@ -1,0 +1,274 @@
+"""The migration pages' jobs, run by the peer library and by us: the numbers agree.
+
+One test per page whose peer installs with pip (``docs/migrate/``):
+TransformerLens 4, nnsight 0.8, pytorch-ood 0.4 and captum 0.9. Each runs
+both sides of one job of its page on the same model and inputs and compares
+the numbers; it is skipped when the peer is not installed (CI installs none
+of them). To run them, in a virtual environment of their own::
+
+    python -m venv /tmp/peers && . /tmp/peers/bin/activate
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    pip install -c <(echo torch==2.13.0) pytorch-ood captum nnsight transformer-lens
+    pip install -c <(echo torch==2.13.0) -e '.[dev]'
+    python -m pytest tests/test_migrate.py -m "slow or not slow" -p no:cacheprovider
+
+pytorch-ood and TransformerLens import torchvision, whose compiled operators
+may be missing (a torchvision wheel built for another torch):
+:func:`torchvision_operators` declares the two its import needs, here in
+the tests only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from scio_recorder import Recorder
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def torchvision_operators() -> None:
+    """Declare ``torchvision::nms`` and ``qnms`` if torchvision's own are missing.
+
+    torchvision registers fake kernels for them at import; without its
+    compiled library the registration fails. Declared (never run) here.
+    """
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    except RuntimeError:  # torchvision's own library already defines them
+        return
+    torchvision_operators.library = lib  # type: ignore[attr-defined] (kept alive)
+
+
+def gpt2(folder: str | None = None):
+    """A tiny GPT-2 (random weights); saved to ``folder`` with a tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            vocab_size=100,
+            n_positions=32,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="eager",
+        )
+    ).eval()
+    if folder is not None:
+        tokenizers = pytest.importorskip("tokenizers")
+        words = {f"w{i}": i for i in range(100)}
+        tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, "w0"))
+        tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer,
+            unk_token="w0",  # noqa: S106 (a token, not a password)
+            bos_token="w0",  # noqa: S106 (a token, not a password)
+            eos_token="w0",  # noqa: S106 (a token, not a password)
+            pad_token="w0",  # noqa: S106 (a token, not a password)
+        )
+        model.save_pretrained(folder)
+        fast.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.slow
+def test_transformerlens_4_cache_patch_and_pattern_match_ours():
+    """docs/migrate/transformerlens.md: ``run_with_cache``, a patch, the pattern."""
+    torchvision_operators()
+    transformer_lens = pytest.importorskip("transformer_lens")
+    from scio_recorder.explain import patch  # noqa: PLC0415
+    from scio_recorder.views import attention_from_qk  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = gpt2(folder)
+        hf_model = copy.deepcopy(model)  # the bridge rebuilds the model it wraps
+        bridge = transformer_lens.TransformerBridge.boot_transformers(
+            folder, hf_model=hf_model
+        )
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    other = ids.clone()
+    other[:, 2] = (ids[:, 2] + 1) % 100
+
+    # TransformerLens: the cache of a run
+    logits, cache = bridge.run_with_cache(ids)
+    # ours: the same residual streams, recorded on the Hugging Face model
+    rnet = Recorder(model, input_data={"input_ids": ids})
+    rnet.record("transformer.h.0", "transformer.h.1", "transformer.h.0.attn.c_attn")
+    with torch.no_grad():
+        ours = rnet(input_ids=ids).logits
+    # The bridge runs the model's own weights through its own attention
+    # (another order of the same products and softmax): a few float32
+    # roundings of values of order 0.1 to 1, measured 7.5e-9 on the streams
+    # and 1.8e-7 on the logits; 1e-6 absolute bounds ~ 10 eps32 of those.
+    close = {"atol": 1e-6, "rtol": 1e-5}
+    torch.testing.assert_close(logits, ours, **close)
+    for i in range(2):
+        stream = rnet.activations_of(f"transformer.h.{i}")[0]
+        torch.testing.assert_close(
+            cache[f"blocks.{i}.hook_resid_post"], stream, **close
+        )
+    # the attention pattern: recomputed from the recorded queries and keys;
+    # the same products by another kernel, a few float32 roundings apart
+    qkv = rnet.activations_of("transformer.h.0.attn.c_attn")[0]
+    q, k, _ = qkv.split(32, dim=-1)
+    torch.testing.assert_close(
+        attention_from_qk(q, k, num_heads=4),
+        cache["blocks.0.attn.hook_pattern"],
+        **close,
+    )
+
+    # a patch: block 0's output at position 2 taken from the clean run
+    def hook(resid, hook):
+        resid[:, 2] = cache["blocks.0.hook_resid_post"][:, 2]
+        return resid
+
+    theirs = bridge.run_with_hooks(
+        other, fwd_hooks=[("blocks.0.hook_resid_post", hook)]
+    )
+    with torch.no_grad():
+        patched = patch(
+            rnet,
+            {"input_ids": ids},
+            {"input_ids": other},
+            "transformer.h.0",
+            where=(slice(None), 2),
+        ).logits
+    torch.testing.assert_close(theirs, patched, **close)
+
+
+@pytest.mark.slow
+def test_nnsight_trace_save_and_edit_match_ours():
+    """docs/migrate/nnsight.md: ``.output.save()`` and an edit in a trace."""
+    nnsight = pytest.importorskip("nnsight")
+    model = gpt2()
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(2))
+    wrapped = nnsight.NNsight(model)
+    with wrapped.trace(ids):
+        saved = wrapped.transformer.h[0].output.save()
+        wrapped.transformer.h[1].mlp.output[:, -1] = 0
+        theirs = wrapped.output.logits.save()
+
+    rnet = Recorder(model, input_data={"input_ids": ids})
+    rnet.record("transformer.h.0")
+
+    def zero_last(out):
+        out = out.clone()
+        out[:, -1] = 0
+        return out
+
+    with torch.no_grad():
+        ours = rnet(
+            input_ids=ids, activation_postproc={"transformer.h.1.mlp": zero_last}
+        ).logits
+    assert torch.equal(saved, rnet.activations_of("transformer.h.0")[0])
+    assert torch.equal(theirs, ours)
+
+
+def digits_net():
+    """A small classifier of the digits 0-5, trained for a few epochs."""
+    from scio_recorder.data import load_digits, train_classifier  # noqa: PLC0415
+
+    images, labels = load_digits()
+    images = images.flatten(1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 6))
+    seen = labels < 6
+    train_classifier(net, images[seen][:600], labels[seen][:600], epochs=5)
+    return (
+        net,
+        images[seen][:600],
+        labels[seen][:600],
+        images[seen][600:],
+        images[~seen],
+    )
+
+
+@pytest.mark.slow
+def test_pytorch_ood_detectors_and_auroc_match_ours():
+    """docs/migrate/pytorch-ood.md: MSP, energy, Mahalanobis and the AUROC."""
+    torchvision_operators()
+    pytest.importorskip("pytorch_ood")
+    from pytorch_ood.detector import EnergyBased, Mahalanobis, MaxSoftmax  # noqa: PLC0415
+    from pytorch_ood.metrics import OODMetrics  # noqa: PLC0415
+
+    from scio_recorder.ood import MSP, Energy, evaluate  # noqa: PLC0415
+    from scio_recorder.ood import Mahalanobis as OurMahalanobis  # noqa: PLC0415
+
+    net, train_x, train_y, test_x, unseen = digits_net()
+    rnet = Recorder(net, input_size=(1, 64))
+    ours = {
+        "MSP": MSP(rnet),
+        "Energy": Energy(rnet),
+        "Mahalanobis": OurMahalanobis(rnet, layer="1"),
+    }
+    ours["Mahalanobis"].fit([(train_x, train_y)], target=1)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(train_x, train_y), batch_size=100
+    )
+    theirs = {
+        "MSP": MaxSoftmax(net),
+        "Energy": EnergyBased(net),
+        "Mahalanobis": Mahalanobis(net[:2]).fit(loader),
+    }
+    results = evaluate(ours, [test_x], [unseen], input=None)
+    for name, detector in theirs.items():
+        inside, outside = detector.predict(test_x), detector.predict(unseen)
+        if name != "Mahalanobis":
+            # the same softmax or logsumexp of the same logits: equal up to
+            # the rounding of the reduction, ~ a few eps32 of the score
+            torch.testing.assert_close(
+                inside, results.id_scores[name], atol=0, rtol=1e-6
+            )
+        metrics = OODMetrics()
+        metrics.update(
+            torch.cat([inside, outside]),
+            torch.cat([torch.zeros(len(inside)), -torch.ones(len(outside))]).long(),
+        )
+        # pytorch-ood's Mahalanobis is ours times a positive constant (its
+        # covariance is not divided by N, its score halved, a 1e-6 ridge):
+        # the same ranking, the same AUROC
+        assert metrics.compute()["AUROC"] == pytest.approx(
+            results[name]["AUROC"], abs=1e-6
+        ), name
+
+
+@pytest.mark.slow
+def test_captum_gradcam_and_layer_activation_match_ours():
+    """docs/migrate/captum.md: ``LayerGradCam`` and ``LayerActivation``."""
+    captum_attr = pytest.importorskip("captum.attr")
+    from scio_recorder.explain import grad_cam  # noqa: PLC0415
+    from scio_recorder.models import digits_cnn  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    net = digits_cnn(num_classes=6).eval()
+    x = torch.rand(4, 1, 8, 8)
+    layer = net.features[5]  # the last convolution, [B, 64, 4, 4]
+    rnet = Recorder(net, input_size=(1, 1, 8, 8))
+    target = torch.tensor([0, 1, 2, 3])
+    theirs = captum_attr.LayerGradCam(net, layer).attribute(
+        x, target=target, relu_attributions=True
+    )[:, 0]
+    # scaled to [0, 1] as ours is (a map of zeros stays zero)
+    top = theirs.flatten(1).amax(dim=1).clamp(min=torch.finfo(theirs.dtype).tiny)
+    theirs = theirs / top[:, None, None]
+    ours = grad_cam(rnet, x, layer="features.5", target=target, upsample=False)
+    # The same gradients and sums: ours takes the gradient with autograd's
+    # grad, captum with hooks of its own. A few roundings of values in [0, 1].
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+    activation = captum_attr.LayerActivation(net, layer).attribute(x)
+    rnet.record("features.5")
+    rnet(x)
+    assert torch.equal(activation, rnet.activations_of("features.5")[0])

@@ -1,0 +1,203 @@
+"""Quantized models: torchao's int8 (weight-only, dynamic) and bitsandbytes' 8-bit.
+
+They wrap with the defaults; records and edits are bit-equal to hand-written
+hooks on the same quantized model; gradients are exact through weight-only
+layers (those of the float model with the dequantized weights) and refused
+through dynamically quantized ones (torch passes none to their input).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+import transformers
+from torch import Tensor, nn
+
+from scio_recorder import Recorder
+from scio_recorder._quantized import gradient_cuts
+
+quantization = pytest.importorskip("torchao.quantization")
+
+IDS = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+DOWN = "model.layers.0.mlp.down_proj"
+BLOCK = "model.layers.1"
+
+
+def llama() -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def quantized(kind: str) -> nn.Module:
+    model = llama()
+    config = {
+        "weight-only": quantization.Int8WeightOnlyConfig,
+        "dynamic": quantization.Int8DynamicActivationInt8WeightConfig,
+    }[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's notes on its kernels
+        quantization.quantize_(model, config)
+    return model
+
+
+def hand(model: nn.Module, names: list[str], **hooks) -> tuple[dict, Tensor]:
+    """Records by hand-written forward hooks; ``hooks``: name -> an edit."""
+    kept: dict[str, Tensor] = {}
+    handles = [
+        model.get_submodule(n).register_forward_hook(
+            lambda _m, _i, o, n=n: kept.setdefault(n, o)
+        )
+        for n in names
+    ]
+    handles += [
+        model.get_submodule(n.replace("__", ".")).register_forward_hook(
+            lambda _m, _i, o, edit=edit: edit(o)
+        )
+        for n, edit in hooks.items()
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=IDS).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept, logits
+
+
+def twice(t: Tensor) -> Tensor:
+    return 2 * t
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param("weight-only", marks=pytest.mark.slow), "dynamic"]
+)
+def test_torchao_int8_models_wrap_record_and_edit_as_hand_hooks(kind):
+    """Records and an edited pass, bit for bit (the same quantized computation)."""
+    model = quantized(kind)
+    assert type(model.get_submodule(DOWN).weight).__name__ == "Int8Tensor"
+    records_and_edits_match_hand_hooks(model)
+
+
+def records_and_edits_match_hand_hooks(model: nn.Module) -> None:
+    """Records and an edited pass, against hand-written hooks, bit for bit."""
+    rnet = Recorder(model, input_data={"input_ids": IDS})
+    rnet.record(DOWN, BLOCK)
+    with torch.no_grad():
+        logits = rnet(input_ids=IDS).logits
+    records = {name: rnet.activations_of(name)[0] for name in (DOWN, BLOCK)}
+    with torch.no_grad():
+        edited = rnet(input_ids=IDS, activation_postproc={DOWN: twice}).logits
+    kept, want = hand(model, [DOWN, BLOCK])
+    # the same tensors, computed once on the same path: bit for bit
+    assert torch.equal(logits, want)
+    for name in (DOWN, BLOCK):
+        torch.testing.assert_close(records[name], kept[name], rtol=0, atol=0)
+    _, want_edited = hand(model, [], **{DOWN.replace(".", "__"): twice})
+    assert torch.equal(edited, want_edited)
+    assert not torch.equal(edited, logits)
+
+
+def dequantized(model: nn.Module) -> nn.Module:
+    """The float model whose linear weights are the int8 weights, dequantized."""
+    float_model = llama()
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight") if module is not model else None
+        if type(weight).__name__ == "Int8Tensor":
+            target = float_model.get_submodule(name)
+            with torch.no_grad():
+                target.weight.copy_(weight.dequantize())
+    return float_model
+
+
+# The weight-only kernel computes (x @ W_int8) * scale, the float model
+# x @ (W_int8 * scale): the same products rounded in another order, a few
+# float32 roundings per dot product of K <= 128 terms, carried through the
+# layers after (2 blocks of 7 products, the unembedding: L = 15) and once
+# more by the backward. Bound: 2 * 2 * L * K * eps32 relative to the largest
+# magnitude (9e-4; a few 1e-7 seen); a gradient that missed a path through a
+# layer would be off by order 1.
+TOL = 2 * 2 * 15 * 128 * torch.finfo(torch.float32).eps
+
+
+def close(got: Tensor, want: Tensor) -> None:
+    scale = max(float(want.abs().max()), 1.0)
+    torch.testing.assert_close(got, want, rtol=TOL, atol=TOL * scale)
+
+
+def test_weight_only_gradients_are_those_of_the_dequantized_float_model():
+    """Gradients to the input and at a layer equal the dequantized model's."""
+    model = quantized("weight-only")
+    assert gradient_cuts(model) == []
+    reference = dequantized(model)
+    rnet = Recorder(model, input_data={"input_ids": IDS})
+    rnet.record(grads=[DOWN])
+    embeds = model.model.embed_tokens(IDS).detach().requires_grad_()
+    rnet(inputs_embeds=embeds).logits.square().sum().backward()
+    grad_at_down = rnet.gradients_of(DOWN)[0]
+
+    kept = {}
+
+    def keep_grad(_module: nn.Module, _inputs: object, output: Tensor) -> None:
+        output.register_hook(lambda grad: kept.setdefault("g", grad))
+
+    plain = reference.model.embed_tokens(IDS).detach().requires_grad_()
+    handle = reference.get_submodule(DOWN).register_forward_hook(keep_grad)
+    reference(inputs_embeds=plain).logits.square().sum().backward()
+    handle.remove()
+    close(grad_at_down, kept["g"])
+    close(embeds.grad, plain.grad)
+    assert float(embeds.grad.abs().max()) > 0
+
+
+def test_gradients_through_dynamically_quantized_layers_are_refused():
+    """torch passes no gradient to their input: refused, naming the first layer."""
+    model = quantized("dynamic")
+    cuts = gradient_cuts(model)
+    assert cuts[0] == "model.layers.0.self_attn.q_proj"
+    assert len(cuts) == 2 * 7 + 1  # 7 linear layers a block, and the unembedding
+    rnet = Recorder(model, input_data={"input_ids": IDS})
+    msg = (
+        f"Cannot record gradients of this net: {len(cuts)} of its layers "
+        "(`model.layers.0.self_attn.q_proj` first) quantize their input to int8 "
+        "(torchao's dynamic activation quantization), through which torch passes "
+        "no gradient, so every gradient before them would silently miss their "
+        "paths. Record gradients on the float model, or on one quantized "
+        "weight-only (`Int8WeightOnlyConfig`), whose input gradients are exact."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        rnet.record(BLOCK, grads=[BLOCK])
+    assert rnet.recording == ()  # a refused request changes nothing
+    # why: a quantized layer's output depends on its input, yet carries no
+    # gradient back to it
+    x = torch.randn(2, 8, 128, requires_grad=True)
+    layer = model.get_submodule(DOWN)
+    out = layer(x)
+    assert not torch.equal(out, layer(2 * x))
+    assert not out.requires_grad
+
+
+@pytest.mark.slow
+def test_bitsandbytes_8bit_model_on_the_cpu_wraps_records_and_edits(tmp_path):
+    """transformers' `load_in_8bit` on the CPU: records and edits as hand hooks."""
+    pytest.importorskip("bitsandbytes")
+    llama().save_pretrained(tmp_path / "llama")
+    config = transformers.BitsAndBytesConfig(load_in_8bit=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bitsandbytes' notes on casts
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path / "llama", quantization_config=config, device_map="cpu"
+        ).eval()
+        assert model.get_submodule(DOWN).weight.dtype == torch.int8
+        records_and_edits_match_hand_hooks(model)

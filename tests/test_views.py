@@ -1,0 +1,452 @@
+"""The interactive views: their data against oracles, and their pages in a browser.
+
+The browser tests open each view's page in headless Chromium (``tests/
+browser.py``; skipped, saying so, when no browser starts), check that it
+reports no console error, that its screenshot is not blank, and that
+hovering a cell shows what the data holds: the value shown is read from the
+page's DOM and compared with an oracle computed here from the inputs (the
+softmax and top-k of the logits, a numpy histogram of the scores,
+scikit-learn's ROC curve, the layer table's rows), not with the view's own
+data. A value is shown to four significant digits (``fmt`` in
+``_static/base.js``), hence the relative tolerance of ``5e-4``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from scio_recorder import Recorder
+from scio_recorder.views import (
+    View,
+    attention_from_qk,
+    attention_view,
+    layer_view,
+    lens_view,
+    ood_view,
+    patching_view,
+)
+from tests import browser
+
+SHOWN = 5e-4  # four significant digits: |shown - value| <= 5e-4 |value|
+
+
+def close(shown: str, value: float) -> bool:
+    """Whether a number shown to four significant digits is ``value``."""
+    return math.isclose(float(shown), value, rel_tol=SHOWN, abs_tol=1e-12)
+
+
+# -- the data, without a browser -----------------------------------------------
+
+
+def gpt2_attention() -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A tiny GPT-2's first layer: its ``c_attn`` output and its eager weights."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1,
+        n_embd=16,
+        n_head=4,
+        vocab_size=50,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.config._attn_implementation = "eager"
+    rnet = Recorder(model, input_data=[torch.zeros(1, 6, dtype=torch.long)])
+    rnet.record("transformer.h.0.attn.c_attn")
+    ids = torch.randint(0, 50, (2, 6))
+    out = rnet(ids, output_attentions=True)
+    return rnet.activations[rnet.recording[0]], out.attentions[0], 4
+
+
+@pytest.mark.slow
+def test_attention_from_qk_is_gpt2s_eager_attention():
+    """Recomputed from the recorded queries and keys: the weights GPT-2 returns.
+
+    Both sides take the softmax of the same ``q k^T / sqrt(d)`` products, each
+    a dot product of ``d = 4`` float32 terms, possibly by another kernel: a
+    logit differs by a few roundings, ``~ d * eps32 * |q| |k|``, and a weight
+    (at most 1) by as much relatively; ``atol=1e-6`` covers it.
+    """
+    qkv, weights, heads = gpt2_attention()
+    q, k, _ = qkv.split(qkv.shape[-1] // 3, dim=-1)
+    torch.testing.assert_close(
+        attention_from_qk(q, k, num_heads=heads), weights, atol=1e-6, rtol=1e-5
+    )
+
+
+def test_attention_from_qk_grouped_heads_and_padding_as_a_loop_of_heads():
+    """Grouped-query heads share their group's keys; padded keys get no weight."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 5, 4 * 3), torch.randn(2, 5, 2 * 3)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    got = attention_from_qk(q, k, num_heads=4, num_kv_heads=2, mask=mask)
+    for b in range(2):
+        for h in range(4):
+            qh, kh = (
+                q[b, :, h * 3 : h * 3 + 3],
+                k[b, :, (h // 2) * 3 : (h // 2) * 3 + 3],
+            )
+            logits = qh @ kh.T / math.sqrt(3)
+            blocked = torch.ones(5, 5, dtype=torch.bool).triu(1) | (mask[b] == 0)
+            expected = torch.softmax(logits.masked_fill(blocked, -math.inf), dim=-1)
+            expected = expected.nan_to_num(0.0)  # every key masked: a row of zeros
+            # the same products, in another batching: a few float32 roundings
+            torch.testing.assert_close(got[b, h], expected, atol=1e-6, rtol=1e-5)
+    assert torch.all(got[1, :, :, 0] == 0)
+
+
+def test_attention_from_qk_refuses_heads_that_do_not_divide():
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "attention_from_qk: `q` must be [batch, tokens, heads * head_size] or "
+            "[batch, heads, tokens, head_size]; got [1, 3, 10] for 4 heads"
+        ),
+    ):
+        attention_from_qk(torch.zeros(1, 3, 10), torch.zeros(1, 3, 10), num_heads=4)
+
+
+@pytest.mark.slow
+def test_a_view_saves_its_page_and_its_picture_and_refuses_other_files(tmp_path):
+    view = patching_view(torch.tensor([[1.0, -2.0]]))
+    page = view.save(tmp_path / "grid.html").read_text(encoding="utf-8")
+    assert page == view.html()
+    assert "http://" not in page
+    assert "https://" not in page  # nothing from the network
+    png = view.save(tmp_path / "grid.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    assert 'srcdoc="&lt;!DOCTYPE html&gt;' in view._repr_html_()
+    with pytest.raises(
+        ValueError, match=re.escape("save('grid.txt'): name an .html file")
+    ):
+        view.save("grid.txt")
+
+
+@pytest.mark.slow
+def test_every_static_picture_is_drawn(tmp_path):
+    """Each view's ``figure()`` gives a matplotlib figure with something in it."""
+    pytest.importorskip("matplotlib")
+    for view in views().values():
+        figure = view.figure()
+        assert figure.axes or figure.texts, view.kind
+
+
+def test_layer_tree_parents_are_the_rows_one_level_up_that_hold_them():
+    """Each row's parent is a row one level up whose name prefixes its name."""
+    rnet = Recorder(deep_net(3, 4), input_size=(1, 4))
+    rows = layer_view(rnet).data["rows"]
+    assert rows[0][10] == -1
+    for row in rows[1:]:
+        parent = rows[row[10]]
+        assert int(parent[0].split("-")[0]) == int(row[0].split("-")[0]) - 1
+        assert row[1].startswith(parent[1] + ".") or parent[1] == ""
+
+
+def test_layer_view_marks_what_the_recorder_records_and_refuses_unknown_labels():
+    rnet = Recorder(deep_net(2, 2), input_size=(1, 4))
+    rnet.record((3, 2), (1, 1))
+    rows = layer_view(rnet).data["rows"]
+    assert [row[0] for row in rows if row[9]] == ["1-1", "3-2"]
+    with pytest.raises(
+        KeyError, match=re.escape("layer_view: no row labelled [(9, 9)]")
+    ):
+        layer_view(rnet, recorded=[(9, 9)])
+
+
+def test_ood_view_histograms_count_every_score_once_clipped_or_not():
+    """Clipped tails land in the end bins: the counts sum to each set's size."""
+    torch.manual_seed(0)
+    ev = evaluation()
+    for clip in (None, (0.05, 0.95)):
+        data = ood_view(ev, clip=clip).data
+        for panel in data["sets"][0]["panels"]:
+            assert sum(panel["id"]) == 200
+            assert sum(panel["ood"]) == 150
+            assert panel["clipped"] == (clip is not None)
+
+
+# -- the pages, in a browser -------------------------------------------------------
+
+
+def deep_net(blocks: int, width: int) -> nn.Module:
+    """Blocks of blocks of (Linear, ReLU): a net of about 3 * blocks * width rows."""
+    return nn.Sequential(
+        *[
+            nn.Sequential(
+                *[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(width)]
+            )
+            for _ in range(blocks)
+        ]
+    )
+
+
+def evaluation():
+    from scio_recorder.ood import Evaluation, OoDResults  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(1)
+    inside = {
+        "MSP": torch.randn(200, generator=gen),
+        "Mahalanobis": torch.randn(200, generator=gen).exp() * 10,
+    }
+    far = {
+        "MSP": torch.randn(150, generator=gen) + 1,
+        # a few huge scores: the clipped histogram keeps the bulk readable
+        "Mahalanobis": torch.cat(
+            [torch.rand(145, generator=gen) * 30, torch.full((5,), 3e5)]
+        ),
+    }
+    near = {key: value[:150] + 0.2 for key, value in inside.items()}
+    return OoDResults(
+        {
+            "far": Evaluation(inside, far, "far"),
+            "near": Evaluation(inside, near, "near"),
+        }
+    )
+
+
+LENS = torch.randn(3, 1, 5, 20, generator=torch.Generator().manual_seed(2))
+GRID = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+WEIGHTS = torch.softmax(
+    torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(4)), -1
+)
+
+
+def views() -> dict[str, View]:
+    rnet = Recorder(deep_net(2, 3), input_size=(1, 4))
+    rnet.record((3, 2))
+    return {
+        "patching": patching_view(
+            GRID, layers=[f"h.{i}" for i in range(4)], positions=list("abcdef")
+        ),
+        "attention": attention_view(WEIGHTS, list("abcdef"), layer="h.0.attn"),
+        "lens": lens_view(LENS, list("abcde"), decode=lambda i: f"t{i}"),
+        "layers": layer_view(rnet),
+        "ood": ood_view(evaluation()),
+    }
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    found = browser.start()
+    if found is None:
+        pytest.skip(
+            "no headless Chromium starts here (install Debian's `chromium` or "
+            "`chromium-headless-shell`; .ci/run does): the browser tests are skipped"
+        )
+    yield found
+    found.close()
+
+
+def opened(chromium, view: View, tmp_path, width: int = 1000) -> browser.Page:
+    """Load the view's page; check it reports no error and is not blank."""
+    path = view.save(tmp_path / f"{view.kind}.html")
+    page = chromium.page(width, 700)
+    page.load(path.as_uri())
+    assert page.errors() == []
+    assert page.requested() == [path.as_uri()]  # nothing else, from anywhere
+    assert browser.inked(page.screenshot()) > 0.01
+    return page
+
+
+def tip(page: browser.Page) -> str | None:
+    """The tooltip's text, or ``None`` when it is hidden."""
+    return page.evaluate(
+        "(() => { const t = document.getElementById('sv-tip');"
+        " return t.hidden ? null : t.textContent; })()"
+    )
+
+
+def hover_cell(page: browser.Page, canvas: str, i: int, j: int) -> str | None:
+    """Hover cell ``(i, j)`` of the heat map ``canvas``; return the tooltip."""
+    box = page.evaluate(
+        f"(() => {{ const c = document.querySelector({json.dumps(canvas)});"
+        " const r = c.getBoundingClientRect();"
+        " const d = c.dataset;"
+        " return [r.left, r.top, r.width / d.cols, r.height / d.rows]; })()"
+    )
+    page.hover(box[0] + (j + 0.5) * box[2], box[1] + (i + 0.5) * box[3])
+    return tip(page)
+
+
+def last_value(text: str | None) -> str:
+    assert text is not None, "hovering showed nothing"
+    return text.splitlines()[-1].rsplit(": ", 1)[1]
+
+
+def test_patching_page_shows_each_cells_value_on_hover(chromium, tmp_path):
+    page = opened(chromium, views()["patching"], tmp_path)
+    for i, j in [(0, 0), (2, 5), (3, 1)]:
+        shown = hover_cell(page, "canvas.sv-heat", i, j)
+        assert shown is not None
+        assert shown.startswith(f"layer h.{i}\nposition {j}: {'abcdef'[j]}\n")
+        assert close(last_value(shown), float(GRID[i, j]))
+    page.hover(1, 1)
+    assert tip(page) is None
+
+
+def test_a_page_whose_data_is_wrong_fails_the_hover_check(chromium, tmp_path):
+    """The check has teeth: a page showing another value than the data fails it."""
+    view = views()["patching"]
+    view.data["values"][2][5] += 1.0  # what a bug in the view would do
+    page = opened(chromium, view, tmp_path)
+    assert not close(
+        last_value(hover_cell(page, "canvas.sv-heat", 2, 5)), float(GRID[2, 5])
+    )
+
+
+@pytest.mark.slow
+def test_a_page_with_a_script_error_is_caught(chromium, tmp_path):
+    """A console error or an exception in the page's script is reported."""
+    view = views()["patching"]
+    view.data["values"] = None  # the script reads values.length
+    path = view.save(tmp_path / "broken.html")
+    page = chromium.page()
+    page.load(path.as_uri())
+    assert any("TypeError" in error for error in page.errors())
+
+
+@pytest.mark.slow
+def test_attention_page_shows_weights_per_head_and_a_tokens_row(chromium, tmp_path):
+    page = opened(chromium, views()["attention"], tmp_path)
+    # all heads as small multiples: a cell of head 2
+    shown = hover_cell(page, 'canvas[data-head="2"]', 4, 1)
+    assert shown is not None
+    assert shown.startswith("head 2\nquery 4: e\nkey 1: b\n")
+    assert close(last_value(shown), float(WEIGHTS[0, 2, 4, 1]))
+    # one head: pick head 1 from the list, hover the query token 3
+    page.evaluate(
+        "(() => { const s = document.querySelector('select');"
+        " s.value = '2'; s.dispatchEvent(new Event('change')); })()"
+    )
+    assert page.evaluate("document.querySelectorAll('canvas.sv-heat').length") == 1
+    page.hover(*page.center('.sv-row[data-row="3"]'))
+    shown = tip(page)
+    assert shown is not None
+    assert shown.startswith("head 1, query 3: d\nattends to:\n")
+    order = torch.argsort(WEIGHTS[0, 1, 3], descending=True)
+    first = shown.splitlines()[2].split()
+    assert first[2] == f"{int(order[0])}:"  # the key it attends to most
+    assert close(first[0], float(WEIGHTS[0, 1, 3, order[0]]))
+    assert page.errors() == []
+
+
+@pytest.mark.slow
+def test_lens_page_shows_the_top_k_tokens_and_probabilities(chromium, tmp_path):
+    page = opened(chromium, views()["lens"], tmp_path)
+    probs = torch.softmax(LENS[:, 0].double(), dim=-1)
+    for i, j in [(0, 0), (2, 4)]:
+        cell = f'td[data-i="{i}"][data-j="{j}"]'
+        top = probs[i, j].topk(5)
+        assert page.evaluate(f"document.querySelector('{cell}').textContent") == (
+            f"t{int(top.indices[0])}"
+        )
+        page.hover(*page.center(cell))
+        shown = tip(page)
+        assert shown is not None
+        lines = shown.splitlines()
+        assert lines[0] == f'layer {i}, position {j}: "{"abcde"[j]}"'
+        for rank, line in enumerate(lines[1:]):
+            number, p, token = line.split()
+            assert number == f"{rank + 1}."
+            assert token == f'"t{int(top.indices[rank])}"'
+            assert close(p, float(top.values[rank]))
+
+
+@pytest.mark.slow
+def test_layer_tree_of_2000_rows_opens_lazily_and_shows_shapes(chromium, tmp_path):
+    """A net of about 2,000 rows: a small page at first, rows drawn as opened."""
+    rnet = Recorder(deep_net(60, 11), input_size=(1, 4), force_static_flow=False)
+    rnet.record((3, 5), (3, 700))
+    table = rnet.table
+    assert len(table) > 1900
+    page = opened(chromium, layer_view(rnet), tmp_path)
+    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == 61
+    # open 1-2, then its 2-15 (the 4th block of the 2nd group)
+    page.click(*page.center('li[data-label="1-2"] > .sv-node'))
+    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == 61 + 11
+    page.click(*page.center('li[data-label="2-15"] > .sv-node'))
+    row = table[(3, 29)]  # the Linear of 2-15
+    page.hover(*page.center('li[data-label="3-29"] > .sv-node'))
+    shown = tip(page)
+    assert shown is not None
+    assert shown.splitlines() == [
+        f"3-29  {row.name}  Linear",
+        "call 0 of this module",
+        f"input  {row.input_size}",
+        f"output {row.output_size}",
+        f"parameters {row.num_params}",
+    ]
+    # the recorded rows: marked once their path is opened
+    page.click(*page.center("button:nth-of-type(3)"))  # show recorded
+    marked = page.evaluate(
+        "[...document.querySelectorAll('li[data-recorded=\"1\"]')]"
+        ".map(li => li.dataset.label)"
+    )
+    assert sorted(marked) == ["3-5", "3-700"]
+    page.click(*page.center("button:nth-of-type(1)"))  # expand all
+    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") == len(
+        table
+    )
+    assert page.errors() == []
+
+
+@pytest.mark.slow
+def test_ood_page_shows_bin_counts_and_roc_points_of_the_detector_picked(
+    chromium, tmp_path
+):
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    results = evaluation()
+    page = opened(chromium, ood_view(results), tmp_path)
+    for detector, index in (("MSP", 0), ("Mahalanobis", 1)):
+        page.evaluate(
+            "(() => { const s = document.querySelector('select');"
+            f" s.value = '{index}'; s.dispatchEvent(new Event('change')); }})()"
+        )
+        inside = results["far"].id_scores[detector].double().numpy()
+        outside = results["far"].ood_scores[detector].double().numpy()
+        pooled = np.concatenate([inside, outside])
+        low, high = np.quantile(pooled, [0.01, 0.99])
+        edges = np.linspace(low, high, 31)
+        for b in (0, 13, 29):
+            page.hover(*page.center(f'rect.sv-bin[data-bin="{b}"]'))
+            shown = tip(page)
+            assert shown is not None
+            lines = shown.splitlines()
+            ends = re.findall(r"-?[\d.]+(?:e[-+]?\d+)?", lines[0].split(": ", 1)[1])
+            assert close(ends[0], edges[b])
+            assert close(ends[1], edges[b + 1])
+            n_id = int(np.histogram(np.clip(inside, low, high), edges)[0][b])
+            n_ood = int(np.histogram(np.clip(outside, low, high), edges)[0][b])
+            assert lines[1].startswith(f"in-distribution {n_id} ")
+            assert lines[2].startswith(f"far {n_ood} ")
+        # the ROC: the point shown is one of scikit-learn's (OoD positive)
+        labels = np.r_[np.zeros(inside.size), np.ones(outside.size)]
+        fpr, tpr, _ = sklearn_metrics.roc_curve(labels, pooled, drop_intermediate=False)
+        x, y = page.center("rect.sv-roc-hit")
+        page.hover(x + 20, y)
+        lines = (tip(page) or "").splitlines()
+        point = float(lines[0].split()[1]), float(lines[1].split()[1])
+        assert np.any(
+            np.isclose(fpr, point[0], rtol=SHOWN, atol=1e-9)
+            & np.isclose(tpr, point[1], rtol=SHOWN, atol=1e-9)
+        ), point
+    assert page.errors() == []
+
+
+def test_a_sample_outside_the_batch_is_refused_naming_the_batch():
+    with pytest.raises(
+        IndexError,
+        match=re.escape(
+            "lens_view: sample=3, but the batch has 1 samples; pick one of 0 to 0"
+        ),
+    ):
+        lens_view(LENS, sample=3)
