@@ -354,7 +354,7 @@ class PassState:
             raise self.extra_call(module, k + 1, len(entries))
         return entries[k]
 
-    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:  # noqa: C901 (one frame: every recorded call)
+    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:
         """Capture what ``spec`` asks of a call's ``output``; return its edit."""
         label, wants_output, wants_grad = spec
         if not wants_output:
