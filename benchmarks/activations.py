@@ -20,6 +20,9 @@ machine cancel):
 * ``hand_memmap``: four forward hooks keeping the blocks' outputs and a
   loop writing the kept tokens (and their row and column) into
   ``np.lib.format.open_memmap`` files sized beforehand.
+* ``write_no_checksum``: ``write`` without the shards' CRC-32
+  (``_shards.CHECKSUM`` off): ``write / write_no_checksum`` is what the
+  checksums cost a write.
 
 Tokens per second count the tokens kept (the mask's ones). Before timing, the
 set written is checked against the memmaps (equal bit for bit), and the
@@ -33,7 +36,10 @@ pinned to unmap freed blocks, Linux), for several numbers of batches, with
 shards of 8,192 tokens (32 MiB), next to a plain forward's own; flat means
 the number of tokens written does not show.
 
-Reading: a set of four layers of width 256 over ``--read-batches`` batches
+Reading: opening the set and reading it once, with and without checking
+the shards' CRC-32 (``ActivationDataset(path, verify=...)``, a fresh
+dataset each time: each shard is checked on its first read), as a paired
+ratio; then a set of four layers of width 256 over ``--read-batches`` batches
 (written by a 4-layer model of that width, which writes fast), read with a
 ``DataLoader(ds, batch_size=4096, shuffle=True)`` and with
 ``ds.loader(4096, shuffle=True)`` (a batch per gather), each with 0 and 2
@@ -73,6 +79,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +96,7 @@ from scio_recorder import Recorder  # noqa: E402 (after the path fix)
 from scio_recorder.activations import (  # noqa: E402 (after the path fix)
     ActivationDataset,
     SparseLatents,
+    _shards,  # the checksum switch
     _writer,  # the early-exit switch
     write,
 )
@@ -218,6 +226,21 @@ def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
 
 
+def _spread(times: dict[str, list[float]], a: str, b: str) -> str:
+    """The quartiles of the per-round ratios ``a / b``, as ``q1-q3``."""
+    values = [x / y for x, y in zip(times[a], times[b], strict=True)]
+    if len(values) < 2:
+        return f"{values[0]:.3f}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{q1:.3f}-{q3:.3f}"
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
 def writing(
     size: dict[str, int], batches: list[dict[str, Any]], rounds: int, root: Path
 ) -> list[str]:
@@ -242,6 +265,13 @@ def writing(
         finally:
             _writer.EARLY_EXIT = early
 
+    def no_checksum(folder: Path) -> None:
+        _shards.CHECKSUM = False
+        try:
+            ours(folder)
+        finally:
+            _shards.CHECKSUM = True
+
     # checks, untimed
     with tempfile.TemporaryDirectory(dir=root) as where:
         ds = ours(Path(where) / "set")
@@ -257,11 +287,18 @@ def writing(
         )
         index = np.load(Path(where) / "index.npy")
         check(torch.equal(ds.index, torch.from_numpy(index)), "the indexes agree")
+        # the checksums' own cost: the CRC-32 of every byte the write stored
+        stored = [(ds.path / e["file"]).read_bytes() for e in ds.manifest["shards"]]
+        crc_seconds = min(
+            _timed(lambda: [zlib.crc32(b) for b in stored]) for _ in range(5)
+        )
+        stored_bytes = sum(len(b) for b in stored)
     jobs = {
         "plain": Job(plain, root),
         "write": Job(ours, root),
         "write_shuffled": Job(lambda f: ours(f, shuffle_buffer=65536), root),
         "hand_memmap": Job(lambda f: hand_memmap(model, blocks, batches, f), root),
+        "write_no_checksum": Job(no_checksum, root),
     }
     if _writer.EARLY_EXIT:
         jobs["write_full_pass"] = Job(full_pass, root)
@@ -284,7 +321,14 @@ def writing(
         f"\n{len(batches)} batches, {tokens:,} tokens kept, layers {names}, "
         f"early exit {'on' if _writer.EARLY_EXIT else 'off'}. Throughput of `write` "
         f"over `plain`: {speed['write']:.3f} (target >= 0.9); over `hand_memmap`: "
-        f"{ratio(times, 'hand_memmap', 'write'):.3f} (target >= 1.0)."
+        f"{ratio(times, 'hand_memmap', 'write'):.3f} (target >= 1.0). The "
+        f"shards' CRC-32 cost a write {ratio(times, 'write', 'write_no_checksum'):.3f}"
+        " times its time without them (paired; per-round ratios "
+        f"{_spread(times, 'write', 'write_no_checksum')}); computing them alone "
+        f"takes {crc_seconds * 1e3:.1f} ms for the {stored_bytes / 2**20:.1f} MiB "
+        f"stored ({stored_bytes / 2**20 / crc_seconds:,.0f} MiB/s), "
+        f"{100 * crc_seconds / statistics.median(times['write']):.2f} % of a "
+        "write's median time."
     )
     return lines
 
@@ -479,6 +523,32 @@ def reading(size: dict[str, int], count: int, rounds: int, root: Path) -> list[s
             )
             for w in (0, 2)
         }
+
+        def first_read(verify: bool) -> Callable[[], int]:
+            def run() -> int:
+                opened = ActivationDataset(Path(where) / "set", verify=verify)
+                return sum(b[names[0]].shape[0] for b in opened.loader(4096))
+
+            return run
+
+        checked: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(rounds):
+            for verify in random.sample([True, False], 2):
+                start = time.perf_counter()
+                check(first_read(verify)() == len(ds), "every token is read")
+                checked[verify].append(time.perf_counter() - start)
+        cost = statistics.median(
+            a / b for a, b in zip(checked[True], checked[False], strict=True)
+        )
+        lines.append(
+            f"| open + one epoch of `ds.loader(4096)`, `verify=True` "
+            f"(each shard's CRC-32 on its first read) | "
+            f"{len(ds) / statistics.median(checked[True]):,.0f} |"
+        )
+        lines.append(
+            f"| the same, `verify=False` | "
+            f"{len(ds) / statistics.median(checked[False]):,.0f} |"
+        )
         for name, make in readers.items():
             samples = []
             for _ in range(rounds):
@@ -491,7 +561,8 @@ def reading(size: dict[str, int], count: int, rounds: int, root: Path) -> list[s
             f"\n{len(ds):,} tokens of {len(names)} layers of width "
             f"{ds.dims[names[0]]} (float32, {len(ds) * len(names) * ds.dims[names[0]] * 4 / 2**20:,.0f} MiB), "
             f"{len(ds.manifest['shards'])} shards; an epoch includes starting the "
-            "workers."
+            f"workers. A first read checking the CRC-32 took {cost:.3f} times one "
+            "without (paired, median over rounds)."
         )
     return lines
 
@@ -618,6 +689,11 @@ def main() -> int:
         "--read-batches", type=int, default=64, help="batches of the set read"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument(
+        "--parts",
+        default="writing,saelens,latents,memory,reading",
+        help="the sections to run, comma-separated (default: all)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -642,10 +718,14 @@ def main() -> int:
         f"\n## GPT-2, {size['layers']} layers, width {size['width']}, batches of "
         f"{size['rows']} x {size['positions']}\n"
     )
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as root:
-        print(f"Writing, {args.rounds} rounds:\n")
-        print("\n".join(writing(size, batches, args.rounds, Path(root))))
-        if saelens_available() and not args.quick:
+        if "writing" in parts:
+            print(f"Writing, {args.rounds} rounds:\n")
+            print("\n".join(writing(size, batches, args.rounds, Path(root))))
+        if "saelens" not in parts:
+            pass
+        elif saelens_available() and not args.quick:
             print(f"\nAgainst SAELens, {args.rounds} rounds:\n")
             print("\n".join(saelens(size, args.batches, args.rounds, Path(root))))
         else:
@@ -653,13 +733,19 @@ def main() -> int:
                 "\nSAELens: `sae_lens` (and `datasets`) do not import here: its "
                 "`CacheActivationsRunner` was not timed."
             )
-        print(f"\nAn SAE's latents, {args.rounds} rounds:\n")
-        print("\n".join(latents(size, batches, args.rounds, Path(root))))
-        print("\nPeak memory of a write (a process each, shards of 8,192 tokens):\n")
-        counts = [int(n) for n in args.memory.split(",")]
-        print("\n".join(memory("quick" if args.quick else "full", counts, Path(root))))
-        print(f"\nReading, {args.rounds} epochs each:\n")
-        print("\n".join(reading(size, args.read_batches, args.rounds, Path(root))))
+        if "latents" in parts:
+            print(f"\nAn SAE's latents, {args.rounds} rounds:\n")
+            print("\n".join(latents(size, batches, args.rounds, Path(root))))
+        if "memory" in parts:
+            print(
+                "\nPeak memory of a write (a process each, shards of 8,192 tokens):\n"
+            )
+            counts = [int(n) for n in args.memory.split(",")]
+            size_name = "quick" if args.quick else "full"
+            print("\n".join(memory(size_name, counts, Path(root))))
+        if "reading" in parts:
+            print(f"\nReading, {args.rounds} epochs each:\n")
+            print("\n".join(reading(size, args.read_batches, args.rounds, Path(root))))
     if FAILED:
         print("\n" + "\n".join(f"CHECK FAILED: {what}" for what in FAILED))
         return 1

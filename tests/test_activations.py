@@ -1313,3 +1313,303 @@ def test_the_face_exports_its_names():
         "write",
     ]
     assert activations.MANIFEST == "manifest.json"
+
+
+# ------------------------------------------------- checks on what is read back
+
+
+def toy_set(folder, *, stats=False, batches=2, shard_size=8, world_rows=None):
+    """A set of the toy net: 2 batches of 3 x 5 ids, no padding, 8-token shards."""
+    gen = torch.Generator().manual_seed(5)
+    ids = [torch.randint(1, VOCAB, (3, 5), generator=gen) for _ in range(batches)]
+    return write(
+        toy_recorder(),
+        ids,
+        folder,
+        layers=["proj"],
+        mask=None,
+        shard_size=shard_size,
+        stats=stats,
+    )
+
+
+def flip(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_each_shard_stores_the_crc32_of_its_bytes(tmp_path):
+    import zlib  # noqa: PLC0415 (the oracle of this test)
+
+    ds = toy_set(tmp_path)
+    shards = ds.manifest["shards"]
+    assert len(shards) == 4  # 30 tokens in shards of 8
+    for entry in shards:
+        data = (tmp_path / entry["file"]).read_bytes()
+        assert entry["crc32"] == f"{zlib.crc32(data):08x}"
+
+
+@pytest.mark.parametrize("where", ["values", "index"])
+def test_a_flipped_bit_in_a_shard_is_refused_on_its_first_read(tmp_path, where):
+    # It read back as the wrong rows, with no error.
+    ds = toy_set(tmp_path)
+    clean = ActivationDataset(tmp_path, verify=False)[:]
+    clean_index = ds.index
+    entry = ds.manifest["shards"][1]
+    path = tmp_path / entry["file"]
+    header, start = activations._shards.read_header(path)
+    column = "proj" if where == "values" else "__index__"
+    flip(path, start + header[column]["data_offsets"][0] + 5)
+    opened = ActivationDataset(tmp_path)  # the header and the size are as written
+    assert torch.equal(opened[0]["proj"], clean["proj"][0])  # shard 0: intact
+    message = (
+        f"The shard '{path}' of the activation set in '{tmp_path}' is damaged: its "
+        f"bytes have the CRC-32 {activations._shards.checksum(path.read_bytes())}, "
+        f"not the {entry['crc32']} written: the file was damaged (or edited) after "
+        "it was written. Write the set again with `write(..., overwrite=True)`, or "
+        "restore the folder. (`ActivationDataset(path, verify=False)` reads it "
+        "unchecked.)"
+    )
+    for read in (lambda d: d[8], lambda d: d[:], lambda d: d.index):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            read(ActivationDataset(tmp_path))
+    unchecked = ActivationDataset(tmp_path, verify=False)
+    read_back = unchecked[:]["proj"] if where == "values" else unchecked.index
+    truth = clean["proj"] if where == "values" else clean_index
+    assert not torch.equal(read_back, truth)  # what verify=False would not see
+
+
+def test_verify_must_be_a_bool(tmp_path):
+    toy_set(tmp_path)
+    with pytest.raises(TypeError, match=r"^`verify` must be True or False, got 1$"):
+        ActivationDataset(tmp_path, verify=1)
+
+
+def test_a_damaged_statistics_file_is_named(tmp_path):
+    # safetensors' bare SafetensorError named neither the file nor the set.
+    ds = toy_set(tmp_path, stats=True)
+    path = tmp_path / ds.manifest["stats"]
+    data = path.read_bytes()
+    fix = (
+        "It is damaged or was edited. Write the set again with "
+        "`write(..., overwrite=True)`, or restore the folder."
+    )
+    start = f"The statistics file '{path}' of the activation set in '{tmp_path}' "
+    flip(path, 3)  # the header's length
+    with pytest.raises(ValueError, match=f"^{re.escape(start)}cannot be read: .*"):
+        ActivationDataset(tmp_path).stats  # noqa: B018 (the property reads the file)
+    path.write_bytes(data)
+    flip(path, len(data) - 3)  # a value: safetensors reads it without complaint
+    bad = activations._shards.checksum(path.read_bytes())
+    message = (
+        f"{start}cannot be read: its bytes have the CRC-32 {bad}, not the "
+        f"{ds.manifest['stats_crc32']} written. {fix}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path).stats  # noqa: B018
+
+
+def edited_manifest(folder, edit):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _twice(m):
+    m["shards"].insert(2, dict(m["shards"][1]))
+    m["tokens"] += m["shards"][1]["tokens"]
+    m["parts"][0]["tokens"] += m["shards"][1]["tokens"]
+
+
+def _moved(m):
+    m["shards"][1]["row_offset"] = 2
+
+
+def _swapped(m):
+    m["shards"][1], m["shards"][2] = m["shards"][2], m["shards"][1]
+
+
+def _part_tokens(m):
+    m["parts"][0]["tokens"] += 1
+
+
+def _rows(m):
+    m["rows"] += 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_twice, "the shard 'shard-p0-r0-00001.safetensors' is listed twice"),
+        (
+            _moved,
+            (
+                "the shard 'shard-p0-r0-00001.safetensors' has the row offset 2, "
+                "but the rows before it are 0"
+            ),
+        ),
+        (
+            _swapped,
+            (
+                "the shard 'shard-p0-r0-00002.safetensors' is not shard 1 of its "
+                "part and rank"
+            ),
+        ),
+        (_part_tokens, "part 0 holds 31 tokens, but its shards hold 30"),
+        (_rows, "'rows' is 7, but its parts hold 6"),
+    ],
+)
+def test_a_manifest_whose_parts_disagree_is_refused_on_open(tmp_path, edit, problem):
+    # A shard listed twice or a moved row_offset was read without complaint.
+    toy_set(tmp_path)
+    edited_manifest(tmp_path, edit)
+    message = (
+        f"The manifest '{tmp_path / 'manifest.json'}' of the activation set is "
+        f"damaged or was edited: {problem}. Write the set again with "
+        "`write(..., overwrite=True)`, or restore the folder."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+
+
+def test_an_appended_set_has_consistent_offsets(tmp_path):
+    toy_set(tmp_path)
+    gen = torch.Generator().manual_seed(6)
+    more = [torch.randint(1, VOCAB, (2, 5), generator=gen)]
+    ds = write(
+        toy_recorder(), more, tmp_path, layers=["proj"], mask=None, shard_size=8,
+        append=True,
+    )  # fmt: skip
+    assert [e["row_offset"] for e in ds.manifest["shards"]] == [0] * 4 + [6, 6]
+    assert [p["rank_rows"] for p in ds.manifest["parts"]] == [[6], [2]]
+    assert ds.index[-1].tolist() == [7, 4]
+
+
+@pytest.mark.parametrize("existed", [True, False])
+def test_a_refused_write_leaves_nothing_behind(tmp_path, existed):
+    # Its progress files marked the folder as an interrupted write: the same
+    # call with real batches failed again, until `overwrite=True`.
+    folder = tmp_path / "set"
+    if existed:
+        folder.mkdir()
+    empty = torch.zeros(0, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^The batches gave no token to store"):
+        write(toy_recorder(), [empty], folder, layers=["proj"], mask=None)
+    assert (list(folder.iterdir()) == []) if existed else not folder.exists()
+    ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert len(write(toy_recorder(), [ids], folder, layers=["proj"], mask=None)) == 10
+
+
+ACCEPTED = (
+    "a batch is token ids: a tensor [batch, positions], or a "
+    "mapping of the net's keyword inputs (a tokenizer's output, "
+    "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
+    "(e.g. `input=0, mask=1` for (ids, mask) tuples)."
+)
+
+
+@pytest.mark.parametrize(
+    ("batch", "what", "hint"),
+    [
+        (
+            [[1, 2, 3]],
+            "a list",
+            " Make a tensor of the ids (`torch.tensor(ids)`), or tokenize them.",
+        ),
+        (
+            "some text",
+            "a str",
+            " Tokenize the text first (`tokenizer(texts, return_tensors='pt')`).",
+        ),
+        (None, "None", ""),
+        (np.ones((2, 3), dtype=np.int64), "a numpy ndarray",
+         " Convert it with `torch.as_tensor(batch)`."),
+        (
+            (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3)),
+            "a tuple",
+            " For (ids, mask) tuples pass `input=0, mask=1`.",
+        ),
+    ],
+)  # fmt: skip
+def test_a_batch_of_another_form_is_named_with_what_is_accepted(
+    tmp_path, batch, what, hint
+):
+    # It crashed deep inside the model (embedding(): argument 'indices' ...).
+    ok = torch.ones(2, 3, dtype=torch.long)
+    message = f"Batch 1 is {what}: {ACCEPTED}{hint}"
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        write(toy_recorder(), [ok, batch], tmp_path / "set", layers=["proj"], mask=None)
+
+
+def test_an_ids_mask_tuple_is_a_batch_with_input_and_mask(tmp_path):
+    ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[0, 3:] = 0
+    ds = write(
+        toy_recorder(), [(ids, mask)], tmp_path, layers=["proj"], input=0, mask=1
+    )
+    assert len(ds) == 8
+    with pytest.raises(TypeError, match=r"^Batch 0 gives the net no tensor"):
+        write(toy_recorder(), [(None, mask)], tmp_path / "b", layers=["proj"],
+              input=0, mask=1)  # fmt: skip
+
+
+def test_a_mask_of_other_rows_is_refused_before_the_pass(tmp_path):
+    # GPT-2 failed on it inside its attention: a bare RuntimeError.
+    batch = make_batches("left", 1)[0]
+    batch["attention_mask"] = torch.ones(ROWS + 1, POSITIONS, dtype=torch.long)
+    message = (
+        f"`mask='attention_mask'` of batch 0 has shape [{ROWS + 1}, {POSITIONS}], "
+        f"but its token ids are [{ROWS}, {POSITIONS}]: a padding mask has one "
+        "entry per token id (the same rows and positions)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        write(recorder(gpt2()), [batch], tmp_path, layers=["transformer.h.0"])
+
+
+def test_append_to_an_unfinished_write_says_how_to_finish_it(tmp_path, monkeypatch):
+    # It said "the batches differ".
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randint(1, VOCAB, (2, 5), generator=gen) for _ in range(3)]
+    interrupt_after(monkeypatch, 3, KeyboardInterrupt())  # in the second batch
+    with pytest.raises(KeyboardInterrupt):
+        write(toy_recorder(), ids, tmp_path, layers=["proj"], mask=None, shard_size=4)
+    monkeypatch.undo()
+    assert (tmp_path / "progress-p0-r0.json").is_file()
+    message = (
+        f"'{tmp_path}' holds an unfinished write (interrupted before its set was "
+        "finished), not a set to append to: call `write` again with that write's "
+        "arguments and batches, without `append=True`, to resume and finish it, "
+        "then append; or pass `overwrite=True` to start over (this deletes it)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        write(toy_recorder(), ids[::-1], tmp_path, layers=["proj"], mask=None,
+              shard_size=4, append=True)  # fmt: skip
+    ds = write(toy_recorder(), ids, tmp_path, layers=["proj"], mask=None, shard_size=4)
+    assert len(ds) == 30
+
+
+@pytest.mark.parametrize(
+    ("metadata", "where", "value"),
+    [
+        ({"lr": float("nan")}, "metadata['lr']", "nan"),
+        ({"runs": [{"loss": 1.0}, {"loss": float("inf")}]},
+         "metadata['runs'][1]['loss']", "inf"),
+        (float("-inf"), "metadata", "-inf"),
+    ],
+)  # fmt: skip
+def test_metadata_holding_nan_or_infinity_is_refused_naming_the_key(
+    tmp_path, metadata, where, value
+):
+    # It was written into manifest.json, which strict JSON readers refuse.
+    message = (
+        f"`{where}` is {value}, which strict JSON has no number for: "
+        "`manifest.json` would be refused by strict JSON readers. Store it as a "
+        "string (e.g. 'nan') or as null."
+    )
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        write(toy_recorder(), [ids], tmp_path / "set", layers=["proj"], mask=None,
+              metadata=metadata)  # fmt: skip
+    assert not (tmp_path / "set").exists()

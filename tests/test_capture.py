@@ -324,15 +324,31 @@ def test_grads_under_no_grad_record_none(rnet, x):
     gradients of a pass with gradients: clean and corrupted runs share it.
     """
     rnet.record("0", grads="0")
+    # Reading one of them says why there is none (it was silently empty,
+    # also after a later backward()).
+    missed = (
+        "The gradients of 1-1 (Linear `0`) were not captured: the latest pass "
+        "recorded them (`record(grads=...)`) but ran without autograd (under "
+        "`torch.no_grad()` or `torch.inference_mode()`), so no gradient flows "
+        "back to them. Run the pass with gradients enabled, then call `backward()`."
+    )
     with torch.no_grad():
-        rnet(x)
+        out = rnet(x)
     assert set(rnet.activations) == {(1, 1)}
     assert dict(rnet.gradients) == {}
+    rnet.net(x).sum().backward()  # a backward of another graph
+    with pytest.raises(KeyError, match=f"^{re.escape(repr(missed))}$"):
+        rnet.gradients[(1, 1)]
+    with pytest.raises(KeyError, match=f"^{re.escape(repr(missed))}$"):
+        rnet.gradients_of("0")
     with torch.inference_mode():
         rnet(x)
     assert dict(rnet.gradients) == {}
+    with pytest.raises(KeyError, match=f"^{re.escape(repr(missed))}$"):
+        rnet.gradients[(1, 1)]
     rnet(x).sum().backward()
     assert rnet.gradients[(1, 1)].shape == rnet.activations[(1, 1)].shape
+    assert out.shape == rnet(x).shape
 
 
 def test_grads_where_nothing_requires_grad_raise_runtime_error(x):

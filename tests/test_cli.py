@@ -19,10 +19,10 @@ from safetensors.torch import save_file
 from scio_recorder import Recorder, plot
 from scio_recorder._extras import INSTALL_DOT
 from scio_recorder.cli import main
-from scio_recorder.demo import gradcam_layer, run_demo
+from scio_recorder.demo import DETECTORS, SLOW, gradcam_layer, run_demo
 from scio_recorder.graph import ExecutionGraph
 from scio_recorder.models import digits_cnn, resnet18_cifar
-from scio_recorder.ood.benchmark import load_benchmark
+from scio_recorder.ood.benchmark import CATALOGUE, load_benchmark
 
 
 def run(capsys, *argv):
@@ -700,8 +700,12 @@ def test_demo_quick_prints_the_table_and_writes_the_pictures(
         re.MULTILINE,
     )
     assert header is not None, out
-    for name in ("MSP", "Energy", "ReAct", "Mahalanobis", "KNN", "ViM", "NAC", "Gram"):
+    for name in ("MSP", "Energy", "ReAct", "Mahalanobis", "KNN", "ViM", "Gram"):
         assert re.search(rf"^{name} +\d\.\d{{3}} +\d\.\d{{3}}", out, re.MULTILINE), name
+    # the default set: the catalogue but its slowest (--all: every one)
+    assert "fit 32 of the catalogue's 39 detectors (--all: every one)" in out
+    for name in ("NAC", "Odds", "IsoMax"):
+        assert not re.search(rf"^{name} ", out, re.MULTILINE), name
     files = {p.name for p in (tmp_path / "demo").iterdir()}
     assert {"scores-digits-6-9.png", "roc-digits-6-9.png", "gradcam.png"} <= files
     assert {"graph.svg", "graph.dot"} & files
@@ -771,6 +775,26 @@ def test_demo_is_deterministic_for_a_seed():
             assert second.evaluations[name][detector] == metrics
     assert first.accuracy == second.accuracy
     assert first.table() == second.table()
+
+
+def test_demo_all_rates_every_detector_of_the_catalogue(capsys, tmp_path, monkeypatch):
+    """``--all`` asks for the whole catalogue; the default leaves the slowest out."""
+    asked = []
+
+    def record(out, **options):
+        asked.append(options)
+
+    monkeypatch.setattr("scio_recorder.demo.run_demo", record)
+    for extra in ([], ["--all"]):
+        code, _, _ = run(capsys, "demo", "--quick", "--out", str(tmp_path), *extra)
+        assert code == 0
+    assert asked == [
+        {"seed": 0, "quick": True},
+        {"seed": 0, "quick": True, "detectors": None},
+    ]
+    assert set(DETECTORS) | set(SLOW) == set(CATALOGUE)
+    assert [n for n in CATALOGUE if n in DETECTORS] == list(DETECTORS)
+    assert len(DETECTORS) == 32
 
 
 def test_demo_refuses_a_bad_out_before_the_run(capsys, tmp_path, monkeypatch):

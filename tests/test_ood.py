@@ -25,6 +25,7 @@ from scio_recorder.ood import (
     ASH,
     KNN,
     MSP,
+    RMDS,
     Energy,
     Entropy,
     Evaluation,
@@ -305,6 +306,15 @@ def test_bad_requests_name_the_fix(rnet, data):
     )
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         Mahalanobis(rnet).fit(one_class, target=1)
+    # RMDS said "Mahalanobis": the name of the class it builds on
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(msg.replace('Mahalanobis', 'RMDS'))}$"
+    ):
+        RMDS(rnet).fit(one_class, target=1)
+    with pytest.raises(
+        ValueError, match=r"^Mahalanobis: num_classes must be an int >= 2, got 1$"
+    ):
+        Mahalanobis(rnet, num_classes=1)
     with pytest.raises(
         ValueError, match=r"^KNN: k=100 is more than the 64 fit samples"
     ):

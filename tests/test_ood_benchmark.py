@@ -12,7 +12,7 @@ from scio_recorder import Recorder, ood
 from scio_recorder.models import demo_model
 from scio_recorder.ood import KNN, Detector, OoDResults
 from scio_recorder.ood.benchmark import (
-    _CATALOGUE_NAMES,
+    CATALOGUE,
     BenchmarkResults,
     catalogue,
     load_benchmark,
@@ -99,7 +99,7 @@ def test_catalogue_builds_every_detector_for_both_nets():
         "Mahalanobis++",
         "RMDS++",
     ]
-    assert tuple(built) == _CATALOGUE_NAMES  # the names run_benchmark knows
+    assert tuple(built) == CATALOGUE  # the names run_benchmark knows
 
 
 # ----------------------------------------------------------- seeds and spread

@@ -78,6 +78,30 @@ def test_isomax_scores_minus_the_probability_of_the_scaled_distances(setup):
     assert bool((gap <= tol.gather(1, predicted)[:, 0]).all())
 
 
+def test_isomax_scores_finite_logits_of_any_size(setup):
+    # x * 1e30: the logits (~1e29) are finite, cdist squared them to inf in
+    # float32, and the softmax of -inf everywhere was NaN.
+    _, _, train = setup
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    rnet = Recorder(net, input_size=(1, 4))
+    isomax = IsoMax(rnet, steps=50).fit(train, target=1)
+    x = torch.randn(3, 4)
+    x[1] *= 1e30
+    with torch.no_grad():
+        z = net(x).double()
+    assert bool(torch.isfinite(z).all())
+    assert z[1].abs().max() > 1e28
+    d = torch.linalg.vector_norm(z[:, None] - isomax.prototypes.double(), dim=2)
+    want = -torch.softmax(-10.0 * d, dim=1)  # float64: 1e58 does not overflow
+    got = isomax.score_classes(x).double()
+    assert bool(torch.isfinite(got).all())
+    # Row 1: the distances, ~1e29, differ by |p| ~ 1 (1e-29 relatively):
+    # equal in float32 and float64 alike, each class 1/3.
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=4 * EPS32)
+    assert torch.equal(got[[0, 2]], isomax.score_classes(x[[0, 2]]).double())
+
+
 def test_isomax_minibatches_follow_the_seed(setup):
     _, rnet, train = setup
     a = IsoMax(rnet, steps=30, batch_size=16, seed=0).fit(train, target=1)

@@ -273,6 +273,62 @@ def test_bert_mean_tokens_respect_the_mask():
         ens(input_ids=ids)
 
 
+class MaskedTokens(nn.Module):
+    """Tokens ``[B, T, 6]``, then a head on their masked mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x, mask):
+        h = self.embed(x)
+        keep = mask[..., None].to(h)
+        return self.head((h * keep).sum(1) / keep.sum(1))
+
+
+@pytest.mark.slow
+def test_threads_scoring_with_masks_each_pool_with_their_own_mask():
+    # The mask of the net's latest call was kept on the detector: a thread
+    # pooled its tokens with the mask of another thread's pass.
+    import threading  # noqa: PLC0415 (this test only)
+
+    torch.manual_seed(0)
+    net = MaskedTokens().eval()
+    x = torch.randn(1, 5, 4)
+    rnet = Recorder(net, input_data={"x": x, "mask": torch.ones(1, 5)})
+    ens = MahalanobisEnsemble(rnet, ["embed"], token="mean", mask="mask")  # noqa: S106 (not a password)
+    fit_x = torch.randn(40, 5, 4)
+    ens.fit(
+        [({"x": fit_x, "mask": torch.ones(40, 5)}, torch.arange(40) % 3)],
+        input=lambda b: b[0],
+        target=1,
+    )
+    gen = torch.Generator().manual_seed(1)
+    inputs = []
+    for i in range(4):
+        mask = torch.ones(3 + i, 5)
+        mask[:, 5 - i - 1 :] = 0  # each thread its own padding
+        inputs.append((torch.randn(3 + i, 5, 4, generator=gen), mask))
+    alone = [ens(x=xi, mask=mi) for xi, mi in inputs]
+    barrier = threading.Barrier(4)
+    errors = []
+
+    def work(i):
+        barrier.wait()
+        for _ in range(10):
+            got = ens(x=inputs[i][0], mask=inputs[i][1])
+            if not torch.equal(got, alone[i]):  # the same path: bit for bit
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
 # -- Gram --------------------------------------------------------------------
 
 

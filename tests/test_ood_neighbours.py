@@ -34,6 +34,7 @@ from scio_recorder.ood import (
 from scio_recorder.ood._neighbours import lid_estimate, trust_scores
 
 EPS32 = torch.finfo(torch.float32).eps
+F64 = torch.float64
 CLASSES = 3
 FIT_SAMPLES = 45
 
@@ -336,6 +337,81 @@ def test_jtla_is_the_papers_tests_combined(setup, leave_one_out, classes):
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     finite = torch.isfinite(want)
     assert torch.allclose(got[finite], want[finite], rtol=1e-12, atol=1e-14)
+
+
+def test_jtla_without_fit_samples_of_a_class_gives_it_no_evidence(setup):
+    # Every test against the empty class was inf, fit samples' too, so every
+    # input conformed to it fully: every score 0 (AUROC 0.5).
+    net, rnet, x, y, queries = setup
+    k = 4
+    y = torch.where(y == 1, 0, y)  # no fit sample of class 1
+    jtla = JTLA(
+        rnet,
+        ["0", "1"],
+        test={"type": "multinomial", "mode": "mle", "k": k},
+        pred_conditional=False,
+        act_norm=None,
+        index_metric="l2",
+    ).fit([(x, y)], target=1)
+    classes = jtla.score_classes(queries).double()
+    # Nothing conforms to class 1: p 0 at every layer, fisher's log 0.
+    assert torch.equal(classes[:, 1], torch.full((12,), math.inf, dtype=F64))
+    # The others: the paper's p-values, combined (the oracle of the test above).
+    banks, asked = layer_values(net, x), layer_values(net, queries)
+    want = torch.zeros(len(queries), 2, dtype=F64)
+    for q, bank in zip(asked, banks, strict=True):
+        loo = counts_oracle(bank, bank, y, k, leave_out=True)
+        counts = counts_oracle(q, bank, y, k)
+        for column, c in enumerate((0, 2)):
+            expected = loo[y == c].sum(dim=0).tolist()
+            reference = [kl(row.tolist(), expected) for row in loo]
+            for i in range(len(q)):
+                test = kl(counts[i].tolist(), expected)
+                want[i, column] += math.log(at_least(reference, test) / len(y))
+    assert torch.allclose(-classes[:, [0, 2]], want, rtol=1e-12, atol=1e-14)
+    scores = jtla(queries).double()
+    assert torch.equal(scores, classes[:, [0, 2]].amin(dim=1))
+    assert not torch.equal(scores, torch.zeros_like(scores))
+
+
+def test_jtla_counts_tests_equal_but_for_rounding_as_ties(setup, monkeypatch):
+    # Against the expectation (4, 2, 2), k = 6, the counts (2, 2, 2) and
+    # (4, 1, 1) test equal in exact arithmetic (exp(k KL) = prod (n_j /
+    # (k q_j))^n_j is the same rational) but 1 ulp apart in float64: a fit
+    # sample of (2, 2, 2) did not count as ">=" a query of (4, 1, 1).
+    from fractions import Fraction  # noqa: PLC0415 (this test only)
+
+    from scio_recorder.ood._jtla import multinomial_tests  # noqa: PLC0415
+
+    _, rnet, x, y, _ = setup
+    jtla = JTLA(
+        rnet, ["0"], test={"type": "multinomial", "k": 6}, pred_conditional=False
+    ).fit([(x, y)], target=1)
+    expected = torch.tensor([[4.0, 2.0, 2.0]] * 3, dtype=F64)
+    fit_counts = torch.tensor([[2, 2, 2], [0, 3, 3], [6, 0, 0], [3, 2, 1]])
+    queries = torch.tensor([[4, 1, 1], [2, 2, 2], [3, 3, 0]])
+    reference = multinomial_tests(fit_counts, expected, "mle")  # [C, N]
+    tests = multinomial_tests(queries, expected, "mle")  # [C, Q]
+    assert tests[0, 0] != reference[0, 0]  # the rounding this is about
+
+    def exact(counts):
+        """``exp(k KL)``: a rational, for an exact comparison."""
+        out = Fraction(1)
+        for n, e in zip(counts, (4, 2, 2), strict=True):
+            if n:
+                out *= Fraction(n * 8, 6 * e) ** n
+        return out
+
+    want = [
+        sum(exact(f) >= exact(q) for f in fit_counts.tolist()) / len(fit_counts)
+        for q in queries.tolist()
+    ]
+    jtla.expected = expected[None, None]  # [g, layers, C, C]
+    jtla.reference = reference.sort(dim=-1).values[None, :, None]  # [g, C, 1, N]
+    monkeypatch.setattr(jtla, "layer_tests", lambda _: tests[None, :, None])
+    got = jtla.conformity(None).exp()  # fisher over one layer: log p
+    assert got[:, 0].tolist() == want
+    assert want == [0.75, 0.75, 0.5]  # the tie (2, 2, 2) counted for (4, 1, 1)
 
 
 def test_jtla_reads_the_output_layer_too(setup):

@@ -141,6 +141,44 @@ def test_feature_squeezing_refuses_unknown_squeezers(setup, squeezers, message):
         FeatureSqueezing(rnet, squeezers=squeezers)
 
 
+def fewer_rows(t):
+    return t[:1]
+
+
+def to_double(t):
+    return t.double()
+
+
+def nothing(t):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("squeezer", "error", "got"),
+    [
+        # one row was broadcast against the batch's: silently wrong scores
+        (fewer_rows, ValueError, "a tensor of shape [1, 1, 4, 4] and dtype float32"),
+        (to_double, ValueError, "a tensor of shape [3, 1, 4, 4] and dtype float64"),
+        (nothing, TypeError, "a NoneType"),
+    ],
+)  # fmt: skip
+def test_feature_squeezing_checks_the_squeezed_input_naming_the_squeezer(
+    squeezer, error, got
+):
+    rnet = Recorder(
+        nn.Sequential(nn.Flatten(), nn.Linear(16, 3)), input_size=(1, 1, 4, 4)
+    )
+    detector = FeatureSqueezing(rnet, squeezers=["bits:3", squeezer])
+    message = (
+        f"FeatureSqueezing: squeezer {squeezer.__name__!r} returned {got}, where the "
+        "input is a tensor of shape [3, 1, 4, 4] and dtype torch.float32. A "
+        "squeezer returns the squeezed input: a tensor of its shape and dtype."
+    )
+    message = message.replace("dtype float", "dtype torch.float")
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        detector(torch.rand(3, 1, 4, 4))
+
+
 def test_feature_squeezing_refuses_token_ids():
     rnet = Recorder(nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2)),
                     input_data=torch.zeros(1, 3, dtype=torch.long))  # fmt: skip

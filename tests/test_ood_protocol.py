@@ -10,12 +10,16 @@ One rule each, checked over the whole catalogue
 * fit labels are class indices of the net, checked the same way;
 * a bfloat16 net fits and scores;
 * data given as a tensor (not an iterable of batches) is refused, naming
-  the argument and the fix.
+  the argument and the fix;
+* several threads scoring with one fitted detector each get the scores of
+  their own inputs, and the recorder's selection and latest records are
+  left as they were.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
@@ -417,3 +421,99 @@ def test_evaluate_refuses_nan_scores_naming_the_detector_and_the_set(fitted):
         evaluate({"MSP": detectors["MSP"]}, [x], {"far": [hostile]}, input=None)
     with pytest.raises(ValueError, match=r"samples of the in-distribution data NaN"):
         evaluate({"MSP": detectors["MSP"]}, [hostile], [x], input=None)
+
+
+# ------------------------------------------------------------- threads
+def scores_in_threads(score, inputs, repeats):
+    """Each input scored ``repeats`` times, one thread per input, all at once."""
+    barrier = threading.Barrier(len(inputs))
+    found = [[] for _ in inputs]
+    errors = []
+
+    def work(i):
+        barrier.wait()
+        try:
+            for _ in range(repeats):
+                found[i].append(score(inputs[i]))
+        except Exception as error:  # noqa: BLE001 (reported by the test)
+            errors.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return found, errors
+
+
+def check_threads(score, repeats=20):
+    """Four threads of other batch sizes: each gets its own scores, bit for bit.
+
+    The oracle is the same call made alone: the same float32 tensors on the
+    same path (torch on the tests' one thread), so the scores are equal.
+    """
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.rand(4 + i, 1, 8, 8, generator=gen) for i in range(4)]
+    alone = [score(x) for x in inputs]
+    found, errors = scores_in_threads(score, inputs, repeats)
+    assert errors == []
+    for i, scores in enumerate(found):
+        for got in scores:
+            assert torch.equal(got, alone[i])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "KNN",  # one shared pass
+        pytest.param("ReAct", marks=pytest.mark.slow),  # an edit
+        pytest.param("RankFeat", marks=pytest.mark.slow),  # edits at two blocks
+        pytest.param("JTLA", marks=pytest.mark.slow),  # several layers
+        pytest.param("ODIN", marks=pytest.mark.slow),  # a gradient of the input
+        pytest.param("NAC", marks=pytest.mark.slow),  # a backward
+        pytest.param("AdaScale", marks=pytest.mark.slow),  # both, then an edit
+    ],
+)
+def test_threads_scoring_one_detector_each_get_their_own_scores(fitted, name):
+    # Passes changed the recorder's selection and read its latest records:
+    # a thread got another's scores, or a CallPlanError.
+    check_threads(fitted[0][name])
+
+
+@pytest.mark.slow
+def test_threads_scoring_every_detector_each_get_their_own_scores(fitted):
+    detectors = fitted[0]
+    failed = []
+    for name, detector in detectors.items():
+        gen = torch.Generator().manual_seed(3)
+        inputs = [torch.rand(4 + i, 1, 8, 8, generator=gen) for i in range(4)]
+        alone = [detector(x) for x in inputs]
+        found, errors = scores_in_threads(detector, inputs, 5)
+        if errors or any(
+            not torch.equal(got, alone[i]) for i, s in enumerate(found) for got in s
+        ):
+            failed.append(name)
+    assert failed == []
+    # the shared passes of several detectors, as evaluate runs them
+    check_threads(
+        lambda x: torch.stack(list(score_batches(detectors, [x], input=None).values())),
+        repeats=3,
+    )
+
+
+def test_scoring_leaves_the_selection_and_the_latest_records(fitted):
+    detectors, x, _ = fitted
+    rnet = detectors["KNN"].rnet
+    rnet.record("features.0", inputs="classifier.3")
+    try:
+        out = rnet(x)
+        latest = rnet.activations[(2, 1)]
+        for name in ("KNN", "ReAct", "ODIN"):
+            detectors[name](x[:2])
+        assert rnet.selection.outputs == ((2, 1),)
+        assert rnet.selection.inputs == ((2, 12),)
+        assert list(rnet.activations) == [(2, 1)]
+        assert rnet.activations[(2, 1)] is latest
+        assert torch.equal(rnet(x), out)
+    finally:
+        rnet.record()

@@ -84,6 +84,43 @@ def test_a_state_loaded_on_another_net_names_file_layer_and_shapes(saved, name):
         MAKERS[name](recorder(16)).load(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "entry", "saved_shape", "wanted"),
+    [
+        ("IsoMax", "prototypes", [3, 3], "[classes, 5]"),
+        ("Odds", "counts", [3], "[5]"),
+        ("KLMatching", "typical", [3, 3], "[classes, 5]"),
+    ],
+)
+def test_a_state_of_another_number_of_logits_is_refused_at_load(
+    name, entry, saved_shape, wanted, tmp_path
+):
+    # IsoMax and Odds loaded it; the error came only at scoring.
+    from scio_recorder import ood  # noqa: PLC0415 (this test only)
+
+    options = {
+        "IsoMax": {"steps": 5},
+        "Odds": {"epsilon": 0.1, "noise_samples": 4},
+        "KLMatching": {},
+    }[name]
+    make = getattr(ood, name)
+    path = make(recorder(8), **options).fit(train(), target=1).save(tmp_path / "s")
+    torch.manual_seed(0)
+    five = Recorder(
+        nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 5)), input_size=(1, 4)
+    )
+    message = (
+        f"'{path}': entry {entry!r} of the {name} state has shape {saved_shape}, "
+        f"but on this net (5 logits) it must be {wanted}: the state was saved "
+        "from another net or layer. Load it into a detector on the net it was "
+        "fitted on, or fit this one again."
+    )
+    detector = make(five, **options)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        detector.load(path)
+    assert not detector.fitted
+
+
 @pytest.mark.parametrize("name", ["Mahalanobis", "KNN", "ViM"])
 def test_each_entry_shape_is_checked_against_the_layer(saved, name, tmp_path):
     # A file without the layers' shapes (as saved before they were stored):

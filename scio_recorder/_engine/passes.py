@@ -13,7 +13,11 @@ once:
 * :meth:`open_direct`: a pass made by calling the net directly while a
   scope is open (the scope's hooks on the net call it);
 * :meth:`listen` / :meth:`unlisten`: a scope registers its listener, which
-  receives every completed pass (:meth:`Listener.feed <.state.Listener.feed>`).
+  receives every completed pass (:meth:`Listener.feed <.state.Listener.feed>`);
+* :meth:`run_private`: a pass of a tool's own (an OoD detector's), on a plan
+  of its own, which changes no selection and publishes nothing: its records
+  are returned to the caller, so that threads sharing a recorder never see
+  each other's (see the method).
 
 Opening a pass registers a fresh :class:`~.state.PassState` under the token
 (remembering what was registered before: a scope's listener, or an outer
@@ -41,10 +45,12 @@ from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
 
 from .compiled import GradDeposits, run_traced, traced_key
 from .early import EarlyExit, EarlyExitState, early_plan
-from .hooks import ACTIVE, HookSet, RootHook, new_token
-from .plan import CallPlanError, Edits, with_edits
+from .hooks import ACTIVE, HookSet, RootHook, _PostHook, _PreHook, new_token
+from .plan import CallPlanError, Edits, RecordOptions, make_plan, with_edits
 from .state import (
     CallInputs,
+    Gradients,
+    GradSlot,
     InPlaceWarning,
     Latest,
     Listener,
@@ -106,6 +112,11 @@ class Passes:
         """The latest plan run with early exit, its twin and needs."""
         self.placed: bool | None = None
         """Whether accelerate placed the net (found at the first stopped pass)."""
+        self.private_token = new_token()
+        """The token of the private passes (:meth:`run_private`)."""
+        self.private_plans: dict[Any, CallPlan] = {}
+        self.private_hooks: dict[tuple[nn.Module, str], list[Any]] = {}
+        """(module, "pre" | "post") -> [private passes using it, its handle]."""
         self.select(plan)
 
     # -- the selection -----------------------------------------------------
@@ -329,6 +340,105 @@ class Passes:
                     del self.extra_hooks[id(extended)]
             self.update_idle()
 
+    # -- private passes ----------------------------------------------------
+    def run_private(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        outputs: Sequence[DepthIdx] = (),
+        inputs: Sequence[DepthIdx] = (),
+        postproc: Any = None,
+    ) -> tuple[Any, PassState]:
+        """Run one pass of the net for a tool; return its output and its state.
+
+        The pass records the outputs of ``outputs`` and the inputs of
+        ``inputs`` (and ``postproc`` edits recorded outputs, as
+        ``activation_postproc`` does: one callable, or a dict by label), on
+        a plan of its own: the recorder's selection is not changed, its
+        latest records are not replaced, no scope is fed. Its hooks carry a
+        token of their own (so the selection's hooks, and a selection
+        changed meanwhile, never count its calls), shared by the private
+        passes of every thread that need the same module and removed when
+        the last one ends. Several threads can so run private passes of one
+        recorder, and each gets the records of its own pass: what the OoD
+        detectors score from. The call plan is checked as for any pass
+        (:class:`CallPlanError`); the records are the state's ``records``
+        and ``inputs``.
+        """
+        key = (tuple(outputs), tuple(inputs))
+        plan = self.private_plans.get(key)
+        if plan is None:
+            table = self.table
+            plan = make_plan(
+                table,
+                [table[label] for label in outputs],
+                [table[label] for label in inputs],
+                [],
+                RecordOptions(),
+            )
+            self.private_plans[key] = plan
+        net = self.net
+        state = PassState(plan, postproc, False, net.training)  # noqa: FBT003 (dont_record)
+        states = ACTIVE.states
+        token = self.private_token
+        outer = states.get(token)
+        # hidden from this thread's open scope (its hooks on the net would
+        # open a pass of theirs), as an execution graph's passes are
+        with self.suspended(), self.private_hooked(plan):
+            states[token] = state
+            try:
+                out = net(*args, **kwargs)
+            finally:
+                if outer is None:
+                    del states[token]
+                else:
+                    states[token] = outer
+        state.check_counts()
+        watched = state.watched
+        if watched and [t._version for t in watched] != state.versions:  # noqa: SLF001
+            for label, kind in state.changed():
+                self.warn_inplace(label, kind)
+        return out, state
+
+    @contextlib.contextmanager
+    def private_hooked(self, plan: CallPlan) -> Iterator[None]:
+        """Put a private hook on every module ``plan`` hooks, for the block.
+
+        One hook per module (and kind) whatever the number of private
+        passes using it, in any thread: two would count each call twice. A
+        hook made for one plan serves a pass of another through the general
+        path (it finds the module's slot in that pass's plan).
+        """
+        token = self.private_token
+        wanted = [(module, "pre") for module in plan.starts]
+        wanted += [(module, "post") for module in plan.ends]
+        slots = {module: slot for slot, module in enumerate(plan.ends)}
+        with self.lock:
+            for key in wanted:
+                users = self.private_hooks.get(key)
+                if users is None:
+                    module, kind = key
+                    if kind == "pre":
+                        handle = module.register_forward_pre_hook(
+                            _PreHook(token).fire, with_kwargs=True
+                        )
+                    else:
+                        hook = _PostHook(token, plan, slots[module], plan.ends[module])
+                        handle = module.register_forward_hook(hook.fire)
+                    users = self.private_hooks[key] = [0, handle]
+                users[0] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                for key in wanted:
+                    users = self.private_hooks[key]
+                    users[0] -= 1
+                    if not users[0]:
+                        users[1].remove()
+                        del self.private_hooks[key]
+
     # -- compiled passes ---------------------------------------------------
     def run_traced(
         self,
@@ -433,8 +543,10 @@ class Passes:
         if kind == "inputs":
             records = latest.inputs
         elif kind == "gradients":
-            records = self.gradients()
+            records = self.gradient_records()
         missing = [label for label in labels if label not in records]
+        if missing and isinstance(records, Gradients):
+            raise KeyError(records.message())
         if missing:
             option = {"activations": "", "inputs": "inputs=", "gradients": "grads="}
             msg = (
@@ -594,13 +706,31 @@ class Passes:
 
     def gradients(self) -> MappingProxyType[DepthIdx, Any]:
         """Return the latest pass's output gradients (see ``rnet.gradients``)."""
+        return MappingProxyType(self.gradient_records())
+
+    def gradient_records(self) -> dict[DepthIdx, Any]:
+        """Return the latest pass's output gradients, by label.
+
+        Labels whose gradients a pass without autograd did not capture are
+        left out, and indexing them says so (:class:`~.state.Gradients`).
+        """
         latest = self.latest
-        grads = {k: v.value() for k, v in latest.grads.items()}
+        grads = {
+            k: v.value() for k, v in latest.grads.items() if isinstance(v, GradSlot)
+        }
         if latest.traced_grads:  # the latest pass was a compiled one
             deposits = self.deposits
             for label, target in latest.traced_grads.items():
                 grads[label] = deposits.value(target)
-        return MappingProxyType(grads)
+        if len(grads) < len(latest.grads):
+            table = self.table
+            missed = [
+                table[label].describe()
+                for label, slot in latest.grads.items()
+                if not isinstance(slot, GradSlot)
+            ]
+            return Gradients(grads, missed)
+        return grads
 
 
 class _Steps(Listener):

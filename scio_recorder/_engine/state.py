@@ -184,8 +184,22 @@ class _Leaf(int):
     """Position of a tensor leaf inside a record template."""
 
 
+class Uncaptured:
+    """Stands for a gradient selected but not captured: the pass ran without autograd.
+
+    Kept in the pass's ``grads`` where a :class:`GradSlot` would be, so that
+    reading ``rnet.gradients[label]`` afterwards says why there is none
+    (:class:`Gradients`), instead of an empty mapping with no word.
+    """
+
+    __slots__ = ()
+
+
+UNCAPTURED = Uncaptured()
+"""The one :class:`Uncaptured`."""
+
 _NO_INPUTS: dict[DepthIdx, CallInputs] = {}
-_NO_GRADS: dict[DepthIdx, GradSlot] = {}
+_NO_GRADS: dict[DepthIdx, GradSlot | Uncaptured] = {}
 GradSink = Callable[["DepthIdx"], Callable[[Any], None] | None]
 """``grad_sink(label)``: where that label's gradient goes once it arrives."""
 
@@ -232,7 +246,7 @@ class PassState:
     """Label -> the edit of that call's first positional input."""
     grad_sink: GradSink | None = None
     inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
-    grads: dict[DepthIdx, GradSlot] = _NO_GRADS
+    grads: dict[DepthIdx, GradSlot | Uncaptured] = _NO_GRADS
 
     def __init__(
         self,
@@ -483,9 +497,14 @@ class PassState:
 
         In a pass without gradients (``torch.no_grad()``,
         ``torch.inference_mode()``) nothing is captured: the same selection
-        serves clean runs without gradients and runs with them.
+        serves clean runs without gradients and runs with them. The label is
+        kept as :data:`UNCAPTURED`, so that reading its gradient says why
+        there is none.
         """
         if not torch.is_grad_enabled():
+            if self.grads is _NO_GRADS:
+                self.grads = {}
+            self.grads[label] = UNCAPTURED
             return
         if not (
             output.requires_grad
@@ -659,9 +678,39 @@ class Latest:
         """The outputs of every forward step of the latest ``call_method``."""
         self.activations: dict[DepthIdx, Any] = {}
         self.inputs: dict[DepthIdx, CallInputs] = {}
-        self.grads: dict[DepthIdx, GradSlot] = {}
+        self.grads: dict[DepthIdx, GradSlot | Uncaptured] = {}
         self.traced_grads: dict[DepthIdx, Any] = {}
         """Label -> what a compiled pass passed on (gradients: ``GradDeposits``)."""
+
+
+class Gradients(dict[Any, Any]):
+    """The gradients of a pass that ran without autograd for some of its labels.
+
+    Indexing one of them raises a ``KeyError`` naming the labels whose
+    gradients the pass did not capture, and why (``rnet.gradients`` was
+    silently empty after a ``torch.no_grad()`` pass).
+    """
+
+    __slots__ = ("missed",)
+
+    def __init__(self, values: dict[Any, Any], missed: list[str]) -> None:
+        super().__init__(values)
+        self.missed = missed
+        """The labels' descriptions, by label: what the message names."""
+
+    def message(self) -> str:
+        """Say which gradients were not captured, and how to capture them."""
+        return (
+            f"The gradients of {', '.join(self.missed)} were not captured: the "
+            "latest pass recorded them (`record(grads=...)`) but ran without "
+            "autograd (under `torch.no_grad()` or `torch.inference_mode()`), so "
+            "no gradient flows back to them. Run the pass with gradients "
+            "enabled, then call `backward()`."
+        )
+
+    def __missing__(self, key: object) -> Any:
+        """Raise ``KeyError``; for a label not captured, say why."""
+        raise KeyError(self.message())
 
 
 class Records(dict[Any, Any]):

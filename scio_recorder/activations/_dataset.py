@@ -21,7 +21,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 from torch.utils.data import (
@@ -36,7 +35,7 @@ from torch.utils.data import (
 from scio_recorder._files import parse_dtype
 
 from ._arrow import to_arrow
-from ._manifest import MANIFEST, load_moments, read_manifest
+from ._manifest import MANIFEST, load_moments, load_statistics, read_manifest
 from ._shards import ShardReader, check_shard
 from ._sparse import densify, sparse_info, unpack
 from ._tokens import INDEX
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     import os as _os
 
 _PROGRESS = re.compile(r"progress-p\d+-r\d+\.json")
+_FIX = "Write the set again with `write(..., overwrite=True)`, or restore the folder."
 
 
 class _Stats(Mapping[str, Mapping[str, Tensor]]):
@@ -103,6 +103,17 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     batch in one go (``__getitems__``), from any number of workers, each
     mapping the shards itself.
 
+    What is checked, and when: at construction, the manifest (every field,
+    and their consistency: each shard listed once under its own name, in
+    order, row offsets that follow from the parts' rows, token and row
+    counts that are the sums of the shards' and parts') and each shard's
+    header and size; on the **first read of each shard** (the first item,
+    batch or index read from it, in each process), its CRC-32 against the
+    one written (``verify=True``, the default: one pass over the shard's
+    bytes, about 1 GB/s); on the first read of :attr:`stats`, the
+    statistics file's CRC-32. A mismatch raises ``ValueError`` naming the
+    file. Sets written before checksums were stored are read unchecked.
+
     Parameters
     ----------
     path : str or os.PathLike
@@ -113,6 +124,9 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         dense, ``{name: [d_sae]}`` per token; or as their stored pairs,
         ``{"<name>.indices": [k] int64, "<name>.values": [k]}`` (the ``k``
         largest latents, largest first; unused pairs hold the value 0).
+    verify : bool, default True
+        Check each shard's CRC-32 when it is first read; ``False`` skips
+        it (a set on a trusted disk, read once).
 
     Attributes
     ----------
@@ -134,7 +148,10 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
         If ``path`` holds no set.
     ValueError
         If the set is unfinished (a write was interrupted: resume it), or
-        its manifest or a shard is damaged.
+        its manifest is damaged or inconsistent, or a shard's header or size
+        is not what the manifest says (at construction); a shard whose bytes
+        are not those written (its first read, with ``verify``); a damaged
+        statistics file (the first read of :attr:`stats`).
 
     Examples
     --------
@@ -165,17 +182,22 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
     """
 
     def __init__(
-        self, path: str | _os.PathLike[str], *, latents: str = "dense"
+        self,
+        path: str | _os.PathLike[str],
+        *,
+        latents: str = "dense",
+        verify: bool = True,
     ) -> None:
         if latents not in ("dense", "sparse"):
             msg = f"`latents` must be 'dense' or 'sparse', got {latents!r}."
             raise ValueError(msg)
+        if not isinstance(verify, bool):
+            msg = f"`verify` must be True or False, got {verify!r}"
+            raise TypeError(msg)
         self.latents = latents
         self.path = Path(path)
-        fix = (
-            "Write the set again with `write(..., overwrite=True)`, or restore "
-            "the folder."
-        )
+        self.verify = verify
+        fix = _FIX
         manifest = read_manifest(self.path, fix=fix)
         if manifest is None:
             unfinished = self.path.is_dir() and any(
@@ -229,6 +251,9 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
                     f"what the manifest says: {problem}. {fix}"
                 )
                 raise ValueError(msg)
+        self._crc32 = [entry.get("crc32") for entry in manifest["shards"]]
+        self._verified: set[int] = set()
+        """Shards whose CRC-32 was checked (in this process or before a fork)."""
         self._readers: dict[int, ShardReader] = {}
         self._pid = os.getpid()
         self._index: Tensor | None = None
@@ -273,7 +298,7 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
             values: dict[str, dict[str, Tensor]] = {}
             name = self._manifest.get("stats")
             if name:
-                states = safetensors.torch.load_file(str(self.path / name))
+                states = load_statistics(self.path, self._manifest, fix=_FIX)
                 for layer in self.layers:
                     values[layer] = _layer_stats(states, layer)
             self._stats = _Stats(values, self.path)
@@ -295,7 +320,22 @@ class ActivationDataset(Dataset[dict[str, Tensor]]):
             self._readers, self._pid = {}, os.getpid()
         reader = self._readers.get(shard)
         if reader is None:
-            reader = ShardReader(self.path / self._files[shard])
+            path = self.path / self._files[shard]
+            crc = (
+                None
+                if shard in self._verified or not self.verify
+                else self._crc32[shard]
+            )
+            try:
+                reader = ShardReader(path, crc)
+            except ValueError as error:
+                msg = (
+                    f"The shard '{path}' of the activation set in '{self.path}' is "
+                    f"damaged: {error}. {_FIX} (`ActivationDataset(path, "
+                    "verify=False)` reads it unchecked.)"
+                )
+                raise ValueError(msg) from error
+            self._verified.add(shard)
             self._readers[shard] = reader
         return reader
 

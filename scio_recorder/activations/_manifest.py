@@ -21,7 +21,9 @@ __all__ = [
     "MANIFEST",
     "assemble",
     "column_dtypes",
+    "is_crc32",
     "load_moments",
+    "load_statistics",
     "merged_statistics",
     "model_info",
     "read_manifest",
@@ -29,8 +31,10 @@ __all__ = [
 ]
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
+import safetensors
 import safetensors.torch
 
 from scio_recorder._files import (
@@ -42,6 +46,8 @@ from scio_recorder._files import (
 )
 from scio_recorder._public import public_module
 from scio_recorder.reduce import Moments
+
+from ._shards import checksum
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -122,18 +128,12 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
                 is_count(entry.get(key))
                 for key in ("tokens", "part", "rank", "row_offset")
             )
+            or ("crc32" in entry and not is_crc32(entry["crc32"]))
         ):
             raise _damaged(path, f"the shard entry {entry!r} is not valid", fix)
     for field in ("tokens", "rows"):
         if not is_count(data.get(field)):
             raise _damaged(path, f"{field!r} is {data.get(field)!r}", fix)
-    if data["tokens"] != sum(entry["tokens"] for entry in shards):
-        raise _damaged(
-            path,
-            f"'tokens' is {data['tokens']}, but its shards hold "
-            f"{sum(entry['tokens'] for entry in shards)}",
-            fix,
-        )
     parts = data.get("parts")
     if (
         not isinstance(parts, list)
@@ -144,10 +144,151 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
         )
     ):
         raise _damaged(path, f"'parts' is {parts!r}", fix)
+    problem = _inconsistent(data)
+    if problem is not None:
+        raise _damaged(path, problem, fix)
     stats = data.get("stats")
     if stats is not None and not is_file_name(stats):
         raise _damaged(path, f"'stats' is {stats!r}", fix)
+    crc = data.get("stats_crc32")
+    if crc is not None and not is_crc32(crc):
+        raise _damaged(path, f"'stats_crc32' is {crc!r}", fix)
     return data
+
+
+_SHARD = re.compile(r"shard-p(\d+)-r(\d+)-(\d+)\.safetensors")
+_CRC32 = re.compile(r"[0-9a-f]{8}")
+
+
+def is_crc32(value: object) -> bool:
+    """Return whether ``value`` is a CRC-32 as the shards store it (8 hex digits).
+
+    Examples
+    --------
+    >>> is_crc32("9801adcc"), is_crc32("9801ADCC"), is_crc32(12)
+    (True, False, False)
+
+    """
+    return isinstance(value, str) and _CRC32.fullmatch(value) is not None
+
+
+def _inconsistent(data: dict[str, Any]) -> str | None:
+    """Say how the shards, parts and counts of a manifest disagree (``None``: none).
+
+    Every shard is listed once, under its own name (``shard-p<part>-r<rank>-
+    <n>``, numbered from 0 within its part and rank); the shards come by
+    part, then rank; a rank's shards share its row offset, which is the
+    rows of the parts and ranks before it (from the parts' ``rank_rows``,
+    where the writer stored them; else the first rank's is the rows of the
+    parts before, and the others' do not decrease); the counts of tokens
+    and rows are the sums of the shards' and the parts'.
+    """
+    parts = data["parts"]
+    starts = [0]
+    for number, part in enumerate(parts):
+        if not is_count(part.get("rows")) or not is_count(part.get("tokens")):
+            return f"part {number} is {part!r}"
+        starts.append(starts[-1] + part["rows"])
+    if data["rows"] != starts[-1]:
+        return f"'rows' is {data['rows']}, but its parts hold {starts[-1]}"
+    tokens = [0] * len(parts)
+    problem = _shard_order(data["shards"], parts, starts, tokens)
+    if problem is not None:
+        return problem
+    if data["tokens"] != sum(tokens):
+        return f"'tokens' is {data['tokens']}, but its shards hold {sum(tokens)}"
+    for number, part in enumerate(parts):
+        if part["tokens"] != tokens[number]:
+            return (
+                f"part {number} holds {part['tokens']} tokens, but its shards "
+                f"hold {tokens[number]}"
+            )
+    return None
+
+
+def _shard_order(  # noqa: PLR0911 (one answer per problem)
+    shards: list[dict[str, Any]],
+    parts: list[dict[str, Any]],
+    starts: list[int],
+    tokens: list[int],
+) -> str | None:
+    """Check the shards' names, order and row offsets; add their tokens per part."""
+    seen: set[str] = set()
+    group: tuple[int, int] | None = None
+    count = offset = 0
+    for entry in shards:
+        name, part, rank = entry["file"], entry["part"], entry["rank"]
+        if name in seen:
+            return f"the shard {name!r} is listed twice"
+        seen.add(name)
+        match = _SHARD.fullmatch(name)
+        if match is None or (int(match[1]), int(match[2])) != (part, rank):
+            return f"the shard entry {entry!r} does not name its part and rank"
+        if part >= len(parts):
+            return f"the shard {name!r} is of part {part}, but the set has {len(parts)}"
+        tokens[part] += entry["tokens"]
+        if (part, rank) != group:
+            if group is not None and (part, rank) < group:
+                return f"the shard {name!r} is out of order (by part, then rank)"
+            after = offset if group is not None and group[0] == part else None
+            want = _row_offset(parts[part], rank, starts[part], after=after)
+            if want is None:
+                return f"the shard {name!r} is of a rank its part does not have"
+            group, count, offset = (part, rank), 0, entry["row_offset"]
+        else:
+            want = (offset, True)
+        if entry["row_offset"] != want[0] if want[1] else entry["row_offset"] < want[0]:
+            return (
+                f"the shard {name!r} has the row offset {entry['row_offset']}, "
+                f"but the rows before it are {'' if want[1] else 'at least '}"
+                f"{want[0]}"
+            )
+        if int(match[3]) != count:
+            return f"the shard {name!r} is not shard {count} of its part and rank"
+        count += 1
+    return None
+
+
+def _row_offset(
+    part: dict[str, Any], rank: int, start: int, *, after: int | None
+) -> tuple[int, bool] | None:
+    """Return the row offset of a part's rank, and whether it is exact.
+
+    ``start``: the rows of the parts before; ``after``: the offset of the
+    part's rank before (``None``: the first listed). A set written before
+    the parts' ``rank_rows`` were stored gives only a lower bound for a rank
+    after the first. ``None``: the part has no such rank.
+    """
+    rank_rows = part.get("rank_rows")
+    if isinstance(rank_rows, list) and all(map(is_count, rank_rows)):
+        if rank >= len(rank_rows):
+            return None
+        return start + sum(rank_rows[:rank]), True
+    if after is None:
+        return start, rank == 0
+    return after, False
+
+
+def load_statistics(
+    folder: Path, manifest: Mapping[str, Any], *, fix: str
+) -> dict[str, Tensor]:
+    """Return the tensors of the set's statistics file, checked; raise naming it.
+
+    Its CRC-32 (``stats_crc32``, where the writer stored it) is checked;
+    a file that safetensors cannot read is named with the set.
+    """
+    path = folder / str(manifest["stats"])
+    what = f"The statistics file '{path}' of the activation set in '{folder}'"
+    try:
+        data = path.read_bytes()
+        crc = manifest.get("stats_crc32")
+        if crc is not None and checksum(data) != crc:
+            msg = f"its bytes have the CRC-32 {checksum(data)}, not the {crc} written"
+            raise ValueError(msg)  # noqa: TRY301 (named with the others below)
+        return safetensors.torch.load(data)
+    except (OSError, ValueError, safetensors.SafetensorError) as error:
+        msg = f"{what} cannot be read: {error}. It is damaged or was edited. {fix}"
+        raise ValueError(msg) from error
 
 
 def load_moments(states: Mapping[str, Tensor], prefix: str) -> Moments:
@@ -212,6 +353,7 @@ def assemble(  # noqa: PLR0913 (what a part adds)
                     "part": part,
                     "rank": summary["rank"],
                     "row_offset": offset,
+                    **({"crc32": entry["crc32"]} if "crc32" in entry else {}),
                 }
             )
         offset += summary["rows"]
@@ -229,19 +371,17 @@ def assemble(  # noqa: PLR0913 (what a part adds)
         }
         for name, info in (sparse or {}).items():
             described[name]["sparse"] = info
-    stats_file = None
+    stats_file = stats_crc = None
     if statistics is not None:
         parts = list(statistics)
         if previous is not None and previous.get("stats"):
-            parts.insert(
-                0, safetensors.torch.load_file(str(folder / previous["stats"]))
-            )
+            fix = "Write the set again with `write(..., overwrite=True)`."
+            parts.insert(0, load_statistics(folder, previous, fix=fix))
         merged = merged_statistics(layers, parts)
         stats_file = stats_name(part)
-        write_atomic(
-            folder / stats_file,
-            lambda path: safetensors.torch.save_file(merged, str(path)),
-        )
+        data = safetensors.torch.save(merged)
+        stats_crc = checksum(data)
+        write_atomic(folder / stats_file, lambda path: path.write_bytes(data))
     tokens_part = sum(int(s["tokens"]) for s in ranks)
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -260,10 +400,12 @@ def assemble(  # noqa: PLR0913 (what a part adds)
                 "tokens": tokens_part,
                 "rows": offset - rows_before,
                 "world": len(ranks),
+                "rank_rows": [int(summary["rows"]) for summary in ranks],
             },
         ],
         "shards": shards,
         "stats": stats_file,
+        **({"stats_crc32": stats_crc} if stats_crc is not None else {}),
     }
     text = json.dumps(manifest, indent=1)
     write_atomic(folder / MANIFEST, lambda path: path.write_text(text, "utf-8"))

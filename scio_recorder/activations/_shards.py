@@ -1,10 +1,11 @@
 """Shards: safetensors files written without a copy, read through memory maps.
 
 Holds :func:`write_shard` (columns given as lists of row chunks, written
-straight from the tensors' memory after a safetensors header, atomically),
-:class:`ShardReader` (the header parsed, the file mapped once, each column
-a tensor view into the mapping) and :func:`check_shard` (the size a header
-promises against the file).
+straight from the tensors' memory after a safetensors header, atomically,
+with the file's CRC-32 computed on the way), :class:`ShardReader` (the
+header parsed, the file mapped once, each column a tensor view into the
+mapping, the CRC-32 checked on request) and :func:`check_shard` (the size
+a header promises against the file).
 
 Why: an activation set is a few layers of many tokens. The ``safetensors``
 library would first copy every column into one bytes object; writing the
@@ -15,20 +16,30 @@ descriptor open, so thousands of shards stay cheap), and columns are views
 of the mapping: a batch read is one ``index_select`` per shard and layer.
 Columns are laid out by decreasing element size so that each starts on a
 multiple of its element size, which a typed view of the bytes needs.
+
+The checksum is CRC-32 (:func:`zlib.crc32`, the standard library's, about
+1 GB/s): a damaged shard (a flipped bit in its values or its index) reads
+as the wrong rows with no other sign, and a hash of the bytes as written
+is what tells. It is computed from the chunks' memory while writing them
+(no second read), and checked against the whole file when a reader maps it
+(``docs/activations.md`` says when, and its cost).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CHECKSUM",
     "HEADER_LIMIT",
     "ShardReader",
     "check_shard",
+    "checksum",
     "read_header",
     "write_shard",
 ]
 
 import json
 import struct
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +50,10 @@ from scio_recorder._files import write_atomic
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
+
+CHECKSUM = True
+"""Whether :func:`write_shard` computes the CRC-32 (off only to measure its
+cost, ``benchmarks/activations.py``; a shard then has none to check)."""
 
 HEADER_LIMIT = 100_000_000
 """The largest header a shard may have (safetensors' own limit), in bytes."""
@@ -69,13 +84,15 @@ def write_shard(
     metadata: Mapping[str, str],
     *,
     durable: bool,
-) -> None:
+) -> str | None:
     """Write ``columns`` (name -> row chunks) as one safetensors file, atomically.
 
     The chunks of a column share their dtype and trailing shape; the
     column's tensor is their concatenation along dim 0, which is never
     built: each chunk's bytes go to the file in turn. A column of one chunk
-    may be of any shape (0-d included).
+    may be of any shape (0-d included). Returns the file's CRC-32 as 8 hex
+    digits (:func:`checksum` of the file gives the same), computed from the
+    bytes as they are written; ``None`` when :data:`CHECKSUM` is off.
     """
     order = sorted(
         columns,
@@ -100,16 +117,36 @@ def write_shard(
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
 
+    crc: list[int] = []
+
     def write(temporary: Path) -> None:
+        head = struct.pack("<Q", len(text)) + text
+        running = zlib.crc32(head) if CHECKSUM else 0
         with temporary.open("wb") as file:
-            file.write(struct.pack("<Q", len(text)))
-            file.write(text)
+            file.write(head)
             for name in order:
                 for chunk in columns[name]:
                     if chunk.numel():
-                        file.write(_bytes(chunk))
+                        data = _bytes(chunk)
+                        file.write(data)
+                        if CHECKSUM:
+                            running = zlib.crc32(data, running)
+        crc[:] = [running]
 
     write_atomic(path, write, durable=durable)
+    return f"{crc[0]:08x}" if CHECKSUM else None
+
+
+def checksum(data: Any) -> str:
+    """Return the CRC-32 of ``data`` (a file's bytes, or a buffer) as 8 hex digits.
+
+    Examples
+    --------
+    >>> checksum(b"shard")
+    '9801adcc'
+
+    """
+    return f"{zlib.crc32(data):08x}"
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:
@@ -188,7 +225,14 @@ class ShardReader:
     ``DataLoader`` worker.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, crc32: str | None = None) -> None:
+        """Map ``path``; with ``crc32``, check the whole file's bytes against it first.
+
+        Raises
+        ------
+        ValueError
+            If the file's CRC-32 is not ``crc32`` (naming both).
+        """
         header, start = read_header(path)
         header.pop("__metadata__", None)
         size = path.stat().st_size
@@ -197,6 +241,14 @@ class ShardReader:
             if size
             else torch.empty(0, dtype=torch.uint8)
         )
+        if crc32 is not None:
+            found = checksum(mapped.numpy())
+            if found != crc32:
+                msg = (
+                    f"its bytes have the CRC-32 {found}, not the {crc32} written: "
+                    "the file was damaged (or edited) after it was written"
+                )
+                raise ValueError(msg)
         self.columns: dict[str, Tensor] = {}
         for name, entry in header.items():
             dtype = _DTYPES[entry["dtype"]]

@@ -92,7 +92,7 @@ def token_batches(  # noqa: PLR0913 (write's options)
         position_ids=position_ids,
     )
     for index, batch in enumerate(batches):
-        args, kwargs = source.arguments(batch)
+        args, kwargs = source.arguments(batch, index)
         source.check_no_padding(args, kwargs, index)
         padding = source.padding_mask(batch, index)
         ids = token_ids(args, kwargs)

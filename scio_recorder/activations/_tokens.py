@@ -274,6 +274,42 @@ def token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     return None
 
 
+_ACCEPTED = (
+    "a batch is token ids: a tensor [batch, positions], or a "
+    "mapping of the net's keyword inputs (a tokenizer's output, "
+    "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
+    "(e.g. `input=0, mask=1` for (ids, mask) tuples)."
+)
+
+
+def check_batch(batch: object, index: int, input: Any) -> None:  # noqa: A002 (the documented name)
+    """Refuse a batch that is not token ids, naming it and what is accepted.
+
+    With ``input=None`` a batch is a tensor or a mapping; lists, strings,
+    ``None``, numpy arrays and tuples (``(ids, mask)``: ``input=0,
+    mask=1``) are named with the fix. With ``input=`` given, ``None`` and
+    strings are refused; the rest is what ``input`` takes from it.
+    """
+    if isinstance(batch, Tensor | Mapping) or (
+        input is not None and not isinstance(batch, str | bytes) and batch is not None
+    ):
+        return
+    what = "None" if batch is None else f"a {type(batch).__name__}"
+    if type(batch).__module__ == "numpy":
+        what = f"a numpy {type(batch).__name__}"
+    hint = ""
+    if isinstance(batch, str | bytes):
+        hint = " Tokenize the text first (`tokenizer(texts, return_tensors='pt')`)."
+    elif isinstance(batch, list):
+        hint = " Make a tensor of the ids (`torch.tensor(ids)`), or tokenize them."
+    elif isinstance(batch, tuple):
+        hint = " For (ids, mask) tuples pass `input=0, mask=1`."
+    elif hasattr(batch, "__array__"):
+        hint = " Convert it with `torch.as_tensor(batch)`."
+    msg = f"Batch {index} is {what}: {_ACCEPTED}{hint}"
+    raise TypeError(msg)
+
+
 class Batches:
     """How a batch becomes the net's arguments and a mask of the tokens kept."""
 
@@ -298,11 +334,25 @@ class Batches:
         self.positions = Positions.of(rnet.net, position_ids)
         """Position ids from the padding mask (``write(position_ids=)``)."""
 
-    def arguments(self, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Return the net's positional and keyword arguments for ``batch``."""
+    def arguments(
+        self, batch: Any, index: int
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Return the net's positional and keyword arguments for batch ``index``.
+
+        The one check of what a batch is (:func:`check_batch`), before
+        anything runs.
+        """
+        check_batch(batch, index, self.input)
         value = self.get_input(batch)
         spread = self.spread or (self.input is None and isinstance(value, Mapping))
-        return as_arguments(value, spread=spread)
+        args, kwargs = as_arguments(value, spread=spread)
+        if not any(isinstance(v, Tensor) for v in (*args, *kwargs.values())):
+            msg = (
+                f"Batch {index} gives the net no tensor (`input={self.input!r}` "
+                f"took a {type(value).__name__} from it): {_ACCEPTED}"
+            )
+            raise TypeError(msg)
+        return args, kwargs
 
     def move(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -372,6 +422,28 @@ class Batches:
                 raise ValueError(msg)
             value = value != 0
         return value
+
+    def check_mask_shape(
+        self,
+        mask: Tensor | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+    ) -> None:
+        """Refuse a mask of another shape than the batch's token ids, before the pass.
+
+        The net would fail on it with a bare error (a reshape inside the
+        attention), or, where the net does not read it, :meth:`kept` would.
+        """
+        ids = token_ids(args, kwargs)
+        if mask is None or ids is None or tuple(mask.shape) == tuple(ids.shape):
+            return
+        msg = (
+            f"`mask={self.mask!r}` of batch {index} has shape {list(mask.shape)}, "
+            f"but its token ids are {list(ids.shape)}: a padding mask has one "
+            "entry per token id (the same rows and positions)."
+        )
+        raise ValueError(msg)
 
     def check_no_padding(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], index: int

@@ -117,8 +117,33 @@ def _check_options(  # noqa: C901, PLR0913 (one check per option)
         except (TypeError, ValueError) as error:
             msg = f"`metadata` must be JSON (dicts, lists, str, numbers): {error}"
             raise TypeError(msg) from error
+        where = _non_finite(metadata, "metadata")
+        if where is not None:
+            msg = (
+                f"`{where[0]}` is {where[1]!r}, which strict JSON has no number "
+                "for: `manifest.json` would be refused by strict JSON readers. "
+                "Store it as a string (e.g. 'nan') or as null."
+            )
+            raise ValueError(msg)
     if mask is not None:
         batch_getter(mask, "mask")
+
+
+def _non_finite(value: object, where: str) -> tuple[str, float] | None:
+    """Return the path and value of the first NaN or infinity in JSON ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items: Iterable[tuple[object, object]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def default_shard_size(specs: list[LayerSpec], dtype: torch.dtype | None) -> int:
@@ -401,25 +426,10 @@ def write(  # noqa: PLR0913 (the documented options)
         files="shards and checkpoints",
         logger="scio_recorder.activations",
     )
+    created = not folder.exists()
     lock.acquire()
     try:
-        fix = (
-            "Pass `overwrite=True` to write the set anew (this deletes it), or "
-            "use another folder."
-        )
-        manifest = None if overwrite else read_manifest(folder, fix=fix)
-        if overwrite:
-            if rank == 0:
-                _clear(folder)
-        elif manifest is None and not (folder / progress_name(0, rank)).is_file():
-            foreign = _foreign(folder)
-            if foreign:
-                msg = (
-                    f"'{folder}' holds files that are not an activation set "
-                    f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): "  # noqa: PLR2004
-                    "write a set into a new or empty folder."
-                )
-                raise ValueError(msg)
+        manifest = _read_folder(folder, overwrite=overwrite, append=append, rank=rank)
         part = 0
         expected = None
         if manifest is not None:
@@ -487,7 +497,46 @@ def write(  # noqa: PLR0913 (the documented options)
         )
     finally:
         lock.release()
+        if created and world == 1 and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # a refused write leaves no folder behind either
     return ActivationDataset(folder)
+
+
+def _read_folder(
+    folder: Path, *, overwrite: bool, append: bool, rank: int
+) -> dict[str, Any] | None:
+    """Return the set's checked manifest (``None``: none), or refuse the folder.
+
+    ``overwrite`` clears it (rank 0); a folder with files of others, or an
+    unfinished write asked to ``append``, is refused.
+    """
+    fix = (
+        "Pass `overwrite=True` to write the set anew (this deletes it), or "
+        "use another folder."
+    )
+    manifest = None if overwrite else read_manifest(folder, fix=fix)
+    if overwrite:
+        if rank == 0:
+            _clear(folder)
+    elif manifest is None and not (folder / progress_name(0, rank)).is_file():
+        foreign = _foreign(folder)
+        if foreign:
+            msg = (
+                f"'{folder}' holds files that are not an activation set "
+                f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): "  # noqa: PLR2004
+                "write a set into a new or empty folder."
+            )
+            raise ValueError(msg)
+    if append and manifest is None and (folder / progress_name(0, rank)).is_file():
+        msg = (
+            f"'{folder}' holds an unfinished write (interrupted before its "
+            "set was finished), not a set to append to: call `write` again "
+            "with that write's arguments and batches, without `append=True`, "
+            "to resume and finish it, then append; or pass `overwrite=True` "
+            "to start over (this deletes it)."
+        )
+        raise ValueError(msg)
+    return manifest
 
 
 def _check_append(
@@ -576,6 +625,7 @@ def _finish_part(  # noqa: PLR0913 (what the manifest needs)
         states = [statistics] if statistics is not None else None
     total = sum(int(s["tokens"]) for s in summaries)
     if total == 0 and previous is None:
+        writer.remove_files()  # refused: no unfinished write is left behind
         msg = (
             "The batches gave no token to store (no batch, or every token masked "
             "out): there is no set to write."

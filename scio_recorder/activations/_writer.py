@@ -45,6 +45,7 @@ from scio_recorder._files import (
 )
 from scio_recorder.reduce import Moments
 
+from ._manifest import is_crc32
 from ._shards import check_shard, write_shard
 from ._shuffle import ShuffleBuffer
 from ._tokens import INDEX, pick, record_tensor, take
@@ -200,13 +201,16 @@ class RankWriter:
                     rest[name].append(value)
         number = len(self.shards)
         name = shard_name(self.part, self.rank, number)
-        write_shard(
+        crc = write_shard(
             self.folder / name,
             chunks,
             {"part": str(self.part), "rank": str(self.rank), "shard": str(number)},
             durable=self.durable,
         )
-        self.shards.append({"file": name, "tokens": rows})
+        entry: dict[str, Any] = {"file": name, "tokens": rows}
+        if crc is not None:
+            entry["crc32"] = crc
+        self.shards.append(entry)
         self.since += rows
         self.pending = rest
         self.pending_rows -= rows
@@ -242,7 +246,7 @@ class RankWriter:
         try:
             for index, batch in enumerate(batches):
                 if index < skip:
-                    args, kwargs = source.arguments(batch)
+                    args, kwargs = source.arguments(batch, index)
                     mask = source.padding_mask(batch, index)
                     skipped = source.digest(skipped, args, kwargs, mask)
                     if index == skip - 1:
@@ -303,9 +307,10 @@ class RankWriter:
 
     def step(self, rnet: Recorder, batch: Any, index: int, source: Batches) -> int:
         """Run one batch and feed its kept tokens; return how many."""
-        args, kwargs = source.arguments(batch)
+        args, kwargs = source.arguments(batch, index)
         source.check_no_padding(args, kwargs, index)
         mask = source.padding_mask(batch, index)
+        source.check_mask_shape(mask, args, kwargs, index)
         digest = source.digest(self.digest, args, kwargs, mask)
         args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
@@ -500,6 +505,7 @@ class RankWriter:
                 not isinstance(entry, dict)
                 or entry.get("file") != expected
                 or not is_count(entry.get("tokens"))
+                or ("crc32" in entry and not is_crc32(entry["crc32"]))
                 or parsed is None
             ):
                 self._malformed(f"shard {number} is {entry!r}")

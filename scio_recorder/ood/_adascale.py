@@ -36,7 +36,7 @@ from ._checks import (
 from ._logits import energy_score
 from ._passes import all_or_nothing
 from ._probabilities import as_logits
-from ._protocol import Detector, StateEntry, gradient_fit_inputs
+from ._protocol import Detector, Pass, StateEntry, gradient_fit_inputs, run_pass
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -235,25 +235,24 @@ class AdaScale(Detector):
         a forward pass on the moved input.
         """
         x = first_float_input(args, "AdaScale")
-        with (
-            torch.inference_mode(mode=False),
-            torch.enable_grad(),
-            self.rnet.selecting(self.label),
-        ):
+        with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
-            logits = as_logits(self.rnet(leaf, *args[1:], **kwargs), "AdaScale")
-            f = self._record()
+            found = run_pass(
+                self.rnet, (leaf, *args[1:]), kwargs, outputs=[self.label], grad=True
+            )
+            logits = as_logits(found.logits, "AdaScale")
+            f = self._record(found)
             top = logits.gather(1, logits.argmax(dim=1, keepdim=True)).sum()
             (grad,) = torch.autograd.grad(top, leaf)
         moved = perturb_least_sensitive(x, grad, self.o, self.step)
-        with self.rnet.selecting(self.label), torch.no_grad():
-            self.rnet(moved, *args[1:], **kwargs)
-            moved_f = self._record()
+        moved_f = self._record(
+            run_pass(self.rnet, (moved, *args[1:]), kwargs, outputs=[self.label])
+        )
         flat = f.detach().reshape(f.shape[0], -1)
         return logits.detach(), flat, moved_f.reshape(moved_f.shape[0], -1)
 
-    def _record(self) -> Tensor:
-        value = self.rnet.activations[self.label]
+    def _record(self, result: Pass) -> Tensor:
+        value = result.outputs[self.label]
         return one_tensor(value, self.rnet, self.label, "AdaScale")
 
     def stability(self, f: Tensor, moved: Tensor) -> Tensor:
@@ -343,8 +342,11 @@ class AdaScale(Detector):
             shape = (-1, *([1] * (output.dim() - 1)))
             return output * factor.to(output).reshape(shape)
 
-        with self.rnet.selecting(self.label), torch.no_grad():
-            out = self.rnet(*args, activation_postproc=edit, **kwargs)
+        # a factor per row of the batch: the edit sees every row
+        found = run_pass(
+            self.rnet, args, kwargs, edit=(self.label, edit), finite_rows=False
+        )
+        out = found.logits
         return self.detector(as_logits(out, "AdaScale"))
 
     # -- state ----------------------------------------------------------------

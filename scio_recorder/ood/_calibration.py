@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ._checks import first_float_input
 from ._probabilities import as_logits, output_label
-from ._protocol import Detector, StateEntry
+from ._protocol import Detector, StateEntry, run_pass
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -284,13 +284,9 @@ class ODIN(Detector):
     def perturb(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
         x = first_float_input(args, "ODIN")
-        with (
-            torch.inference_mode(mode=False),
-            torch.enable_grad(),
-            self.rnet.selecting(),
-        ):
+        with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
-            out = self.rnet(leaf, *args[1:], **kwargs)
+            out = run_pass(self.rnet, (leaf, *args[1:]), kwargs, grad=True).logits
             logits = as_logits(out, "ODIN") / self.temperature
             loss = torch.nn.functional.cross_entropy(logits, logits.argmax(dim=1))
             (grad,) = torch.autograd.grad(loss, leaf)
@@ -309,8 +305,7 @@ class ODIN(Detector):
     def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Perturb the input, then score it at temperature ``T``."""
         x_hat = self.perturb(args, kwargs)
-        with self.rnet.selecting(), torch.no_grad():
-            out = self.rnet(x_hat, *args[1:], **kwargs)
+        out = run_pass(self.rnet, (x_hat, *args[1:]), kwargs).logits
         logits = as_logits(out, "ODIN") / self.temperature
         return -torch.softmax(logits, dim=1).amax(dim=1)
 

@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._outputs import logits_of
-
 from ._checks import check_finite_samples
 from ._multilayer import _check_choice, _MultiLayer, pool_features, pooled_size
 from ._passes import all_or_nothing
-from ._protocol import StateEntry, gradient_fit_inputs
+from ._protocol import StateEntry, gradient_fit_inputs, run_pass
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -210,10 +208,16 @@ class NAC(_MultiLayer):
         summed KL to the uniform distribution, under ``torch.enable_grad()``;
         no ``.grad`` of the net is touched.
         """
-        with self.rnet.selecting(*self.labels), torch.enable_grad():
-            out = self.rnet(*_with_grad(args), **_with_grad(kwargs))
-            logits = logits_of(out)
-            outputs = [self.rnet.activations[label] for label in self.labels]
+        with torch.enable_grad():
+            found = run_pass(
+                self.rnet,
+                _with_grad(args),
+                _with_grad(kwargs),
+                outputs=self.labels,
+                grad=True,
+            )
+            logits = found.logits
+            outputs = [found.outputs[label] for label in self.labels]
             for label, z in zip(self.labels, outputs, strict=True):
                 if not isinstance(z, Tensor) or not z.requires_grad:
                     msg = (

@@ -415,10 +415,16 @@ class Mahalanobis(ClassConditional, _Features):
         if num_classes is None:
             num_classes = self.num_classes  # the net's logits
         elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
-            msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
+            msg = (
+                f"{type(self).__name__}: num_classes must be an int >= 2, got "
+                f"{num_classes!r}"
+            )
             raise TypeError(msg)
         elif num_classes < 2:  # noqa: PLR2004 (class statistics need two classes)
-            msg = f"Mahalanobis: num_classes must be an int >= 2, got {num_classes!r}"
+            msg = (
+                f"{type(self).__name__}: num_classes must be an int >= 2, got "
+                f"{num_classes!r}"
+            )
             raise ValueError(msg)
         self.num_classes: int | None = num_classes
         self.classes = torch.zeros(0, dtype=torch.int64)
@@ -456,9 +462,9 @@ class Mahalanobis(ClassConditional, _Features):
         if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
             only = seen.tolist()
             msg = (
-                f"Mahalanobis needs at least two classes in the fit data; the "
-                f"targets hold only class {only[0] if only else 'none'}. Check "
-                "`target=` and the batches."
+                f"{type(self).__name__} needs at least two classes in the fit "
+                f"data; the targets hold only class {only[0] if only else 'none'}. "
+                "Check `target=` and the batches."
             )
             raise ValueError(msg)
         self.classes = seen

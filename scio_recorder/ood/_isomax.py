@@ -41,7 +41,11 @@ def isomax_probabilities(
     """Return ``softmax_c(-entropic_scale ||z - p_c||)``, ``[batch, classes]``.
 
     ``z`` the logits ``[batch, C]``, ``p_c`` the prototypes ``[classes, C]``,
-    ``||.||`` the ``dist_norm``-norm (computed by :func:`torch.cdist`).
+    ``||.||`` the ``dist_norm``-norm (computed by :func:`torch.cdist`; for
+    a row whose norm overflows, on the row divided by its largest entry,
+    then scaled back). The distances are shifted by the nearest's before
+    the softmax (the same probabilities), so that finite logits never give
+    NaN.
 
     Examples
     --------
@@ -51,8 +55,26 @@ def isomax_probabilities(
     tensor([[0.9933, 0.0067]])
 
     """
-    distances = torch.cdist(logits, prototypes.to(logits), p=dist_norm)
-    return torch.softmax(-entropic_scale * distances, dim=1)
+    prototypes = prototypes.to(logits)
+    distances = torch.cdist(logits, prototypes, p=dist_norm)
+    overflow = ~torch.isfinite(distances).all(dim=1) & torch.isfinite(logits).all(dim=1)
+    if bool(overflow.any()):
+        # The norm's powers overflow (|z| ~ 1e30 squared, in float32): those
+        # rows again, divided by their largest entry first, then scaled back.
+        z = logits[overflow]
+        scale = torch.maximum(
+            z.abs().amax(dim=1, keepdim=True), prototypes.abs().amax()
+        )
+        scaled = torch.linalg.vector_norm(
+            (z[:, None, :] - prototypes[None]) / scale[:, :, None],
+            ord=dist_norm,
+            dim=2,
+        )
+        distances[overflow] = scaled * scale
+    # softmax is the same for distances shifted by the nearest's, and the
+    # product with the scale cannot then make every class -inf (NaN)
+    nearest = distances.amin(dim=1, keepdim=True)
+    return torch.softmax(-entropic_scale * (distances - nearest), dim=1)
 
 
 def fit_prototypes(  # noqa: PLR0913 (the data, then scio's hyperparameters)
@@ -258,7 +280,7 @@ class IsoMax(ClassConditional):
         return {"prototypes": self.prototypes}
 
     def state_entries(self) -> dict[str, StateEntry]:
-        """Return the entries: the prototypes ``[classes, C]`` (float32)."""
+        """Return the entries: the prototypes ``[classes, logits]`` (float32)."""
         return {"prototypes": StateEntry(("classes", "logits"), _F32)}
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:

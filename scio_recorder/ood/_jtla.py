@@ -11,7 +11,14 @@ combination for that class. Follows scio 1.1's ``JTLA``.
 
 from __future__ import annotations
 
-__all__ = ["JTLA", "dcm_surprise", "multinomial_tests", "parse_test"]
+__all__ = [
+    "JTLA",
+    "dcm_surprise",
+    "multinomial_tests",
+    "parse_test",
+    "tie_tolerance",
+    "valid_expectations",
+]
 
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -209,6 +216,74 @@ def _tests(counts: Tensor, expected: Tensor, mode: str, k: int) -> Tensor:
     return tests.nan_to_num(nan=math.inf, posinf=math.inf)
 
 
+_EPS = torch.finfo(_F64).eps
+
+
+def tie_tolerance(expected: Tensor, k: int, mode: str) -> Tensor:
+    """Return how far apart two equal tests can be computed, per class: ``[..., C]``.
+
+    ``expected`` ``[..., C, C]`` (as for :func:`multinomial_tests`). Two
+    count vectors can test mathematically equal (``(2, 2, 2)`` and ``(4, 1,
+    1)`` against the expectation ``(4, 2, 2)``, ``k = 6``) and land a few
+    float64 ulps apart. The bound: each of the ``<= k`` terms is computed
+    to ``~3 eps`` of its magnitude, and their sum adds ``(k - 1) eps`` of
+    the sum of the magnitudes ``M``, so a test is within ``(k + 2) eps M``
+    of its exact value, and two equal tests within twice that. ``M``: for
+    ``"mle"``/``"map"`` (``sum_j p_j (log p_j - log q_j)``, ``sum p = 1``)
+    at most ``log k + max_j |log q_j|``; for ``"dcm"`` the constant's three
+    log-gammas plus ``k`` times the largest ``|log-gamma|`` of a term (each
+    with ``+1`` for the log-gamma's own rounding). A class whose
+    expectation is no distribution gets 0 (its tests are ``inf``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> expected = torch.tensor([[4.0, 2.0, 2.0]], dtype=torch.float64)
+    >>> tests = multinomial_tests(torch.tensor([[2, 2, 2], [4, 1, 1]]), expected, "mle")
+    >>> bool(tests[0, 0] != tests[0, 1])  # equal in exact arithmetic
+    True
+    >>> bool((tests[0, 0] - tests[0, 1]).abs() <= tie_tolerance(expected, 6, "mle")[0])
+    True
+
+    """
+    expected = expected.to(_F64)
+    if mode == "dcm":
+        gln = torch.special.gammaln
+        alpha = expected.clamp(min=_EPS)
+        a = alpha.sum(dim=-1)
+        lgk = math.lgamma(k + 1)
+        per_term = (
+            gln(1 + alpha).abs() + gln(k + alpha).abs() + gln(alpha).abs()
+        ).amax(dim=-1)
+        magnitude = gln(k + a).abs() + gln(a).abs() + lgk + 3 + k * (lgk + per_term + 3)
+    else:
+        total = expected.sum(dim=-1, keepdim=True)
+        q = expected / total.clamp(min=_EPS)
+        logs = torch.where(q > 0, q.log().abs(), 0.0).amax(dim=-1)
+        magnitude = math.log(k) + logs + 1
+    tolerance = 2 * (k + 2) * _EPS * magnitude
+    return torch.where(valid_expectations(expected, mode), tolerance, 0.0)
+
+
+def valid_expectations(expected: Tensor, mode: str) -> Tensor:
+    """Return which classes' expectations are distributions, ``[..., C]`` bool.
+
+    ``"mle"``/``"map"``: non-negative counts of positive sum (not so for a
+    class without fit samples, with ``"map"``'s default prior too);
+    ``"dcm"``: positive Dirichlet parameters.
+
+    Examples
+    --------
+    >>> import torch
+    >>> valid_expectations(torch.tensor([[3.0, 1.0], [0.0, 0.0]]), "mle").tolist()
+    [True, False]
+
+    """
+    if mode == "dcm":
+        return (expected > 0).all(dim=-1)
+    return (expected.sum(dim=-1) > 0) & (expected >= 0).all(dim=-1)
+
+
 class _Predicted:
     """A reducer: the class the net predicts for each fit sample (CPU)."""
 
@@ -307,6 +382,18 @@ class JTLA(_Neighbourhoods):
     it). Features pooled per layer (``pool="mean"``; ``pool=None`` flattens
     as scio). Not offered: scio's ``"lpe"`` aggregation and its ``:n``
     tuples of layers.
+
+    Ties: two different count vectors can test mathematically equal; scio's
+    float32 arithmetic makes such tests bit-equal, ours (float64) may land
+    a few ulps apart. A fit sample's test counts as at least ``T_lc(x)``
+    when it is within :func:`tie_tolerance` below it (the rounding bound of
+    a test, derived from float64's ``eps``, ``k`` and the expectation), so
+    equal tests count as equal. A class without fit samples (in the true
+    labels, or never predicted on the fit data with ``pred_conditional``)
+    has no expected counts (``mode="mle"``, and ``"map"`` with its
+    default prior): nothing conforms to it, its p-values are 0 (with
+    ``"fisher"`` its score is ``+inf``), as DkNN's class without fit
+    samples is at distance ``inf``; it is never the closest class.
 
     Parameters
     ----------
@@ -500,6 +587,12 @@ class JTLA(_Neighbourhoods):
         tests = self.layer_tests(result)
         classes = self.reference.shape[1]
         reference = self.reference.to(tests.device)
+        mode = self.test["mode"]
+        # [g, layers, C] -> [g, C, layers, 1]: per class and layer
+        tolerance = tie_tolerance(self.expected, self.k, mode)
+        valid = valid_expectations(self.expected, mode)
+        tolerance = tolerance.transpose(1, 2)[..., None].to(tests.device)
+        valid = valid.transpose(1, 2)[..., None].to(tests.device)
         if tests.shape[1] > classes:
             # Classes the fit never saw: every fit sample tests finite below.
             extra = reference.new_full(
@@ -507,8 +600,15 @@ class JTLA(_Neighbourhoods):
                 -_BIG,
             )
             reference = torch.cat([reference, extra], dim=1)
+            pad = (tolerance.shape[0], tests.shape[1] - classes, *tolerance.shape[2:])
+            tolerance = torch.cat([tolerance, tolerance.new_zeros(pad)], dim=1)
+            valid = torch.cat([valid, valid.new_ones(pad)], dim=1)
+        # A fit sample's test counts as ">=" within the rounding of equal
+        # tests (tie_tolerance); a class whose expectation is no
+        # distribution (no fit sample of it) is conformed to by nothing: p 0.
+        p = p_values(reference, tests - tolerance).masked_fill(~valid, 0.0)
         # p [conditionings, C, layers, batch] -> combined over layers: [g, C, batch]
-        q = combine(p_values(reference, tests), self.aggregation, dim=2).transpose(1, 2)
+        q = combine(p, self.aggregation, dim=2).transpose(1, 2)
         natural = q[-1]
         if self.class_aggregation == "nat":
             return natural

@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 import math
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -219,7 +220,9 @@ class _MultiLayer(Detector):
             raise TypeError(msg)
         self.labels = resolve_layers(rnet, layers, who)
         self.pool, self.token, self.mask = pool, token, mask
-        self._mask_value: Tensor | None = None
+        self._masks = _Masks()
+        """The mask of the net's latest call, per thread (passes of several
+        threads: each scores with the mask of its own pass)."""
         if mask is not None:
             self._hook = rnet.net.register_forward_pre_hook(
                 _mask_keeper(weakref.ref(self), mask), with_kwargs=True
@@ -229,14 +232,15 @@ class _MultiLayer(Detector):
         return tuple(self.labels)
 
     def current_mask(self, rows: Tensor | None = None) -> Tensor | None:
-        """Return the mask the net received in its latest call (``mask=``).
+        """Return the mask the net received in this thread's latest call (``mask=``).
 
         ``rows``: those rows of it only (a :class:`~._protocol.Pass`
         restricted to its finite rows holds their indices).
         """
         if self.mask is None:
             return None
-        if self._mask_value is None:
+        value = self._masks.value
+        if value is None:
             msg = (
                 f"{type(self).__name__}: the net's latest call had no argument "
                 f"{self.mask!r} (mask=); pass the padding mask to the net under "
@@ -244,8 +248,8 @@ class _MultiLayer(Detector):
             )
             raise ValueError(msg)
         if rows is not None:
-            return self._mask_value[rows.to(self._mask_value.device)]
-        return self._mask_value
+            return value[rows.to(value.device)]
+        return value
 
     def features(
         self, value: Tensor, rows: Tensor | None = None, *, detach: bool = True
@@ -268,6 +272,12 @@ class _MultiLayer(Detector):
         }
 
 
+class _Masks(threading.local):
+    """The padding mask the net received in this thread's latest call."""
+
+    value: Tensor | None = None
+
+
 def _mask_keeper(
     owner: weakref.ref[_MultiLayer], where: int | str
 ) -> Callable[..., None]:
@@ -279,7 +289,7 @@ def _mask_keeper(
             found = kwargs.get(where)
         else:
             found = args[where] if -len(args) <= where < len(args) else None
-        detector._mask_value = found if isinstance(found, Tensor) else None  # noqa: SLF001 (its own state)
+        detector._masks.value = found if isinstance(found, Tensor) else None  # noqa: SLF001 (its own state)
 
     return keep
 

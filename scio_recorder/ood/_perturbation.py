@@ -432,8 +432,9 @@ class FeatureSqueezing(Detector):
         clean = run_pass(self.rnet, args, kwargs).logits
         p = torch.softmax(as_logits(clean, "FeatureSqueezing"), dim=1)
         columns = []
-        for squeeze in self.squeezers:
-            squeezed = run_pass(self.rnet, (squeeze(x), *rest), kwargs).logits
+        for name, squeeze in zip(self.names, self.squeezers, strict=True):
+            moved = _squeezed(squeeze, name, x)
+            squeezed = run_pass(self.rnet, (moved, *rest), kwargs).logits
             q = torch.softmax(as_logits(squeezed, "FeatureSqueezing"), dim=1)
             columns.append(torch.linalg.vector_norm(p - q, ord=self.dist_norm, dim=1))
         return torch.stack(columns, dim=1)
@@ -455,6 +456,33 @@ class FeatureSqueezing(Detector):
             "dist_norm": self.dist_norm,
             "aggregation": self.aggregation,
         }
+
+
+def _squeezed(squeeze: Callable[[Tensor], Any], name: str, x: Tensor) -> Tensor:
+    """Return ``squeeze(x)``, checked where it is made: the input's shape and dtype.
+
+    A squeezer returning fewer rows was broadcast by ``p(x) - p(s(x))``,
+    another dtype or ``None`` failed inside the net; the message names the
+    squeezer, as an edit's check names the edit.
+    """
+    out = squeeze(x)
+    want = f"a tensor of shape {list(x.shape)} and dtype {x.dtype}"
+    if not isinstance(out, Tensor):
+        msg = (
+            f"FeatureSqueezing: squeezer {name!r} returned a "
+            f"{type(out).__name__}, where the input is {want}. A squeezer "
+            "returns the squeezed input: a tensor of its shape and dtype."
+        )
+        raise TypeError(msg)
+    if out.shape != x.shape or out.dtype != x.dtype:
+        msg = (
+            f"FeatureSqueezing: squeezer {name!r} returned a tensor of shape "
+            f"{list(out.shape)} and dtype {out.dtype}, where the input is "
+            f"{want}. A squeezer returns the squeezed input: a tensor of its "
+            "shape and dtype."
+        )
+        raise ValueError(msg)
+    return out
 
 
 # ----------------------------------------------------------------- Odds
@@ -746,9 +774,9 @@ class Odds(ClassConditional):
     def state_entries(self) -> dict[str, StateEntry]:
         """Return the entries: counts ``[C]``, means and deviations ``[C, C]``."""
         return {
-            "counts": StateEntry(("classes",), _I64),
-            "mean": StateEntry(("classes", "classes"), _F64),
-            "std": StateEntry(("classes", "classes"), _F64),
+            "counts": StateEntry(("logits",), _I64),
+            "mean": StateEntry(("logits", "logits"), _F64),
+            "std": StateEntry(("logits", "logits"), _F64),
         }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:

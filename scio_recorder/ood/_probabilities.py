@@ -310,7 +310,7 @@ class KLMatching(ClassConditional, Detector):
         """Return the entries: predicted classes, their typical posteriors."""
         return {
             "classes": StateEntry(("classes",), torch.int64),
-            "typical": StateEntry(("classes", None), _F64),
+            "typical": StateEntry(("classes", "logits"), _F64),
         }
 
     def load_state(self, state: Mapping[str, Tensor]) -> None:

@@ -129,36 +129,55 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     inputs: Iterable[DepthIdx] = (),
     edit: Edit | None = None,
     grad: bool = False,
+    finite_rows: bool = True,
 ) -> Pass:
     """Run the net once under ``torch.no_grad()``; return what it gave.
 
     The pass records the outputs and the (first tensor) inputs of the given
     labels, or, with ``edit=(label, fn)``, edits that label's output with
     ``fn`` in flight (and records it); ``edit={label: fn, ...}`` edits
-    several labels in the one pass (each with its own ``fn``; an eager
-    recorder only: edits by selector do not run under ``torch.compile``);
-    with neither, it records nothing. The edit sees the finite rows of the
+    several labels in the one pass (each with its own ``fn``); with
+    neither, it records nothing. The edit sees the finite rows of the
     output only (an SVD or a batch statistic of the edit is not spoiled by a
-    NaN row); the others stay as they are, non-finite. With ``grad=True``
+    NaN row); the others stay as they are, non-finite (``finite_rows=False``:
+    it sees every row, for an edit made per row of the batch). With ``grad=True``
     the pass runs with autograd on (for a gradient with respect to the
     input: pass a leaf that requires it), also inside ``torch.no_grad()`` or
-    ``torch.inference_mode()``. The recorder's selection is restored after.
+    ``torch.inference_mode()``.
+
+    The one way every detector runs the net: a private pass of the recorder
+    (``Passes.run_private``), on a plan of its own. The recorder's selection
+    and its latest records are not touched, and the records come back with
+    this call, not through ``rnet.activations``: several threads can score
+    with detectors of one recorder (one detector too), and each gets the
+    scores of its own inputs. The pass runs eagerly, also for a compiled
+    recorder.
     """
+    labels: list[DepthIdx]
+    postproc: Any = None
+    if edit is not None:
+        edits = edit_map(edit)
+        labels = sorted(edits)
+        wrap = finite_rows_edit if finite_rows else _same
+        postproc = {label: wrap(fn) for label, fn in edits.items()}
+        in_labels: list[DepthIdx] = []
+    else:
+        labels, in_labels = sorted(set(outputs)), sorted(set(inputs))
+    passes = rnet._passes  # noqa: SLF001 (the recorder's own passes: no public face)
     with _grad_mode(grad):
-        if edit is not None:
-            edits = edit_map(edit)
-            with rnet.selecting(*edits):
-                postproc: Any = {
-                    label: finite_rows_edit(fn) for label, fn in edits.items()
-                }
-                if not isinstance(edit, Mapping):
-                    postproc = postproc[edit[0]]  # one callable: also compiled
-                return _read(rnet, rnet(*args, activation_postproc=postproc, **kwargs))
-        outputs, inputs = sorted(set(outputs)), sorted(set(inputs))
-        if not (outputs or inputs):
-            return _read(rnet, rnet(*args, dont_record=True, **kwargs))
-        with rnet.selecting(*outputs, inputs=inputs):
-            return _read(rnet, rnet(*args, **kwargs))
+        out, state = passes.run_private(
+            args, kwargs, outputs=labels, inputs=in_labels, postproc=postproc
+        )
+    table = rnet.table
+    found_inputs = {
+        label: pick_argument(call, None, table[label].describe())
+        for label, call in state.inputs.items()
+    }
+    return Pass(logits_of(out), dict(state.records), found_inputs)
+
+
+def _same(fn: Any) -> Any:
+    return fn
 
 
 Edit = tuple["DepthIdx", Any] | Mapping["DepthIdx", Any]
@@ -182,14 +201,6 @@ def _grad_mode(grad: bool) -> Iterator[None]:  # noqa: FBT001 (internal)
         return
     with torch.inference_mode(mode=False), torch.enable_grad():
         yield
-
-
-def _read(rnet: Recorder, out: Any) -> Pass:
-    inputs = {
-        label: pick_argument(call, None, rnet.table[label].describe())
-        for label, call in rnet.inputs.items()
-    }
-    return Pass(logits_of(out), dict(rnet.activations), inputs)
 
 
 def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
@@ -271,7 +282,9 @@ class StateEntry:
         Its size along each dimension: an ``int`` is fixed by the net (a
         layer's number of features, from the recorder's layer table), a
         ``str`` names a size set by the fit (``"classes"``, ``"samples"``)
-        that must be the same in every entry naming it, ``None`` is not
+        that must be the same in every entry naming it, except
+        ``"logits"``: the net's number of logits, fixed by the net as an
+        ``int`` is (where the layer table knows it); ``None`` is not
         checked (a size the layer table does not know).
     dtype : torch.dtype
         The dtype the detector computes in. A stored tensor of another dtype
@@ -301,8 +314,9 @@ class Detector:
     Parameters
     ----------
     rnet : Recorder
-        The wrapped net; it is used as is (its selection is restored after
-        every pass the detector makes).
+        The wrapped net; it is used as is (scoring runs passes of the
+        detector's own, which leave the recorder's selection and latest
+        records as they were; fitting restores the selection after).
     layer : selector, optional
         Anything :meth:`Recorder.record` takes, resolving to one call.
     """
@@ -471,12 +485,14 @@ class Detector:
     def score(self, *args: Any, **kwargs: Any) -> Tensor:
         """Return the OoD scores ``[batch]`` of the net's inputs (higher: OoD).
 
-        Runs one pass of the net (under ``torch.no_grad()``); the recorder's
-        selection and its latest records are those of that pass during it,
-        and the selection is restored after. A padded batch of a net that
-        takes ``position_ids`` gets them from its ``attention_mask`` when it
-        has none, as in the fit (``collect(position_ids="from_mask")``). An
-        empty batch gives an empty ``[0]`` tensor; a sample with a NaN or an
+        Runs one pass of the net (under ``torch.no_grad()``), a pass of the
+        detector's own: the recorder's selection and its latest records are
+        not touched. Several threads may score with one detector (or several
+        detectors of one recorder) at once: each gets the scores of its own
+        inputs (see :func:`run_pass`). A padded batch of a net that takes
+        ``position_ids`` gets them from its ``attention_mask`` when it has
+        none, as in the fit (``collect(position_ids="from_mask")``). An empty
+        batch gives an empty ``[0]`` tensor; a sample with a NaN or an
         infinity in the inputs or in what the detector reads scores NaN, and
         the others as without it.
         """
@@ -734,12 +750,18 @@ class Detector:
         layer = self._layer_text()
         sizes: dict[str, tuple[int, str]] = {}
         state: dict[str, Tensor] = {}
-        for key, entry in entries.items():
+        logits = net_classes(self.rnet)
+        for key, declared in entries.items():
             value = found[key]
             where = f"'{source}': entry {key!r} of the {who} state"
             if not isinstance(value, Tensor):
                 msg = f"{where} is a {type(value).__name__}, not a tensor."
                 raise ValueError(msg)  # noqa: TRY004 (a bad file, as the others)
+            entry = declared
+            if logits is not None and "logits" in declared.shape:
+                fixed = tuple(logits if n == "logits" else n for n in declared.shape)
+                entry = dataclasses.replace(declared, shape=fixed)
+                layer = f"this net ({logits} logits)"
             _check_shape(where, layer, value, entry, sizes=sizes, key=key)
             state[key] = _checked_dtype(where, value, entry)
         return state

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 __all__ = [
     "BENCHMARKS",
+    "CATALOGUE",
     "BenchmarkData",
     "BenchmarkResults",
     "catalogue",
@@ -653,7 +654,7 @@ def run_benchmark(  # noqa: PLR0913 (the protocol's knobs, keyword-only)
         raise ValueError(msg)
     if detectors is not None and not isinstance(detectors, Mapping):
         detectors = list(detectors)
-        known = _CATALOGUE_NAMES
+        known = CATALOGUE
         unknown = [name for name in detectors if name not in known]
         if unknown:
             msg = f"unknown detectors {unknown}; the catalogue has {list(known)}"
@@ -761,7 +762,7 @@ _LAYERS: dict[str, dict[str, Any]] = {
     "digits": {"penultimate": "classifier.2", "blocks": ("features.3", "features.6")},
     "blobs": {"penultimate": "classifier.2", "blocks": ("features.1", "features.4")},
 }
-_CATALOGUE_NAMES = (
+CATALOGUE = (
     "MSP",
     "MaxLogit",
     "Energy",
@@ -802,3 +803,5 @@ _CATALOGUE_NAMES = (
     "FeatureSqueezing",
     "Odds",
 )
+"""The names of :func:`catalogue`'s detectors, in its order (what
+:func:`run_benchmark` takes by name)."""

@@ -84,6 +84,7 @@ __all__ = [
     "tpr_at_fpr",
 ]
 
+import numbers
 import re
 from typing import TYPE_CHECKING, Literal
 
@@ -241,9 +242,7 @@ def fpr_at_tpr(id_scores: Scores, ood_scores: Scores, tpr: float = 0.95) -> floa
     0.5
 
     """
-    if not 0.0 < tpr <= 1.0:
-        msg = f"tpr must be in (0, 1], got {tpr}"
-        raise ValueError(msg)
+    tpr = _check_rate(tpr, "tpr", low_open=True)
     fpr, rates = roc_curve(id_scores, ood_scores)
     return float(fpr[np.argmax(rates >= tpr - 1e-12)])
 
@@ -265,9 +264,7 @@ def fpr_at_ood_recall(
     0.5
 
     """
-    if not 0.0 < recall <= 1.0:
-        msg = f"recall must be in (0, 1], got {recall}"
-        raise ValueError(msg)
+    recall = _check_rate(recall, "recall", low_open=True)
     return fpr_at_tpr(id_scores, ood_scores, recall)
 
 
@@ -292,9 +289,7 @@ def fpr_at_id_recall(
     0.0
 
     """
-    if not 0.0 < recall <= 1.0:
-        msg = f"recall must be in (0, 1], got {recall}"
-        raise ValueError(msg)
+    recall = _check_rate(recall, "recall", low_open=True)
     ind = _array(id_scores, "id_scores")
     ood = _array(ood_scores, "ood_scores")
     return fpr_at_tpr(-ood, -ind, recall)  # ID positive: negated scores
@@ -303,11 +298,24 @@ def fpr_at_id_recall(
 Ties = Literal["half", "pessimistic"]
 
 
-def _check_rate(value: float, name: str, *, low_open: bool = False) -> float:
-    """Return ``value`` as a float in ``[0, 1]`` (or ``(0, 1]``), else raise."""
+def _check_rate(value: object, name: str, *, low_open: bool = False) -> float:
+    """Return ``value`` as a float in ``[0, 1]`` (or ``(0, 1]``), else raise.
+
+    The one check of every rate argument of the metrics: a real number (a
+    Python, numpy or 0-d tensor number, not a bool nor a string), named in
+    the message otherwise.
+    """
+    bounds = "(0, 1]" if low_open else "[0, 1]"
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        msg = (
+            f"{name} must be a rate in {bounds} (a number, e.g. 0.95), got "
+            f"{value!r} ({type(value).__name__})"
+        )
+        raise TypeError(msg)
     rate = float(value)
     if not (0.0 < rate <= 1.0 if low_open else 0.0 <= rate <= 1.0):
-        bounds = "(0, 1]" if low_open else "[0, 1]"
         msg = f"{name} must be a rate in {bounds}, got {value!r}"
         raise ValueError(msg)
     return rate
@@ -383,8 +391,10 @@ def partial_auroc(
     if ties == "pessimistic":
         # the lower staircase: from each FPR on, the highest TPR reached at
         # or before it, until the next FPR (a left Riemann sum)
-        steps = [float(tpr[fpr <= x + 1e-15].max()) for x in xs[:-1]]
-        area = float(np.sum(np.diff(xs) * steps))
+        # (TPR never decreases along the curve: the TPR of the last point
+        # at or before each FPR, found by a binary search, O(n log n))
+        last = np.searchsorted(fpr, xs[:-1] + 1e-15, side="right") - 1
+        area = float(np.sum(np.diff(xs) * tpr[last]))
     else:  # the curve itself: trapezoids, ties on its diagonals
         ys = np.r_[
             _tpr_at(fpr, tpr, low), tpr[inside], _tpr_at(fpr, tpr, high, end=True)
