@@ -30,7 +30,7 @@ from ._engine.plan import CallPlanError, Postprocessor, reshaping
 from ._engine.state import CallInputs
 from ._lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
-from .recorder import InPlaceWarning, Recorder, Selection
+from .recorder import InPlaceWarning, Recorder, Selection, check
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
@@ -41,6 +41,7 @@ __getattr__, __dir__ = _lazy_attributes(
     __name__,
     {
         "CallRecorder": ".calls",
+        "CheckReport": ".checks",
         "CollectResult": ".collect",
         "Estimate": ".collect",
         "RecordInfo": ".io",
@@ -59,6 +60,7 @@ if typing.TYPE_CHECKING:
     # CollectModule`). Type checkers are told it is the function, which is
     # how it is called.
     from .calls import CallRecorder
+    from .checks import CheckReport
     from .collect import CollectResult, Estimate, collect, estimate
     from .group import RecorderGroup
     from .io import RecordInfo, Records, load_records, save_records
@@ -67,6 +69,7 @@ __all__ = [
     "CallInputs",
     "CallPlanError",
     "CallRecorder",
+    "CheckReport",
     "CollectResult",
     "DepthIdx",
     "Estimate",
@@ -81,6 +84,7 @@ __all__ = [
     "Reducer",
     "Scope",
     "Selection",
+    "check",
     "children",
     "collect",
     "estimate",

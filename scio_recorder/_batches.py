@@ -4,36 +4,61 @@ Holds the getters of ``input=`` and ``target=`` (:func:`batch_getter`: an
 index, a key, a callable or ``None`` for the whole batch), the one
 convention that turns an input into the net's positional and keyword
 arguments (:func:`as_arguments`), :func:`move_to` (a device move that keeps
-the nesting) and :func:`first_batch_size`.
+the nesting) and :func:`first_batch_size`; and the position ids of padded
+batches: :class:`Positions` (``position_ids`` derived from the padding mask,
+as Hugging Face's ``generate`` derives them) and :class:`PaddingWatch` (the
+warning when a direct call sends a left-padded batch to a net with absolute
+positions and no ``position_ids``).
 
 Why: :func:`scio_recorder.collect.collect`, the detectors of
 :mod:`scio_recorder.ood` and :mod:`scio_recorder.explain` all take batches
 and inputs the same way; each had its own copy (or imported a private
 module of another subpackage), and a convention that differs between them
-surprises.
+surprises. A row's activations must not depend on its padding: a model
+with absolute positions (GPT-2, BERT) numbers the tokens of a left-padded
+row from the padding's first column unless it is given ``position_ids``,
+so every path of the library that feeds batches to a net derives them the
+same way, here.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "POSITION_IDS",
+    "PaddingWatch",
+    "Positions",
     "as_arguments",
     "batch_getter",
+    "check_position_ids",
     "first_batch_size",
     "index_getter",
     "key_getter",
     "move_to",
+    "padding_unwatched",
+    "position_scheme",
 ]
 
+import contextlib
+import inspect
+import warnings
+import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._engine.state import CallInputs
+from ._engine.state import CallInputs, user_stacklevel
 from ._tree import map_tensors
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
+
+POSITION_IDS = "from_mask"
+"""The default of the ``position_ids`` option: derived from the padding mask."""
+
+Scheme = Literal["absolute", "relative", "own"]
 
 
 def batch_getter(spec: object, what: str) -> Callable[[Any], Any]:
@@ -178,3 +203,283 @@ def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | Non
         if isinstance(value, Tensor) and value.dim() >= 1:
             return int(value.shape[0])
     return None
+
+
+# -- position ids of padded batches ------------------------------------------
+
+_POSITION_NAMES = (
+    "wpe",
+    "position_embeddings",
+    "position_embedding",
+    "embed_positions",
+    "pos_embed",
+    "pos_embedding",
+    "positional_embedding",
+)
+"""Attribute names of learned absolute position embeddings (GPT-2, BERT, ...)."""
+
+
+def check_position_ids(value: object) -> None:
+    """Refuse a ``position_ids`` option other than ``"from_mask"`` and ``None``.
+
+    Examples
+    --------
+    >>> check_position_ids("from_mask"), check_position_ids(None)
+    (None, None)
+    >>> check_position_ids(True)
+    Traceback (most recent call last):
+    ...
+    ValueError: `position_ids` must be "from_mask" (derive them from the padding mask when the net takes them and the batch has none) or None (pass the batch as it is), got True
+
+    """  # noqa: E501 (doctest output)
+    if value is None or (isinstance(value, str) and value == POSITION_IDS):
+        return
+    msg = (
+        f'`position_ids` must be "{POSITION_IDS}" (derive them from the padding '
+        "mask when the net takes them and the batch has none) or None (pass the "
+        f"batch as it is), got {value!r}"
+    )
+    raise ValueError(msg)
+
+
+def _parameters(net: nn.Module) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(net.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature
+        return None
+
+
+def position_scheme(net: nn.Module) -> Scheme | None:
+    """Say how ``net`` numbers positions, as far as deriving them is concerned.
+
+    ``None``: its forward takes no ``position_ids`` or no ``attention_mask``
+    (nothing to derive). ``"own"``: it numbers a padded row itself and ids
+    numbered from 0 would be wrong or useless: an encoder-decoder, a
+    multimodal model (its own position scheme), a position embedding with a
+    ``padding_idx`` (RoBERTa and its family number from ``padding_idx + 1``
+    with the padding skipped) or whose ``forward`` is its own (OPT's takes
+    the mask). ``"absolute"``: a learned position embedding (an
+    ``nn.Embedding`` named like GPT-2's ``wpe`` or BERT's
+    ``position_embeddings``): a left-padded row without ``position_ids`` is
+    numbered from the padding. ``"relative"``: anything else (rotary
+    embeddings, as Llama's), where a shift of every position changes only
+    roundings.
+
+    Examples
+    --------
+    >>> import transformers
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    >>> position_scheme(transformers.GPT2Model(config))
+    'absolute'
+    >>> position_scheme(nn.Linear(2, 2)) is None
+    True
+
+    """
+    parameters = _parameters(net)
+    names = {p.name for p in parameters or ()}
+    if not {"position_ids", "attention_mask"} <= names:
+        return None
+    config = getattr(net, "config", None)
+    if getattr(config, "is_encoder_decoder", False) or (
+        getattr(config, "vision_config", None) is not None
+    ):
+        return "own"
+    scheme: Scheme = "relative"
+    for name, module in net.named_modules():
+        if name.rsplit(".", 1)[-1] not in _POSITION_NAMES:
+            continue
+        if not isinstance(module, nn.Embedding):
+            continue
+        if module.padding_idx is not None or type(module).forward is not (
+            nn.Embedding.forward
+        ):
+            return "own"
+        scheme = "absolute"
+    return scheme
+
+
+def _tensor_at(
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    index: int | None,
+) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if index is not None and index < len(args):
+        return args[index]
+    return None
+
+
+class Positions:
+    """Position ids derived from the padding mask, for the batches of one net.
+
+    Made once per run (:func:`~scio_recorder.collect.collect`,
+    :func:`~scio_recorder.activations.write`, a fit, an explanation): with
+    ``mode="from_mask"`` and a net whose forward takes ``position_ids`` and
+    ``attention_mask`` (and does not number padded rows itself, see
+    :func:`position_scheme`), :meth:`add` gives every batch that has a 2-D
+    ``attention_mask`` and no ``position_ids`` the ids Hugging Face's
+    ``generate`` gives it: ``mask.cumsum(-1) - 1``, 0 at the padding. A
+    row's real tokens are then numbered 0, 1, ... whatever its padding, as
+    when it runs alone. With ``mode=None``, or any other net, batches pass
+    as they are.
+
+    Examples
+    --------
+    >>> import torch, transformers
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    >>> positions = Positions(transformers.GPT2Model(config))
+    >>> mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]])
+    >>> args, kwargs = positions.add((), {"input_ids": mask, "attention_mask": mask})
+    >>> kwargs["position_ids"]
+    tensor([[0, 0, 0, 1],
+            [0, 1, 2, 0]])
+
+    """
+
+    __slots__ = ("active", "input_index", "mask_index", "positions_index")
+
+    def __init__(self, net: nn.Module, mode: str | None = POSITION_IDS) -> None:
+        check_position_ids(mode)
+        self.active = mode is not None and position_scheme(net) in {
+            "absolute",
+            "relative",
+        }
+        self.mask_index: int | None = None
+        self.positions_index: int | None = None
+        self.input_index: int | None = None
+        if self.active:
+            positional = [
+                p.name
+                for p in _parameters(net) or ()
+                if p.kind in {p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD}
+            ]
+            where = {name: i for i, name in enumerate(positional)}
+            self.mask_index = where.get("attention_mask")
+            self.positions_index = where.get("position_ids")
+            self.input_index = 0 if positional else None
+
+    @classmethod
+    def of(cls, net: nn.Module, mode: str | None = POSITION_IDS) -> Positions:
+        """Return the positions of ``net`` in ``mode``, made once per net.
+
+        The net's forward and modules are looked at once, not at every call
+        (``Detector.score``, the explanations, every ``collect`` run).
+        """
+        check_position_ids(mode)
+        if mode is None:
+            return _OFF
+        positions = _POSITIONS.get(net)
+        if positions is None:
+            positions = _POSITIONS[net] = cls(net)
+        return positions
+
+    def add(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Return the net's arguments with ``position_ids`` derived, if needed."""
+        if not self.active:
+            return args, kwargs
+        if _tensor_at("position_ids", args, kwargs, self.positions_index) is not None:
+            return args, kwargs
+        mask = _tensor_at("attention_mask", args, kwargs, self.mask_index)
+        if not isinstance(mask, Tensor) or mask.dim() != 2:  # noqa: PLR2004 (batch, positions)
+            return args, kwargs
+        length = _length(args, kwargs, self.input_index)
+        if length is not None and length > mask.shape[1]:
+            return args, kwargs  # not a mask of these tokens: leave it to the net
+        positions = mask.long().cumsum(-1) - 1
+        positions = positions.masked_fill(mask == 0, 0)
+        if length is not None and length < mask.shape[1]:  # a cache holds the rest
+            positions = positions[:, -length:]
+        return args, {**kwargs, "position_ids": positions}
+
+
+_POSITIONS: weakref.WeakKeyDictionary[nn.Module, Positions] = (
+    weakref.WeakKeyDictionary()
+)
+""":meth:`Positions.of`'s: one per net, dropped with it."""
+
+_OFF = Positions(nn.Module(), None)
+""":meth:`Positions.of`'s with ``mode=None``: passes every batch as it is."""
+
+
+def _length(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], index: int | None
+) -> int | None:
+    """Return the number of positions of the net's token input, when found."""
+    for name in ("input_ids", "inputs_embeds"):
+        value = kwargs.get(name)
+        if isinstance(value, Tensor) and value.dim() >= 2:  # noqa: PLR2004
+            return int(value.shape[1])
+    value = args[index] if index is not None and index < len(args) else None
+    if isinstance(value, Tensor) and value.dim() >= 2:  # noqa: PLR2004
+        return int(value.shape[1])
+    return None
+
+
+class PaddingWatch:
+    """Warn once when a left-padded batch reaches a net with absolute positions.
+
+    A recorder holds one; its direct calls (``rnet(**batch)``) stay the
+    user's calls: nothing is added to them. But a batch with an
+    ``attention_mask`` whose first column pads some row, and no
+    ``position_ids``, given to a net with learned absolute positions
+    (:func:`position_scheme` ``"absolute"``) numbers that row's tokens from
+    its padding: its activations differ from the row alone. That is worth
+    one :class:`UserWarning` per recorder, naming the fix. Only calls with
+    an ``attention_mask`` keyword are looked at, until the warning is given
+    or the net is found not to be concerned.
+    """
+
+    __slots__ = ("done", "scheme")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.scheme: Scheme | Literal["unknown"] | None = "unknown"
+
+    def see(self, net: nn.Module, kwargs: Mapping[str, Any]) -> None:
+        """Look at the keyword arguments of one direct call of ``net``."""
+        if kwargs.get("position_ids") is not None:
+            return
+        if self.scheme == "unknown":
+            self.scheme = position_scheme(net)
+        if self.scheme != "absolute":
+            self.done = True
+            return
+        mask = kwargs["attention_mask"]
+        if not isinstance(mask, Tensor) or mask.dim() != 2 or not mask.shape[1]:  # noqa: PLR2004 (batch, positions)
+            return
+        if not bool((mask[:, 0] == 0).any()):
+            return
+        self.done = True
+        msg = (
+            "A left-padded batch (its `attention_mask` starts with padding) and no "
+            f"`position_ids` reached {type(net).__name__}, whose positions are "
+            "learned absolute ones: each padded row's tokens are numbered from its "
+            "padding, so its activations differ from the row run alone. Pass "
+            "`position_ids=(mask.cumsum(-1) - 1).clamp(min=0)` with the batch, pad "
+            "on the right (`tokenizer.padding_side = 'right'`), or use "
+            "`scio_recorder.collect` / `activations.write`, which derive them "
+            "(`position_ids='from_mask'`). Shown once per recorder."
+        )
+        warnings.warn(msg, UserWarning, stacklevel=user_stacklevel())
+
+
+@contextlib.contextmanager
+def padding_unwatched(rnet: nn.Module, mode: str | None) -> Iterator[None]:
+    """Keep a recorder's :class:`PaddingWatch` quiet inside, when ``mode`` is ``None``.
+
+    A run with ``position_ids=None`` passes the batches as they are because
+    its caller said so: it is not the direct call the warning is for.
+    """
+    watch: PaddingWatch = vars(rnet)["_padding"]  # the recorder's watch
+    if mode is not None or watch.done:
+        yield
+        return
+    watch.done = True
+    try:
+        yield
+    finally:
+        watch.done = False

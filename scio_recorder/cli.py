@@ -13,6 +13,11 @@ summary
     recorded layers.
 graph
     Draw the execution graph of a model (SVG, PNG, PDF or DOT).
+check
+    Check a recording job on the model's input (:func:`scio_recorder.check`):
+    recording, batch invariance, determinism, dtype, in-place overwrites and
+    the call plan, one line each (PASS, WARN or FAIL); exit code 1 when a
+    check fails.
 
 A model is ``package.module:callable`` (a class or a factory, called with
 ``--arg``/``--kwarg``), ``path/to/file.py:callable``, or a built-in name
@@ -46,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from scio_recorder import Recorder
+from scio_recorder import CallInputs, Recorder
 from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
 from scio_recorder._render import text_table
 from scio_recorder.layers import example_inputs
@@ -104,6 +109,14 @@ EXAMPLES = {
         "  scio-recorder graph resnet18_cifar --depth 1 -o resnet.png\n"
         "  scio-recorder graph my_models.py:build --input-size 1,3,64,64 -o g.dot\n"
         "  scio-recorder graph my_gpt.py:build --input-ids 1,16 -o gpt.svg"
+    ),
+    "check": (
+        "examples:\n"
+        "  scio-recorder check resnet18_cifar --input-size 4,3,32,32\n"
+        "  scio-recorder check my_models.py:build --input-size 8,16 --record fc\n"
+        "  scio-recorder check my_gpt.py:build --input-ids 4,16 --padding left\n"
+        "  scio-recorder check my_gpt.py:build --input-ids 4,16 --padding left "
+        "--position-ids none"
     ),
 }
 
@@ -313,6 +326,49 @@ def _build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="graph.svg, .png, .pdf (needs Graphviz) or .dot; default: the text form",
+    )
+    check = sub.add_parser(
+        "check",
+        help="check a recording job: recording, batch, determinism, dtype, ...",
+        description="Run the model on its input a few ways and report six checks, "
+        "one line each (PASS, WARN or FAIL, the largest difference, where, the "
+        "likely cause): recording (outputs with and without the recorder), batch "
+        "(each row alone, its padding removed), determinism (two passes), dtype "
+        "(against a wider copy), inplace (records later overwritten) and calls (the "
+        "call plan). Exit code 1 when a check fails. Give a batch of several rows.",
+        epilog=EXAMPLES["check"],
+        formatter_class=formatter,
+        parents=[common],
+    )
+    _model_options(check)
+    check.add_argument(
+        "--record",
+        nargs="+",
+        default=[],
+        metavar="SELECTOR",
+        help="labels (1-3) or qualified names to check (default: every call)",
+    )
+    check.add_argument(
+        "--rows",
+        type=int,
+        default=8,
+        metavar="N",
+        help="rows run alone, the most padded first (default: %(default)s)",
+    )
+    check.add_argument(
+        "--padding",
+        choices=("none", "left", "right"),
+        default="none",
+        help="with --input-ids and an attention_mask: pad row r of B by r*T/(2B) "
+        "tokens on this side (default: %(default)s)",
+    )
+    check.add_argument(
+        "--position-ids",
+        choices=("from_mask", "none"),
+        default="from_mask",
+        help="derive position_ids from the attention mask when the model takes "
+        "them (as collect and activations.write do), or pass the batch as it is "
+        "(default: %(default)s)",
     )
     return parser
 
@@ -786,6 +842,58 @@ def _write_graph(graph: ExecutionGraph, args: argparse.Namespace) -> None:
         raise CLIError(msg) from error
 
 
+def _padded(data: Any, side: str) -> Any:
+    """Pad row ``r`` of ``B`` by ``r * T // (2 * B)`` tokens (id 0) on ``side``."""
+    if side == "none":
+        return data
+    if not isinstance(data, dict) or "attention_mask" not in data:
+        msg = (
+            f"--padding {side} needs --input-ids and a model whose forward takes an "
+            "attention_mask (the padding is marked there)"
+        )
+        raise CLIError(msg)
+    ids = next(iter(data.values())).clone()
+    mask = torch.ones_like(ids)
+    rows, width = ids.shape
+    for row in range(rows):
+        pad = row * width // (2 * rows)
+        if pad:
+            where = slice(None, pad) if side == "left" else slice(width - pad, None)
+            mask[row, where] = 0
+    return {next(iter(data)): ids * mask, "attention_mask": mask}
+
+
+def _check(args: argparse.Namespace) -> int:
+    from scio_recorder._batches import Positions  # noqa: PLC0415 (when used)
+    from scio_recorder.checks import check_recorder  # noqa: PLC0415
+
+    if args.rows < 1:
+        msg = f"--rows {args.rows}: give the number of rows to run alone, >= 1"
+        raise CLIError(msg)
+    net, given = _model(args)
+    rnet = _recorder(net, given)
+    if args.padding != "none":
+        given.kwargs["input_data"] = _padded(
+            given.kwargs.get("input_data"), args.padding
+        )
+    call_args, call_kwargs = example_inputs(net, given.kwargs)
+    mode = None if args.position_ids == "none" else args.position_ids
+    call_args, call_kwargs = Positions(net, mode).add(call_args, call_kwargs)
+    layers = [_selector(s) for s in args.record] or None
+    try:
+        report = check_recorder(
+            rnet, CallInputs(call_args, call_kwargs), layers=layers, rows=args.rows
+        )
+    except (KeyError, ValueError, TypeError) as error:
+        if layers is None:
+            raise
+        said = str(error).strip("'\"")
+        msg = f"--record {' '.join(args.record)}: {said}"
+        raise CLIError(msg) from error
+    print(report)
+    return 1 if report.failed else 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     out: Path = args.out
     # Checked before the run (seconds), not when the pictures are drawn.
@@ -810,6 +918,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     "summary": _summary,
     "graph": _graph,
+    "check": _check,
 }
 
 

@@ -71,6 +71,7 @@ from torchinfo.model_statistics import ModelStatistics
 
 from . import _render
 from ._preserve import placed_by_accelerate, preserved
+from ._tree import iter_tensors
 
 if TYPE_CHECKING:
     from torch import nn
@@ -139,6 +140,11 @@ class Layer:
         Shapes seen in the reference pass, as torchinfo reports them.
     num_params : int
         Parameters of ``module`` (all of them, as torchinfo counts).
+    overwritten : frozenset of str
+        What of this call a later in-place operation overwrote in the
+        reference pass (version counters): ``"output"``, ``"inputs"``, both
+        or neither. A recorder copies those records when it takes them, so
+        that they stay exact (see :meth:`Recorder.record`).
 
     Examples
     --------
@@ -161,6 +167,7 @@ class Layer:
     output_size: list[Any]
     num_params: int
     _end_order: int | None = dataclasses.field(default=None, repr=False)
+    overwritten: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)
 
     @property
     def end_order(self) -> int | None:
@@ -825,11 +832,18 @@ class _CallLog:
         self.counts: dict[nn.Module, int] = {}
         self.ends = 0
         self.seen: set[int] = set()
+        # The tensors of each call's inputs (when it starts) and output (when
+        # it ends) with their version counters, compared once the pass is
+        # over: a counter that moved means a later in-place operation
+        # overwrote that record (see `overwritten`).
+        self.watched: list[tuple[_Row, str, list[Tensor], list[int]]] = []
 
     def install(self) -> list[RemovableHandle]:
         handles = []
         for module in self.names:
-            handles.append(module.register_forward_pre_hook(self._pre_hook))
+            handles.append(
+                module.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            )
             handles.append(module.register_forward_hook(self._hook))
         return handles
 
@@ -870,7 +884,7 @@ class _CallLog:
             del self.hierarchy[deeper]
         return info
 
-    def _pre_hook(self, module: nn.Module, _args: object) -> None:
+    def _pre_hook(self, module: nn.Module, args: object, kwargs: object) -> None:
         name = self._pick_name(module)
         parts = name.split(".") if name else []
         depth = len(parts)
@@ -888,6 +902,22 @@ class _CallLog:
         call = _Call(info, name, module, index)
         self.calls[info] = call
         self.stack.append(call)
+        self._watch(info, "inputs", (args, kwargs))
+
+    def _watch(self, info: _Row, what: str, value: object) -> None:
+        tensors = [t for t in iter_tensors(value) if not t.is_inference()]
+        if tensors:
+            versions = [t._version for t in tensors]  # noqa: SLF001 (version counter)
+            self.watched.append((info, what, tensors, versions))
+
+    def overwritten(self) -> dict[_Row, frozenset[str]]:
+        """Return, per call, what a later in-place operation overwrote; forget all."""
+        found: dict[_Row, set[str]] = {}
+        for info, what, tensors, versions in self.watched:
+            if [t._version for t in tensors] != versions:  # noqa: SLF001
+                found.setdefault(info, set()).add(what)
+        self.watched = []
+        return {info: frozenset(whats) for info, whats in found.items()}
 
     def _hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # The innermost open call of this module is the one ending.
@@ -908,6 +938,7 @@ class _CallLog:
         info.calculate_macs()
         call.end_order = self.ends
         self.ends += 1
+        self._watch(info, "output", outputs)
 
     def unwind(self) -> None:
         """Forget calls left open; write the notes of rows that are not calls."""
@@ -1263,6 +1294,9 @@ def build_table(
             around() if around is not None else contextlib.nullcontext(),
         ):
             summary = torchinfo.summary(net, **kwargs)
+            # Read before the net's buffers and parameters are put back (in
+            # place): only the pass's own in-place operations count.
+            overwritten = log.overwritten()
     finally:
         for handle in handles:
             handle.remove()
@@ -1282,7 +1316,7 @@ def build_table(
     statistics = _restatistics(summary, log.rows, shared)
     if verbose:
         print(statistics)  # noqa: T201 (the user asked torchinfo to print)
-    rows = _to_layers(log)
+    rows = _to_layers(log, overwritten)
     return LayerTable(rows, mode=mode, grad_enabled=False, statistics=statistics)
 
 
@@ -1398,7 +1432,9 @@ class _Statistics(ModelStatistics):
         return text
 
 
-def _to_layers(log: _CallLog) -> tuple[Layer, ...]:
+def _to_layers(
+    log: _CallLog, overwritten: Mapping[_Row, frozenset[str]]
+) -> tuple[Layer, ...]:
     layers = []
     for info in log.rows:
         call = log.calls.get(info)
@@ -1432,6 +1468,7 @@ def _to_layers(log: _CallLog) -> tuple[Layer, ...]:
                 output_size=list(info.output_size),
                 num_params=info.num_params,
                 _end_order=call.end_order,
+                overwritten=overwritten.get(info, frozenset()),
             )
         )
     return tuple(layers)

@@ -9,13 +9,17 @@ so code written for it runs unchanged. On top of it:
 * labels follow the calls of the reference pass (see :mod:`.layers`);
 * each pass checks the call plan: every hooked module must be called exactly
   as often as the layer table says, or the pass raises and keeps nothing;
-* records modified in place after they were taken are detected (warning), and
-  ``record(..., clone=True)`` keeps them exact;
+* records a later in-place operation overwrites (the reference pass sees
+  which) are copies, so records are exact by default; an in-place change the
+  reference pass did not run is detected (warning), and
+  ``record(..., clone=True)`` copies every record;
 * the state of a pass is local to that pass, so threads and nested recorders
   work;
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
   into one graph, and :meth:`Recorder.export` exports it with the records as
   outputs (see :mod:`._engine.compiled` and ``docs/compile.md``);
+* :func:`check` and :meth:`Recorder.check` check a recording job (see
+  :mod:`.checks`, which they load when first used);
 * language models: :meth:`Recorder.generate` runs the net's own method with
   a checked, edited pass per forward step, and edits can be keyed by layer
   (``activation_postproc={selector: fn}``, ``input_postproc=``).
@@ -38,6 +42,7 @@ __all__ = [
     "RecordOptions",
     "Recorder",
     "Selection",
+    "check",
 ]
 
 import contextlib
@@ -49,6 +54,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
+from ._batches import PaddingWatch, as_arguments
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
 from ._engine.hooks import drop_copied_hooks
 from ._engine.passes import Passes
@@ -82,6 +88,8 @@ if TYPE_CHECKING:
 
     from torch.nn.parameter import Parameter
     from typing_extensions import Self
+
+    from .checks import CheckReport
 
 
 _DEFAULT_SUMMARY_KWARGS: dict[str, Any] = {
@@ -156,7 +164,12 @@ class Recorder(RecorderViews):
     Warns
     -----
     InPlaceWarning
-        At the end of a pass whose records were modified in place afterwards.
+        At the end of a pass whose records were modified in place afterwards
+        by an operation the reference pass did not run (those it ran are
+        copied).
+    UserWarning
+        Once, when a left-padded batch without ``position_ids`` reaches a
+        model with learned absolute positions (see ``docs/guarantees.md``).
 
     Examples
     --------
@@ -179,6 +192,7 @@ class Recorder(RecorderViews):
     """  # noqa: E501 (a table row is long)
 
     _net_direct: nn.Module
+    _padding: PaddingWatch
     _passes: Passes
     _gate: _Gate
 
@@ -215,6 +229,7 @@ class Recorder(RecorderViews):
         # A plain attribute: reading a submodule goes through the slower
         # `nn.Module.__getattr__`, and forward reads it on every pass.
         object.__setattr__(self, "_net_direct", net)
+        object.__setattr__(self, "_padding", PaddingWatch())
         self._params: dict[str, Parameter] = {}
         self._selection = Selection()
         if shards not in {"whole", "local"}:
@@ -359,8 +374,10 @@ class Recorder(RecorderViews):
             Modules (any selector) or parameter names (``"fc.weight"``) whose
             parameters :attr:`params` and :attr:`param_grads` show.
         clone : bool, default False
-            Record copies, taken before any postprocessor, so later in-place
-            operations of the net cannot change them.
+            Record copies of everything, taken before any postprocessor. Not
+            needed for exactness: the records a later in-place operation
+            overwrites in the reference pass are copies anyway (taken after
+            the postprocessor), and the others are left alone.
         detach : bool, default False
             Record tensors detached from the autograd graph.
         device : torch.device or str, optional
@@ -514,8 +531,14 @@ class Recorder(RecorderViews):
         Warns
         -----
         InPlaceWarning
-            If a record was modified in place after it was taken (once per
-            label and recorder).
+            If a record was modified in place after it was taken by an
+            operation the reference pass did not run (once per label and
+            recorder).
+        UserWarning
+            Once per recorder, when a batch whose ``attention_mask`` starts
+            with padding, without ``position_ids``, reaches a model with
+            learned absolute positions (its padded rows are numbered from
+            their padding; the message names the fix).
 
         Examples
         --------
@@ -549,6 +572,8 @@ class Recorder(RecorderViews):
             self._check_early_exit(
                 args, kwargs, dont_record=dont_record, early_exit=early_exit
             )
+        if "attention_mask" in kwargs and not self._padding.done:
+            self._padding.see(net, kwargs)
         return self._passes.run(
             net, args, kwargs, activation_postproc, dont_record, edits, early_exit
         )
@@ -630,6 +655,8 @@ class Recorder(RecorderViews):
             self._check_early_exit(
                 args, kwargs, dont_record=dont_record, early_exit=early_exit
             )
+        if "attention_mask" in kwargs and not self._padding.done:
+            self._padding.see(self._net_direct, kwargs)
         return self._passes.run(
             self._net_direct,
             args,
@@ -642,6 +669,35 @@ class Recorder(RecorderViews):
 
     _fast_forward = _eager_forward
     """What ``__call__``'s fast path runs (a subclass's own ``forward``)."""
+
+    def check(
+        self,
+        batch: Any,
+        *,
+        layers: Any = None,
+        rows: int = 8,
+        dtype_copy: bool = True,
+    ) -> CheckReport:
+        """Check this recording job on ``batch``: see :func:`scio_recorder.check`.
+
+        ``batch`` is what you call the recorder with (a tensor, or a mapping
+        of keyword arguments). The checked calls are ``layers``, else the
+        selection, else every recordable call.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+        >>> Recorder(net, input_size=(1, 3)).check(torch.randn(4, 3)).failed
+        ()
+
+        """
+        from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
+
+        return check_recorder(
+            self, batch, layers=layers, rows=rows, dtype_copy=dtype_copy
+        )
 
     def generate(
         self,
@@ -1029,6 +1085,70 @@ class Recorder(RecorderViews):
         passes = Passes(self, self._table, plan, self._net_direct)
         object.__setattr__(self, "_passes", passes)
         self._enter(self._compiler)
+
+
+def check(
+    net: nn.Module,
+    batch: Any,
+    *,
+    layers: Any = None,
+    rows: int = 8,
+    dtype_copy: bool = True,
+    **recorder_kwargs: Any,
+) -> CheckReport:
+    """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
+
+    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; the batch is
+    the reference input unless ``input_data`` or ``input_size`` is given)
+    and runs the checks of :mod:`scio_recorder.checks`: recording, batch,
+    determinism, dtype, inplace, calls.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        The model, in the mode you run it in.
+    batch : tensor, mapping or tuple
+        What you call the net with: a tensor (the one input), a mapping
+        (keyword arguments), a tuple (positional ones) or a ``CallInputs``.
+    layers : selector or list of selectors, optional
+        The calls to check; default: every recordable call (``rnet.check``:
+        the selection, if any).
+    rows : int, default 8
+        How many rows to run alone (the most padded first).
+    dtype_copy : bool, default True
+        Compare with a copy of the model in a wider dtype (the copy's
+        memory); ``False`` skips it (the ``"dtype"`` line warns).
+    **recorder_kwargs
+        Passed to :class:`Recorder`.
+
+    Returns
+    -------
+    CheckReport
+        One line per check; ``report.failed``, ``report.warned``; printed,
+        a table.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.ReLU(True))
+    >>> check(net.eval(), torch.randn(6, 2, 8)).warned  # the ReLU overwrites 1-2
+    ('inplace',)
+    >>> check(net.train(), torch.randn(6, 2, 8)).failed  # batch statistics
+    ('batch',)
+
+    """
+    from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
+
+    if not {"input_data", "input_size"} & recorder_kwargs.keys():
+        args, kwargs = as_arguments(batch, spread=True)
+        if args:  # keyword inputs beside positional ones go to the forward
+            recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
+        else:
+            recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
+    rnet = Recorder(net, **recorder_kwargs)
+    return check_recorder(rnet, batch, layers=layers, rows=rows, dtype_copy=dtype_copy)
 
 
 _EARLY_EXIT_COMPILED = (

@@ -232,3 +232,48 @@ class PassedModuleNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.blk(x, self.norm)
+
+
+class InPlaceBlock(nn.Module):
+    """torchvision's ``BasicBlock`` at toy size: ``out += identity``, in-place ReLUs.
+
+    ``relu`` overwrites ``bn1``'s output, ``out += identity`` overwrites
+    ``bn2``'s, and the ReLU called again overwrites the sum: a record of any
+    of them taken as the very tensor would hold a later value.
+    """
+
+    def __init__(self, channels: int = 3, *, inplace: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=inplace)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.inplace = inplace
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.inplace:
+            out += identity
+        else:
+            out = out + identity
+        return self.relu(out)
+
+
+def inplace_blocks(*, inplace: bool = True) -> nn.Sequential:
+    """A stem (conv, BN, ReLU) and two :class:`InPlaceBlock`, in eval mode."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 3, 3, padding=1),
+        nn.BatchNorm2d(3),
+        nn.ReLU(inplace=inplace),
+        InPlaceBlock(inplace=inplace),
+        InPlaceBlock(inplace=inplace),
+    )
+    for module in net.modules():  # running statistics away from 0 and 1
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    return net.eval()

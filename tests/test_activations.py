@@ -149,11 +149,21 @@ def hooked(
     try:
         with torch.no_grad():
             for batch in batches:
-                model(**batch)
+                # as `write` passes them: each row's tokens numbered from 0
+                model(**batch, position_ids=numbered(batch["attention_mask"]))
     finally:
         for handle in handles:
             handle.remove()
     return seen
+
+
+def numbered(mask: torch.Tensor) -> torch.Tensor:
+    """Each row's kept tokens numbered 0, 1, ... in order; 0 at the padding."""
+    positions = torch.zeros_like(mask)
+    for row in range(mask.shape[0]):
+        kept = mask[row].bool()
+        positions[row, kept] = torch.arange(int(kept.sum()))
+    return positions
 
 
 def kept_rows(

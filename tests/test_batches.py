@@ -1,22 +1,35 @@
-"""`scio_recorder._batches`: inputs out of batches, (args, kwargs), device moves."""
+"""`scio_recorder._batches`: inputs out of batches, (args, kwargs), device moves.
+
+And the position ids of padded batches: a row's activations never depend on
+its padding nor its batch-mates, through every path of the library that
+feeds batches to a net (``activations.write``, ``collect``, a fitted
+detector's scores, ``patch_sweep``, ``logit_lens``), for absolute (GPT-2,
+GPT-Neo, BERT) and rotary (Llama) positions, left and right padding. The
+oracle is each row run alone, unpadded, through the plain model (its own
+position numbering), read by a hand-written hook.
+"""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 
 import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import given, settings
 
-from scio_recorder import CallInputs
+from scio_recorder import CallInputs, Recorder
 from scio_recorder._batches import (
+    Positions,
     as_arguments,
     batch_getter,
     first_batch_size,
     move_to,
+    position_scheme,
 )
+from tests.lms import LENGTHS, VOCAB, bert, gpt2, gpt_neo, llama, padded
 
 Pair = collections.namedtuple("Pair", ["a", "b"])  # noqa: PYI024 (a test batch)
 
@@ -147,3 +160,318 @@ def test_explain_and_collect_share_the_convention():
     assert arguments(mapping) == as_arguments(mapping, spread=True)
     call = CallInputs((torch.zeros(1),), {"m": 1})
     assert arguments(call) == as_arguments(call, spread=False)
+
+
+# -- position ids from the padding mask ------------------------------------------
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+GPT2 = gpt2()  # for the property test: built once
+
+MODELS = {  # builder, two blocks, two layers that output tensors, a causal LM?
+    "gpt2": (
+        gpt2,
+        ["transformer.h.0", "transformer.h.1"],
+        ["transformer.h.0.mlp", "transformer.h.1.mlp"],
+        True,
+    ),
+    "gpt_neo": (
+        gpt_neo,
+        ["transformer.h.0", "transformer.h.1"],
+        ["transformer.h.0.mlp", "transformer.h.1.mlp"],
+        True,
+    ),
+    "llama": (
+        llama,
+        ["model.layers.0", "model.layers.1"],
+        ["model.layers.0.mlp", "model.layers.1.mlp"],
+        True,
+    ),
+    "bert": (
+        bert,
+        ["bert.encoder.layer.0", "bert.encoder.layer.1"],
+        ["bert.encoder.layer.0.output", "bert.encoder.layer.1.output"],
+        False,
+    ),
+}
+
+
+def alone(model, batch, names) -> list[dict[str, torch.Tensor]]:
+    """Each row run alone, unpadded, by the plain model: hooked outputs, logits."""
+    out = []
+    for row in range(batch["input_ids"].shape[0]):
+        kept = batch["attention_mask"][row].bool()
+        seen: dict[str, torch.Tensor] = {}
+        handles = [
+            model.get_submodule(name).register_forward_hook(
+                lambda _m, _a, o, name=name, seen=seen: seen.__setitem__(
+                    name, o[0] if isinstance(o, tuple) else o
+                )
+            )
+            for name in names
+        ]
+        try:
+            with torch.no_grad():
+                result = model(input_ids=batch["input_ids"][row, kept][None])
+        finally:
+            for handle in handles:
+                handle.remove()
+        seen["logits"] = getattr(result, "logits", result[0])
+        out.append(seen)
+    return out
+
+
+def assert_rows_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal up to float32 rounding of batched against single-row kernels.
+
+    The two sides run the same operations on the same values with kernels
+    blocked differently (a batch of 3 rows against 1), so each value differs
+    by roundings: a dot product of width <= 64 carries about 64 of them,
+    through 2 blocks of a few products each (K = 1024 roundings in all),
+    each at most ``eps32`` relative to the largest magnitude involved.
+    """
+    tol = 1024 * EPS32 * float(want.abs().max())
+    torch.testing.assert_close(got, want, atol=tol, rtol=0)
+
+
+def _matrix(fast: set[tuple[str, str]], causal: bool = False) -> list:
+    return [
+        pytest.param(
+            name,
+            side,
+            marks=() if (name, side) in fast else pytest.mark.slow,
+            id=f"{name}-{side}",
+        )
+        for name, (_, _, _, lm) in MODELS.items()
+        if lm or not causal
+        for side in ("left", "right")
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), min_size=1, max_size=9), min_size=1, max_size=4)
+)
+def test_position_ids_number_each_rows_kept_tokens_from_0(rows):
+    """Each row's kept tokens get 0, 1, ... in order, padding 0 (holes too)."""
+    width = max(map(len, rows))
+    mask = torch.tensor(
+        [[int(k) for k in row] + [0] * (width - len(row)) for row in rows]
+    )
+    _, kwargs = Positions.of(GPT2).add((), {"input_ids": mask, "attention_mask": mask})
+    for row in range(mask.shape[0]):
+        count = 0
+        for column in range(width):
+            want = count if mask[row, column] else 0
+            assert int(kwargs["position_ids"][row, column]) == want
+            count += int(mask[row, column])
+
+
+def test_position_ids_given_or_switched_off_are_left_alone():
+    """Position ids given (by name or position), or mode None: the batch as it is."""
+    model = gpt2()
+    batch = padded("left")
+    given_ids = torch.zeros_like(batch["input_ids"])
+    _, kwargs = Positions(model).add((), {**batch, "position_ids": given_ids})
+    assert kwargs["position_ids"] is given_ids
+    _, kwargs = Positions(model, None).add((), batch)
+    assert "position_ids" not in kwargs
+    assert Positions.of(model) is Positions.of(model)
+    with pytest.raises(ValueError, match=r'^`position_ids` must be "from_mask" '):
+        Positions(model, "yes")
+
+
+def test_models_that_number_padded_rows_themselves_are_left_alone():
+    """RoBERTa's family (padding_idx), OPT (its own embedding), T5: untouched."""
+    transformers = pytest.importorskip("transformers")
+    roberta = transformers.RobertaModel(
+        transformers.RobertaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=40,
+        )
+    )
+    opt = transformers.OPTModel(
+        transformers.OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=1,
+            ffn_dim=32,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            word_embed_proj_dim=16,
+        )
+    )
+    for model in (roberta, opt):
+        assert position_scheme(model) == "own"
+        _, kwargs = Positions(model).add((), padded("left"))
+        assert "position_ids" not in kwargs
+    assert position_scheme(gpt2()) == "absolute"
+    assert position_scheme(bert()) == "absolute"
+    assert position_scheme(llama()) == "relative"
+    assert position_scheme(torch.nn.Linear(2, 2)) is None
+
+
+@pytest.mark.parametrize(("name", "side"), _matrix({("gpt2", "left")}))
+def test_written_tokens_equal_each_row_alone(tmp_path, name, side):
+    """activations.write stores each row's tokens as the row alone gives them."""
+    from scio_recorder.activations import write  # noqa: PLC0415 (a heavier part)
+
+    build, names, _, _ = MODELS[name]
+    model = build()
+    batch = padded(side)
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    ds = write(rnet, [batch], tmp_path / "set", layers=names)
+    got = ds[torch.arange(len(ds))]
+    rows = alone(model, batch, names)
+    for layer in names:
+        want = torch.cat([rows[r][layer][0] for r in range(len(LENGTHS))])
+        assert_rows_close(got[layer], want)
+
+
+def test_written_tokens_follow_the_padding_with_position_ids_none(tmp_path):
+    """``position_ids=None``: the batch as it is, GPT-2's left-padded rows differ."""
+    from scio_recorder.activations import write  # noqa: PLC0415 (a heavier part)
+
+    model = gpt2()
+    batch = padded("left")
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    layer = "transformer.h.1"
+    ds = write(rnet, [batch], tmp_path / "set", layers=[layer], position_ids=None)
+    got = ds[torch.arange(len(ds))][layer]
+    want = torch.cat([row[layer][0] for row in alone(model, batch, [layer])])
+    # the padded rows moved, far beyond rounding (100x assert_rows_close's)
+    assert float((got - want).abs().max()) > 100 * 1024 * EPS32 * float(
+        want.abs().max()
+    )
+    seen = []
+    handle = model.get_submodule(layer).register_forward_hook(
+        lambda _m, _a, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        model(**batch)
+    handle.remove()
+    assert torch.equal(got, seen[0][batch["attention_mask"].bool()])
+
+
+@pytest.mark.parametrize(("name", "side"), _matrix({("gpt_neo", "left")}))
+def test_collected_rows_equal_each_row_alone(name, side):
+    """collect's records of a padded batch: each row's kept tokens as alone."""
+    from scio_recorder import collect  # noqa: PLC0415 (a heavier part)
+
+    build, _, names, _ = MODELS[name]
+    model = build()
+    batch = padded(side)
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    result = collect(rnet, [batch], dict.fromkeys(names, "concat"), input=lambda b: b)
+    rows = alone(model, batch, names)
+    for layer in names:
+        label = result.labels_of[layer][0]
+        for row, kept in enumerate(batch["attention_mask"].bool()):
+            assert_rows_close(result[label][row, kept], rows[row][layer][0])
+
+
+@pytest.mark.parametrize(("name", "side"), _matrix({("bert", "left")}))
+def test_fitted_detector_scores_each_row_as_alone(name, side):
+    """A detector fitted on padded batches scores each padded row as the row alone."""
+    from scio_recorder.ood import MahalanobisEnsemble  # noqa: PLC0415
+
+    build, _, names, _ = MODELS[name]
+    model = build()
+    rnet = Recorder(model, input_data={"input_ids": padded(side)["input_ids"][:1]})
+    detector = MahalanobisEnsemble(
+        rnet,
+        names,
+        token="mean",  # noqa: S106 (not a password)
+        mask="attention_mask",
+        shrinkage=0.5,
+    )
+    fit = [(padded(side, seed), torch.tensor([0, 1, 0])) for seed in range(1, 4)]
+    detector.fit(fit, input=lambda b: b[0], target=1)
+    batch = padded(side)
+    scores = detector(**batch)
+    for row, kept in enumerate(batch["attention_mask"].bool()):
+        ids = batch["input_ids"][row, kept][None]
+        single = detector(input_ids=ids, attention_mask=torch.ones_like(ids))
+        # The pooled features agree to float32 rounding (see assert_rows_close);
+        # the score, a quadratic form in them with the covariance shrunk by
+        # 0.5 toward its trace (condition number under 10^2 here), to 10^2
+        # times that, relative to the score.
+        tol = 100 * 1024 * EPS32 * float(single.abs().max())
+        torch.testing.assert_close(scores[row : row + 1], single, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize(("name", "side"), _matrix({("gpt_neo", "left")}, causal=True))
+def test_logit_lens_of_a_padded_batch_equals_each_row_alone(name, side):
+    """logit_lens: row r's lens at its kept positions equals the row alone's."""
+    from scio_recorder.explain import logit_lens  # noqa: PLC0415
+
+    build, names, _, _ = MODELS[name]
+    model = build()
+    batch = padded(side)
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    lens = logit_lens(rnet, batch, names)
+    for row, kept in enumerate(batch["attention_mask"].bool()):
+        ids = batch["input_ids"][row, kept][None]
+        assert_rows_close(lens[:, row, kept], logit_lens(rnet, ids, names)[:, 0])
+
+
+@pytest.mark.parametrize(("name", "side"), _matrix({("gpt2", "left")}, causal=True))
+def test_patch_sweep_of_a_padded_batch_equals_each_row_alone(name, side):
+    """patch_sweep with a metric of row r: its real columns are row r's sweep alone."""
+    from scio_recorder.explain import patch_sweep  # noqa: PLC0415
+
+    build, names, _, _ = MODELS[name]
+    model = build()
+    clean, corrupted = padded(side, seed=1), padded(side, seed=2)
+    rnet = Recorder(model, input_data={"input_ids": clean["input_ids"][:1]})
+    for row, kept in enumerate(clean["attention_mask"].bool()):
+        last = int(kept.nonzero().max())  # the row's last real token
+
+        def metric(out, row=row, last=last):
+            return out.logits[row, last, :4].sum()
+
+        grid = patch_sweep(rnet, clean, corrupted, names, metric)
+        ids = [b["input_ids"][row, kept][None] for b in (clean, corrupted)]
+        single = patch_sweep(
+            rnet, ids[0], ids[1], names, lambda out: out.logits[0, -1, :4].sum()
+        )
+        # a sum of 4 logits, each within float32 rounding (assert_rows_close)
+        tol = 4 * 1024 * EPS32 * float(single.abs().max())
+        torch.testing.assert_close(grid[:, kept], single, atol=tol, rtol=0)
+
+
+def test_a_direct_call_with_left_padding_warns_once_naming_the_fix():
+    """rnet(**batch) stays the user's call; left padding on GPT-2 warns, once."""
+    import warnings  # noqa: PLC0415
+
+    model = gpt2()
+    batch = padded("left")
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    msg = (
+        "A left-padded batch (its `attention_mask` starts with padding) and no "
+        "`position_ids` reached GPT2LMHeadModel, whose positions are learned absolute "
+        "ones: each padded row's tokens are numbered from its padding, so its "
+        "activations differ from the row run alone. Pass "
+        "`position_ids=(mask.cumsum(-1) - 1).clamp(min=0)` with the batch, pad on "
+        "the right (`tokenizer.padding_side = 'right'`), or use "
+        "`scio_recorder.collect` / `activations.write`, which derive them "
+        "(`position_ids='from_mask'`). Shown once per recorder."
+    )
+    with pytest.warns(UserWarning, match=f"^{re.escape(msg)}$") as caught:
+        rnet(**batch)
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rnet(**batch)  # once per recorder
+        for quiet in (
+            Recorder(model, input_data={"input_ids": batch["input_ids"][:1]}),
+            Recorder(llama(), input_data={"input_ids": batch["input_ids"][:1]}),
+        ):
+            quiet(**padded("right"))
+            quiet(**Positions(quiet.net).add((), batch)[1])
+        Recorder(llama(), input_data={"input_ids": batch["input_ids"][:1]})(**batch)

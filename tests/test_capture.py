@@ -166,16 +166,33 @@ def inplace_net():
     return nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True))
 
 
-def test_inplace_module_input_without_clone_warns():
-    """The ReLU overwrites the recorded input: an InPlaceWarning says so."""
+def test_inplace_module_input_is_the_pre_call_value_by_default(recwarn):
+    """The ReLU overwrites its recorded input: the record is a copy, exact, silent."""
     net = inplace_net()
     rnet = Recorder(net, input_size=(1, 3))
     rnet.record(inputs="1")
+    x = torch.randn(4, 3)
+    out = rnet(x)
+    expected = F.linear(x, net[0].weight, net[0].bias)
+    assert (expected < 0).any()
+    assert torch.equal(rnet.inputs[(1, 2)].args[0], expected)
+    assert rnet.inputs[(1, 2)].args[0] is not out
+    assert not [w for w in recwarn if issubclass(w.category, InPlaceWarning)]
+
+
+def test_inplace_module_input_unseen_by_the_reference_pass_warns():
+    """A ReLU made in-place after the table: the record changes, a warning says so."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    rnet = Recorder(net, input_size=(1, 3))
+    net[1].inplace = True
+    rnet.record(inputs="1")
     msg = (
         "The record of layer 1-2 (ReLU `1`) was modified in place after it was "
-        "recorded (e.g. by a later `inplace=True` operation): `rnet.inputs[(1, 2)]` "
-        "no longer holds that layer's inputs. Use `rnet.record(..., clone=True)` "
-        "to keep an exact copy. Shown once per layer and recorder."
+        "recorded by an in-place operation that the reference pass did not run "
+        "(records a later in-place operation overwrites in the reference pass are "
+        "copies): `rnet.inputs[(1, 2)]` no longer holds that layer's inputs. Use "
+        "`rnet.record(..., clone=True)` to keep an exact copy. Shown once per "
+        "layer and recorder."
     )
     with pytest.warns(InPlaceWarning, match=f"^{re.escape(msg)}$"):
         out = rnet(torch.randn(4, 3))

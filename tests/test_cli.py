@@ -835,3 +835,72 @@ def test_demo_refuses_an_unknown_ood_set():
         ValueError, match=r"unknown OoD set \['shapes'\]; the digits benchmark has"
     ):
         run_demo(None, quick=True, echo=lambda _line: None, ood=("shapes",))
+
+
+# -- check ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_check_of_left_padded_gpt2_fails_batch_without_position_ids(capsys, gpt2_file):
+    """--padding left --position-ids none: the batch check fails, exit code 1."""
+    code, out, err = run(
+        capsys, "check", gpt2_file, "--input-ids", "3,8", "--padding", "left",
+        "--position-ids", "none",
+    )  # fmt: skip
+    assert code == 1, err
+    lines = out.splitlines()
+    assert re.fullmatch(r"check +result +magnitude +where +likely cause", lines[0])
+    assert [line.split()[:2] for line in lines[2:]] == [
+        ["recording", "PASS"],
+        ["batch", "FAIL"],
+        ["determinism", "PASS"],
+        ["dtype", "PASS"],
+        ["inplace", "PASS"],
+        ["calls", "PASS"],
+    ]
+    assert "'s records change with its padding: the model takes position_ids" in out
+    # Derived from the mask (the default), every check passes.
+    code, out, err = run(
+        capsys, "check", gpt2_file, "--input-ids", "3,8", "--padding", "left",
+        "--record", "transformer.h.1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert " FAIL " not in out
+    assert "each of the 1 checked calls ran as in the reference pass" in out
+
+
+def test_check_prints_the_report_of_rnet_check(capsys, tmp_path):
+    """The command prints rnet.check's table for the model and input it builds."""
+    from scio_recorder.models import tiny_mlp  # noqa: PLC0415
+
+    x = torch.randn(4, 16)
+    save_file({"0": x}, tmp_path / "x.safetensors")
+    code, out, _ = run(
+        capsys, "check", "mlp", "--input-data", str(tmp_path / "x.safetensors")
+    )
+    assert code == 0
+    torch.manual_seed(0)  # as the command builds the model
+    rnet = Recorder(tiny_mlp().eval(), force_static_flow=False, input_data=[x])
+    assert out == f"{rnet.check(x)}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["check", "mlp", "--rows", "0"],
+            "--rows 0: give the number of rows to run alone, >= 1",
+        ),
+        (
+            ["check", "mlp", "--padding", "left"],
+            (
+                "--padding left needs --input-ids and a model whose forward takes "
+                "an attention_mask (the padding is marked there)"
+            ),
+        ),
+    ],
+)
+def test_check_errors_name_the_option(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert err == f"scio-recorder: error: {message} (--debug shows the traceback)\n"

@@ -286,6 +286,7 @@ SLOW_PAGES = {
     "docs/plot.md",
     "docs/recipes/mahalanobis.md",
     "docs/sae.md",
+    "docs/trusting.md",
     "docs/views.md",
 }
 

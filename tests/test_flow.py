@@ -71,7 +71,7 @@ def bert(**options: int) -> nn.Module:
 def tokens() -> dict[str, Tensor]:
     """A tokenizer-like batch with padding (HF then checks the mask in eager)."""
     mask = torch.ones(2, 16, dtype=torch.long)
-    mask[1, :4] = 0
+    mask[1, 12:] = 0  # right padding: left padding without position ids warns
     return {"input_ids": torch.randint(0, 100, (2, 16)), "attention_mask": mask}
 
 

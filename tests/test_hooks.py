@@ -16,7 +16,14 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
 from scio_recorder import CallPlanError, InPlaceWarning, Recorder
-from tests.nets import BranchNet, ListNet, LoopNet, SharedActNet, TrainOnlyNet
+from tests.nets import (
+    BranchNet,
+    ListNet,
+    LoopNet,
+    SharedActNet,
+    TrainOnlyNet,
+    inplace_blocks,
+)
 
 X = (1, 4)  # input_size of every reference pass
 
@@ -355,8 +362,14 @@ def test_transformer_recorded_pass_matches_fused_output(encoder_layer):
 
 @pytest.fixture
 def inplace_rnet() -> Recorder:
-    """``Sequential(Linear, ReLU(inplace=True))`` recording the Linear."""
-    rnet = Recorder(nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True)), input_size=X)
+    """``Sequential(Linear, ReLU)`` recording the Linear, the ReLU made in-place after.
+
+    The reference pass saw no in-place operation, so the record is not a
+    copy: what cannot be known in advance, which the warning is for.
+    """
+    relu = nn.ReLU()
+    rnet = Recorder(nn.Sequential(nn.Linear(4, 4), relu), input_size=X)
+    relu.inplace = True
     rnet.record((1, 1))
     return rnet
 
@@ -400,6 +413,162 @@ def test_clone_record_equals_linear_output(inplace_rnet, recwarn):
     inplace_rnet(x)
     torch.testing.assert_close(inplace_rnet.activations[(1, 1)], inplace_rnet.net[0](x))
     assert inplace_warnings(recwarn.list) == []
+
+
+# -- exact by default: the reference pass learns what in-place ops overwrite
+
+
+def hand_records(net: nn.Module, x: torch.Tensor) -> tuple[dict, dict]:
+    """Run ``net(x)`` with hand hooks cloning each call's output and first input.
+
+    Keys are ``(qualified name, k)`` for the k-th call of that module.
+    """
+    outputs: dict = {}
+    inputs: dict = {}
+    handles = []
+    for name, module in net.named_modules():
+        if module is net:
+            continue
+
+        def pre(m, args, name=name):
+            k = sum(1 for key in inputs if key[0] == name)
+            inputs[name, k] = args[0].clone()
+
+        def post(m, args, out, name=name):
+            k = sum(1 for key in outputs if key[0] == name)
+            outputs[name, k] = out.clone()
+
+        handles += [
+            module.register_forward_pre_hook(pre),
+            module.register_forward_hook(post),
+        ]
+    try:
+        with torch.no_grad():
+            net(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs, inputs
+
+
+@pytest.mark.parametrize("reference_tensors", ["real", "fake"])
+def test_records_overwritten_in_place_are_exact_by_default(reference_tensors, recwarn):
+    """Every output and input record equals a hand hook's clone, bit for bit."""
+    net = inplace_blocks()
+    rnet = Recorder(net, input_size=(1, 3, 8, 8), reference_tensors=reference_tensors)
+    calls = [row for row in rnet.table.values() if row.recordable and row.name]
+    rnet.record(*(row.label for row in calls), inputs=[row.label for row in calls])
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        rnet(x)
+    outputs, inputs = hand_records(net, x)
+    overwritten = 0
+    for row in calls:
+        key = (row.name, row.call_index)
+        assert torch.equal(rnet.activations[row.label], outputs[key]), row.describe()
+        assert torch.equal(rnet.inputs[row.label].args[0], inputs[key]), row.describe()
+        overwritten += "output" in row.overwritten
+    # stem BN, each block's bn1, bn2 and first ReLU call's input (the sum's)
+    assert overwritten >= 5
+    assert inplace_warnings(recwarn.list) == []
+
+
+def test_table_names_what_in_place_operations_overwrite():
+    """The reference pass's version counters: which outputs and inputs change later."""
+    rnet = Recorder(inplace_blocks(), input_size=(1, 3, 8, 8))
+    found = {
+        (row.name, row.call_index): sorted(row.overwritten)
+        for row in rnet.table.values()
+        if row.overwritten
+    }
+    expected = {("1", 0): ["output"], ("2", 0): ["inputs"]}  # the stem's BN, ReLU
+    for block in ("3", "4"):
+        expected[f"{block}.bn1", 0] = ["output"]  # then ReLU(inplace=True)
+        expected[f"{block}.relu", 0] = ["inputs"]
+        expected[f"{block}.bn2", 0] = ["output"]  # then `out += identity`
+        expected[f"{block}.relu", 1] = ["inputs"]  # the sum, then ReLU again
+    assert found == expected
+
+
+def test_clone_true_changes_no_record_of_an_in_place_net():
+    """``clone=True`` gives the same records, bit for bit: the default is exact."""
+    net = inplace_blocks()
+    rnet = Recorder(net, input_size=(1, 3, 8, 8))
+    labels = [row.label for row in rnet.table.values() if row.recordable]
+    x = torch.randn(2, 3, 8, 8)
+    records = {}
+    for clone in (False, True):
+        rnet.record(*labels, inputs=labels, clone=clone)
+        with torch.no_grad():
+            rnet(x)
+        records[clone] = (dict(rnet.activations), dict(rnet.inputs))
+    for label in labels:
+        assert torch.equal(records[False][0][label], records[True][0][label])
+        assert torch.equal(
+            records[False][1][label].args[0], records[True][1][label].args[0]
+        )
+
+
+def test_no_copy_on_a_net_without_in_place_operations():
+    """Without in-place operations each record is the very tensor the layer returned."""
+    net = inplace_blocks(inplace=False)
+    rnet = Recorder(net, input_size=(1, 3, 8, 8))
+    assert not any(row.overwritten for row in rnet.table.values())
+    labels = [row.label for row in rnet.table.values() if row.recordable]
+    rnet.record(*labels, inputs=labels)
+    assert rnet._passes.plan.copied == frozenset()
+    assert rnet._passes.plan.copied_inputs == frozenset()
+    seen = {}
+    bn = net[3].bn2
+    handle = bn.register_forward_hook(lambda m, i, out: seen.setdefault("out", out))
+    try:
+        with torch.no_grad():
+            rnet(torch.randn(2, 3, 8, 8))
+    finally:
+        handle.remove()
+    assert rnet.activations[rnet.table.calls_of(bn)[0].label] is seen["out"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    layers=st.lists(
+        st.sampled_from(["linear", "relu", "relu_", "sigmoid_", "add_"]),
+        min_size=1,
+        max_size=6,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_records_of_random_in_place_nets_equal_cloning_hooks(layers, seed):
+    """Any mix of in-place and out-of-place layers: records equal cloning hooks."""
+
+    class AddOne(nn.Module):
+        def forward(self, x):
+            return x.add_(1.0)
+
+    class SigmoidInPlace(nn.Module):
+        def forward(self, x):
+            return x.sigmoid_()
+
+    make = {
+        "linear": lambda: nn.Linear(4, 4),
+        "relu": nn.ReLU,
+        "relu_": lambda: nn.ReLU(inplace=True),
+        "sigmoid_": SigmoidInPlace,
+        "add_": AddOne,
+    }
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 4), *(make[name]() for name in layers))
+    rnet = Recorder(net, input_size=X)
+    labels = [row.label for row in rnet.table.values() if row.name]
+    rnet.record(*labels, inputs=labels)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        rnet(x)
+    outputs, inputs = hand_records(net, x)
+    for label in labels:
+        row = rnet.table[label]
+        assert torch.equal(rnet.activations[label], outputs[row.name, row.call_index])
+        assert torch.equal(rnet.inputs[label].args[0], inputs[row.name, row.call_index])
 
 
 def test_inplace_postprocessor_changes_record_silently(recwarn):

@@ -59,8 +59,10 @@ def run(model, batch, *, module, write=None, read=None):
             read.register_forward_pre_hook(lambda _m, a: kept.update(x=a[0]))
         )
     try:
-        with torch.no_grad():
-            logits = model(**batch).logits
+        with torch.no_grad():  # each row's tokens numbered from 0, as evaluate does
+            mask = batch["attention_mask"]
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            logits = model(**batch, position_ids=positions).logits
     finally:
         for handle in handles:
             handle.remove()

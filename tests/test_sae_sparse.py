@@ -46,8 +46,10 @@ def kept_rows(model, batches):
     )
     try:
         with torch.no_grad():
-            for batch in batches:
-                model(**batch)
+            for batch in batches:  # each row numbered from 0, as write does
+                mask = batch["attention_mask"]
+                positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+                model(**batch, position_ids=positions)
     finally:
         handle.remove()
     return [

@@ -53,6 +53,7 @@ HEAVY = (
     "scio_recorder.io",
     "scio_recorder.group",
     "scio_recorder.calls",
+    "scio_recorder.checks",
     "scio_recorder.heads",
     "scio_recorder.data",
     "scio_recorder.demo",

@@ -180,6 +180,10 @@ class TracedPlan(NamedTuple):
     options: tuple[bool, bool, torch.device | None, torch.dtype | None] | None
     """``(clone, detach, device, dtype)``, ``None`` when records are the tensors."""
     deposit_key: int
+    copied: tuple[DepthIdx, ...] = ()
+    """``CallPlan.copied``: outputs recorded as copies (a tuple: a constant)."""
+    copied_inputs: tuple[DepthIdx, ...] = ()
+    """``CallPlan.copied_inputs``."""
 
 
 def _plain(
@@ -206,6 +210,8 @@ def traced_key(plan: CallPlan, token: int, deposits: GradDeposits) -> int:
         tuple((id(m), labels) for m, labels in plan.starts.items()),
         plan.options.as_tuple() if plan.options.transforms else None,
         deposits.key,
+        tuple(sorted(plan.copied)),
+        tuple(sorted(plan.copied_inputs)),
     )
     with _TRACED_LOCK:  # two threads must not give two plans one key
         key = _TRACED_KEYS.get(content)
@@ -262,6 +268,8 @@ class TracedPass(PassState):
         self.token = traced.token
         self.options = traced.options
         self.deposit_key = traced.deposit_key
+        self.copied = traced.copied
+        self.copied_inputs = traced.copied_inputs
         # Comprehensions: Dynamo traces `dict(pairs)` through a polyfill,
         # whose globals are then guarded on every call.
         self.ends = {key: specs for key, specs in traced.ends}  # noqa: C416
@@ -330,8 +338,9 @@ class TracedPass(PassState):
         label = plan[k]
         if label is None or self.dont_record:
             return
+        copy = label in self.copied_inputs
         self.inputs[label] = CallInputs(
-            tuple(self.apply(args)), dict(self.apply(kwargs))
+            tuple(self.apply(args, copy=copy)), dict(self.apply(kwargs, copy=copy))
         )
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
@@ -350,10 +359,13 @@ class TracedPass(PassState):
         label, wants_output, wants_grad = spec
         result = None
         if wants_output:
-            if not self.dont_record:
+            copy = label in self.copied  # taken after the postprocessor, as eager
+            if not self.dont_record and not copy:
                 self.records[label] = self.apply(output)
             if self.postproc is not None:
                 result = self.postprocess(label, output)
+            if not self.dont_record and copy:
+                self.records[label] = self.apply(output, copy=True)
         if wants_grad and not self.dont_record and torch.is_grad_enabled():
             if not HAS_DEPOSIT_OP:
                 msg = (
@@ -369,12 +381,17 @@ class TracedPass(PassState):
             self.grad_targets[label] = result
         return result
 
-    def apply(self, value: Any) -> Any:
-        """Return the record of ``value`` (see :class:`~.plan.RecordOptions`)."""
+    def apply(self, value: Any, *, copy: bool = False) -> Any:
+        """Return the record of ``value`` (see :class:`~.plan.RecordOptions`).
+
+        ``copy``: a copy whatever the options (a record that a later in-place
+        operation overwrites, see ``CallPlan.copied``).
+        """
         options = self.options
-        if options is None:
+        if options is None and not copy:
             return value
-        clone, detach, device, dtype = options
+        clone, detach, device, dtype = options or (False, False, None, None)
+        clone = clone or copy
         return map_tensors(
             lambda tensor: convert(tensor, clone, detach, device, dtype), value
         )

@@ -208,10 +208,14 @@ class _PostHook(_RecorderHook):
         self.labels = tuple(None if spec is None else spec.label for spec in specs)
         """The label of each call (``None``: counted, not captured)."""
         self.plain = not plan.options.transforms and all(
-            spec is None or not (spec.grad or spec.label in plan.unrecorded)
+            spec is None
+            or not (
+                spec.grad or spec.label in plan.unrecorded or spec.label in plan.copied
+            )
             for spec in specs
         )
-        """Whether every call's record is the output itself, with no gradient."""
+        """Whether every call's record is the output itself, with no gradient
+        (nor a copy: see :attr:`CallPlan.copied <.plan.CallPlan.copied>`)."""
 
     def fire(self, module: nn.Module, _args: Any, output: Any) -> Any:  # noqa: PLR0911 (one frame, every path returns early)
         """Count a call of ``module`` and capture what the plan asks of it."""

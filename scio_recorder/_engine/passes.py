@@ -681,8 +681,10 @@ class Passes:
         what = "output" if kind == "activations" else "inputs"
         msg = (
             f"The record of layer {row.describe()} was modified in place "
-            "after it was recorded (e.g. by a later `inplace=True` "
-            f"operation): `rnet.{kind}[{label}]` no longer holds that "
+            "after it was recorded by an in-place operation that the reference "
+            "pass did not run (records a later in-place operation overwrites in "
+            "the reference pass are copies): "
+            f"`rnet.{kind}[{label}]` no longer holds that "
             f"layer's {what}. Use `rnet.record(..., clone=True)` to keep an "
             "exact copy. Shown once per layer and recorder."
         )

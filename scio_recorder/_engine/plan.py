@@ -180,6 +180,15 @@ class CallPlan:
     unrecorded: frozenset[DepthIdx] = frozenset()
     """Labels hooked only to be edited (``activation_postproc`` or
     ``input_postproc`` given as a dict): their calls are edited, not recorded."""
+    copied: frozenset[DepthIdx] = frozenset()
+    """Recorded labels whose output a later in-place operation overwrote in
+    the reference pass (:attr:`Layer.overwritten <scio_recorder.layers.Layer.
+    overwritten>`): their records are copies, taken when the call ends (and
+    its postprocessor ran), so that they stay exact. Empty with
+    ``options.clone`` (every record is a copy) and on nets without in-place
+    operations: no copy at all."""
+    copied_inputs: frozenset[DepthIdx] = frozenset()
+    """The same for recorded inputs: labels whose inputs were overwritten."""
     shards: Shards | None = dataclasses.field(default=None, compare=False, repr=False)
     """The tensor-parallel layout of the net, whose pieces the pass makes whole
     (see :mod:`.shards`); ``None`` for a net in one piece."""
@@ -195,6 +204,10 @@ class CallPlan:
     """A zero per slot: a pass's counts start as a copy (derived; never mutated)."""
     zero_starts: list[int] = dataclasses.field(init=False, repr=False)
     """A zero per start slot (derived; never mutated)."""
+    copy_options: RecordOptions = dataclasses.field(init=False, repr=False)
+    """``options`` with ``clone``: how the records of :attr:`copied` and
+    :attr:`copied_inputs` are taken (a device or dtype move that copies
+    already is not copied again, see :func:`convert`; derived)."""
 
     def __post_init__(self) -> None:
         derived = {
@@ -204,6 +217,7 @@ class CallPlan:
             "expected_start_counts": [len(labels) for labels in self.starts.values()],
             "zero_counts": [0] * len(self.ends),
             "zero_starts": [0] * len(self.starts),
+            "copy_options": dataclasses.replace(self.options, clone=True),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -306,6 +320,13 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
             f"label{'s' if len(calls) > 1 else ''} "
             f"{', '.join(call.label_str for call in calls)})"
         )
+    copied: frozenset[DepthIdx] = frozenset()
+    copied_inputs: frozenset[DepthIdx] = frozenset()
+    if not options.clone:  # with it, every record is a copy already
+        copied = frozenset(row.label for row in outputs if "output" in row.overwritten)
+        copied_inputs = frozenset(
+            row.label for row in inputs if "inputs" in row.overwritten
+        )
     return CallPlan(
         ends,
         starts,
@@ -314,6 +335,8 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
         table.mode_description,
         len(out_labels),
         frozenset(unrecorded),
+        copied,
+        copied_inputs,
         shards,
     )
 

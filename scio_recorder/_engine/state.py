@@ -56,10 +56,12 @@ class InPlaceWarning(UserWarning):
     """A record was modified in place after it was taken.
 
     Raised (as a warning) at the end of a pass, once per label and recorder,
-    when a tensor of ``rnet.activations`` changed after it was recorded, for
-    example by a later ``ReLU(inplace=True)``. Silence it with
-    ``warnings.simplefilter("ignore", InPlaceWarning)``, or keep exact records
-    with ``rnet.record(..., clone=True)``.
+    when a tensor of ``rnet.activations`` changed after it was recorded by an
+    in-place operation that the reference pass did not run (a
+    ``Dropout(inplace=True)`` in train mode on a table built in eval mode):
+    the records that the reference pass saw overwritten are copies, exact.
+    Silence it with ``warnings.simplefilter("ignore", InPlaceWarning)``, or
+    keep exact records with ``rnet.record(..., clone=True)``.
     """
 
 
@@ -319,22 +321,17 @@ class PassState:
         """Record the inputs of ``label``'s call (with their version counters)."""
         if self.inputs is _NO_INPUTS:
             self.inputs = {}
-        options = self.plan.options
+        plan = self.plan
+        options = plan.options
+        if label in plan.copied_inputs:  # overwritten later: a copy, exact
+            options = plan.copy_options
         if options.transforms:
             args, kwargs = options.apply(args), options.apply(kwargs)
         record = CallInputs(tuple(args), dict(kwargs))
         self.inputs[label] = record
         if not options.clone:
             for item in (*record.args, *record.kwargs.values()):
-                if isinstance(item, Tensor):  # the common case, without a tree walk
-                    try:
-                        version = item._version  # noqa: SLF001 (version counter)
-                    except RuntimeError:  # inference tensors have no version counter
-                        continue
-                    self.watched.append(item)
-                    self.versions.append(version)
-                else:
-                    self.watch(item)
+                self.watch_record(item)
 
     def on_output(self, module: nn.Module, output: Any) -> Any:
         """Handle the end of a call of a hooked ``module`` (the general path).
@@ -371,40 +368,43 @@ class PassState:
             raise self.extra_call(module, k + 1, len(entries))
         return entries[k]
 
-    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:  # noqa: C901 (one frame: every recorded call)
+    def end_call(self, module: nn.Module, spec: EndSpec, output: Any) -> Any:
         """Capture what ``spec`` asks of a call's ``output``; return its edit."""
         label, wants_output, wants_grad = spec
         if not wants_output:
             if not self.dont_record:
                 self.watch_grad(module, label, output)
             return None
-        options = self.plan.options
-        shards, piece = self.plan.shards, output
+        plan = self.plan
+        options = plan.options
+        shards, piece = plan.shards, output
         if shards is not None:  # a tensor-parallel net: whole outputs
             output = shards.whole(module, output, "output")
         record = None
-        if not self.dont_record and label not in self.plan.unrecorded:
-            record = options.apply(output) if options.transforms else output
-            self.records[label] = record
+        copy = False
+        if not self.dont_record and label not in plan.unrecorded:
+            if label in plan.copied:
+                # A later in-place operation overwrites this output (the
+                # reference pass saw it): the record is a copy, taken after the
+                # postprocessor (below), so that an in-place edit shows in it
+                # as in any record. A copy needs no version counter.
+                copy = True
+                self.records[label] = None  # its place in the records' order
+            else:
+                record = options.apply(output) if options.transforms else output
+                self.records[label] = record
         result = (
             None if self.postproc is None else self.postprocess(label, output, module)
         )
+        if copy:
+            self.records[label] = plan.copy_options.apply(output)
         if shards is not None and output is not piece and self.postproc is not None:
             # the edit (or the whole, edited in place) goes back as this rank's piece
             result = shards.piece(
                 module, output if result is None else result, piece, "output"
             )
         if record is not None and not options.clone:
-            if isinstance(record, Tensor):
-                try:
-                    version = record._version  # noqa: SLF001 (version counter)
-                except RuntimeError:  # inference tensors have no version counter
-                    pass
-                else:
-                    self.watched.append(record)
-                    self.versions.append(version)
-            else:
-                self.watch(record)
+            self.watch_record(record)
         if wants_grad and not self.dont_record:
             self.watch_grad(module, label, output if result is None else result)
         return result
@@ -452,6 +452,18 @@ class PassState:
         if self.watched:  # in-place edits by postprocessors are the user's
             self.versions = [t._version for t in self.watched]  # noqa: SLF001
         return result
+
+    def watch_record(self, record: Any) -> None:
+        """Keep the version counter of a record (one tensor: without a tree walk)."""
+        if isinstance(record, Tensor):
+            try:
+                version = record._version  # noqa: SLF001 (version counter)
+            except RuntimeError:  # inference tensors have no version counter
+                return
+            self.watched.append(record)
+            self.versions.append(version)
+        else:
+            self.watch(record)
 
     def watch(self, record: Any) -> None:
         """Keep the version counter of every tensor inside ``record``."""

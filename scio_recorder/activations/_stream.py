@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from scio_recorder._batches import POSITION_IDS
+
 from ._tokens import Batches, token_ids
 
 if TYPE_CHECKING:
@@ -47,10 +49,13 @@ def token_batches(  # noqa: PLR0913 (write's options)
     input: Any = None,  # noqa: A002 (the documented name)
     skip_bos: bool = False,
     device: torch.device | str | None = None,
+    position_ids: str | None = POSITION_IDS,
 ) -> Iterator[TokenBatch]:
     """Yield each batch's arguments and kept tokens, as :func:`write` reads them.
 
-    ``mask``, ``input``, ``skip_bos`` and ``device`` are :func:`write`'s.
+    ``mask``, ``input``, ``skip_bos``, ``device`` and ``position_ids`` are
+    :func:`write`'s (the arguments hold the position ids derived from the
+    padding mask, by default).
     The batch's shape ``[batch, positions]`` is the mask's, or (with
     ``mask=None``) the token ids'.
 
@@ -84,6 +89,7 @@ def token_batches(  # noqa: PLR0913 (write's options)
         mask=mask,
         skip_bos=skip_bos,
         device=None if device is None else torch.device(device),
+        position_ids=position_ids,
     )
     for index, batch in enumerate(batches):
         args, kwargs = source.arguments(batch, index)
@@ -102,5 +108,5 @@ def token_batches(  # noqa: PLR0913 (write's options)
             )
             raise ValueError(msg)
         keep = source.kept(padding, shape, index)
-        args, kwargs = source.move(args, kwargs)
+        args, kwargs = source.positions.add(*source.move(args, kwargs))
         yield TokenBatch(args, kwargs, keep, ids)

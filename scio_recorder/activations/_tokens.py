@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
+from scio_recorder._batches import Positions, as_arguments, batch_getter, move_to
 from scio_recorder._engine.state import pick_argument
 from scio_recorder.collect import InputOf
 from scio_recorder.layers import label_str
@@ -313,7 +313,7 @@ def check_batch(batch: object, index: int, input: Any) -> None:  # noqa: A002 (t
 class Batches:
     """How a batch becomes the net's arguments and a mask of the tokens kept."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the write's options about batches)
         self,
         rnet: Recorder,
         *,
@@ -321,6 +321,7 @@ class Batches:
         mask: Any,
         skip_bos: bool,
         device: torch.device | None,
+        position_ids: str | None = None,
     ) -> None:
         self.input = input
         self.get_input: Callable[[Any], Any] = batch_getter(input, "input")
@@ -330,6 +331,8 @@ class Batches:
         self.skip_bos = skip_bos
         self.device = device
         self.padding_id = _padding_id(rnet)
+        self.positions = Positions.of(rnet.net, position_ids)
+        """Position ids from the padding mask (``write(position_ids=)``)."""
 
     def arguments(
         self, batch: Any, index: int

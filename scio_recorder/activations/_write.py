@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 import safetensors.torch
 import torch
 
-from scio_recorder._batches import batch_getter
+from scio_recorder._batches import (
+    POSITION_IDS,
+    batch_getter,
+    check_position_ids,
+    padding_unwatched,
+)
 from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._files import differences, dtype_name, parse_dtype
 from scio_recorder._fingerprint import describe_spec
@@ -171,9 +176,13 @@ def _fingerprint(  # noqa: PLR0913 (what makes a set)
     mask: Any,
     shard_size: int,
     world: int,
+    position_ids: str | None,
 ) -> dict[str, Any]:
     net = type(rnet.net)
-    return {
+    # Only when derived: a set written without derived position ids (before
+    # the option, or with `position_ids=None`) keeps its fingerprint.
+    derived = {} if position_ids is None else {"position_ids": position_ids}
+    return derived | {
         "model": f"{net.__module__}.{net.__qualname__}",
         "layers": describe_layers(specs),
         "dtype": None if dtype is None else dtype_name(dtype),
@@ -230,6 +239,7 @@ def write(  # noqa: PLR0913 (the documented options)
     device: torch.device | str | None = None,
     progress: bool | None = None,
     metadata: Any = None,
+    position_ids: str | None = POSITION_IDS,
 ) -> ActivationDataset:
     """Write the activations of several layers over a token stream to a folder.
 
@@ -303,6 +313,16 @@ def write(  # noqa: PLR0913 (the documented options)
     metadata : JSON, optional
         Stored in the manifest as ``"metadata"`` (the tokenizer's name, the
         corpus, ...).
+    position_ids : {"from_mask", None}, default "from_mask"
+        ``"from_mask"``: when the net's forward takes ``position_ids`` and
+        ``attention_mask`` and a batch has a 2-D ``attention_mask`` and no
+        ``position_ids``, give it ``attention_mask.cumsum(-1) - 1`` (0 at
+        the padding), as Hugging Face's ``generate`` does, so that a row's
+        tokens are numbered from 0 whatever its padding: left or right
+        padding give the row's activations alone. Models that number padded
+        rows themselves (RoBERTa's family, OPT, encoder-decoders) are left
+        as they are. ``None``: batches are passed as they are (GPT-2 or
+        BERT then number a left-padded row's tokens from its padding).
 
     Returns
     -------
@@ -368,6 +388,7 @@ def write(  # noqa: PLR0913 (the documented options)
         metadata=metadata,
         mask=mask,
     )
+    check_position_ids(position_ids)
     specs = resolve_layers(rnet, layers)
     source = Batches(
         rnet,
@@ -375,6 +396,7 @@ def write(  # noqa: PLR0913 (the documented options)
         mask=mask,
         skip_bos=skip_bos,
         device=None if device is None else torch.device(device),
+        position_ids=position_ids,
     )
     folder = Path(path)
     # Tensor parallelism: every rank runs the same batches and holds the same
@@ -394,6 +416,7 @@ def write(  # noqa: PLR0913 (the documented options)
         mask=mask,
         shard_size=size,
         world=world,
+        position_ids=position_ids,
     )
     lock = FolderLock(
         folder,
@@ -449,9 +472,12 @@ def write(  # noqa: PLR0913 (the documented options)
             unit="tok",
         )
         try:
-            with rnet.selecting(
-                *(spec.row.label for spec in specs if not spec.of_input),
-                inputs=[spec.row.label for spec in specs if spec.of_input],
+            with (
+                rnet.selecting(
+                    *(spec.row.label for spec in specs if not spec.of_input),
+                    inputs=[spec.row.label for spec in specs if spec.of_input],
+                ),
+                padding_unwatched(rnet, position_ids),
             ):
                 writer.run(rnet, batches, source, bar)
         finally:

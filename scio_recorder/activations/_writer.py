@@ -312,7 +312,7 @@ class RankWriter:
         mask = source.padding_mask(batch, index)
         source.check_mask_shape(mask, args, kwargs, index)
         digest = source.digest(self.digest, args, kwargs, mask)
-        args, kwargs = source.move(args, kwargs)
+        args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
             if EARLY_EXIT:
                 rnet(*args, early_exit=True, **kwargs)

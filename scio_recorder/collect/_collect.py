@@ -22,8 +22,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import batch_getter
+from scio_recorder._batches import (
+    POSITION_IDS,
+    Positions,
+    as_arguments,
+    batch_getter,
+    padding_unwatched,
+)
 from scio_recorder._engine.shards import tensor_parallel
+from scio_recorder._engine.state import CallInputs
 from scio_recorder._ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
@@ -44,7 +51,7 @@ from ._spill import ConcatStore, SpillFolder, spill_lock
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -162,6 +169,7 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     clone: bool = False,
     durable: bool = False,
     early_exit: bool | None = None,
+    position_ids: str | None = POSITION_IDS,
 ) -> CollectResult:
     """Run the recorder over every batch and reduce the chosen layers' outputs.
 
@@ -266,6 +274,16 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         ``grad=True``). ``False``: full passes. Layers that do not run have
         no side effect either (a ``BatchNorm`` after the last kept layer
         does not update its running statistics in train mode).
+    position_ids : {"from_mask", None}, default "from_mask"
+        ``"from_mask"``: when the net's forward takes ``position_ids`` and
+        ``attention_mask`` (a Hugging Face language model) and an input has
+        a 2-D ``attention_mask`` and no ``position_ids``, it gets
+        ``attention_mask.cumsum(-1) - 1`` (0 at the padding), as
+        ``generate`` gives them, so that a row's records do not depend on
+        its padding (left or right) nor on its batch-mates. Models that
+        number padded rows themselves (RoBERTa's family, OPT,
+        encoder-decoders) and nets without these arguments get the input as
+        it is. ``None``: inputs are passed as they are.
 
     Returns
     -------
@@ -336,6 +354,11 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
                 )
                 raise ValueError(msg)
     get_input = batch_getter(input, "input")
+    input_is_callable = callable(input) and not isinstance(input, int | str)
+    positions = Positions.of(rnet.net, position_ids)
+    if positions.active:  # the net takes position ids: derive them when missing
+        get_input = _with_positions(get_input, positions, spread=input_is_callable)
+        input_is_callable = True
     get_target = None if target is None else batch_getter(target, "target")
     in_device = None if device is None else torch.device(device)
     out_device = None if to is None else torch.device(to)
@@ -344,6 +367,8 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     rank = dist_info[0] if dist_info is not None else 0
 
     fingerprint = fingerprint_of(slots, input, target)
+    if positions.active:  # a run without derived ids keeps its fingerprint
+        fingerprint["position_ids"] = POSITION_IDS
     if world > 1:
         fingerprint["rank"] = f"{rank} of {world}"
     digest = hashlib.sha256(
@@ -374,7 +399,7 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         rnet,
         slots,
         get_input=get_input,
-        input_is_callable=callable(input) and not isinstance(input, int | str),
+        input_is_callable=input_is_callable,
         get_target=get_target,
         grad=grad,
         device=in_device,
@@ -390,10 +415,13 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
     if lock is not None:
         lock.acquire()
     try:
-        with rnet.selecting(
-            *(slot.label for slot in slots if not slot.of_input),
-            inputs=[slot.label for slot in slots if slot.of_input],
-            clone=clone,
+        with (
+            rnet.selecting(
+                *(slot.label for slot in slots if not slot.of_input),
+                inputs=[slot.label for slot in slots if slot.of_input],
+                clone=clone,
+            ),
+            padding_unwatched(rnet, position_ids),
         ):
             saved = Saved()
             if checkpoints is not None:
@@ -445,6 +473,18 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         files=merged.files if folder.persistent else {},
         table=rnet.table,
     )
+
+
+def _with_positions(
+    get_input: Callable[[Any], Any], positions: Positions, *, spread: bool
+) -> Callable[[Any], CallInputs]:
+    """Return ``get_input`` followed by :meth:`Positions.add`, as ``CallInputs``."""
+
+    def inputs(batch: Any) -> CallInputs:
+        args, kwargs = positions.add(*as_arguments(get_input(batch), spread=spread))
+        return CallInputs(args, kwargs)
+
+    return inputs
 
 
 def _announce(est: Estimate, budget: int | None, folder: Path | None) -> None:

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._batches import as_arguments, first_batch_size
+from scio_recorder._batches import Positions, as_arguments, first_batch_size
 from scio_recorder.recorder import Recorder
 from scio_recorder.select import resolve, resolve_one
 
@@ -79,8 +79,14 @@ def arguments(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def run_net(rnet: Recorder, inputs: Any, **options: Any) -> Any:
-    """Call ``rnet`` on ``inputs`` (see :func:`arguments`) with ``options``."""
-    args, kwargs = arguments(inputs)
+    """Call ``rnet`` on ``inputs`` (see :func:`arguments`) with ``options``.
+
+    A padded batch of a net that takes ``position_ids`` gets them from its
+    ``attention_mask`` when it has none (see
+    :class:`~scio_recorder._batches.Positions`): a row's explanation does
+    not depend on its padding.
+    """
+    args, kwargs = Positions.of(rnet.net).add(*arguments(inputs))
     clash = sorted(kwargs.keys() & {"activation_postproc", "dont_record"})
     if clash:
         msg = (

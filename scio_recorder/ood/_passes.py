@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._batches import Positions
 from scio_recorder.reduce import Tee
 
 from ._checks import check_batches, checked_targets
@@ -216,6 +217,7 @@ def run_passes(
         if logits is not None:
             logits.extend(empty.reshape(0, 0) for _ in detectors)
         return [empty for _ in detectors]
+    args, kwargs = Positions.of(rnet.net).add(args, dict(kwargs))
     scores, passes = _score_shared(rnet, detectors, args, kwargs)
     for i, detector in enumerate(detectors):
         if not detector.shares_pass:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
+from scio_recorder._batches import Positions, as_arguments, batch_getter, move_to
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
@@ -454,12 +454,15 @@ class Detector:
         detector's own: the recorder's selection and its latest records are
         not touched. Several threads may score with one detector (or several
         detectors of one recorder) at once: each gets the scores of its own
-        inputs (see :func:`run_pass`). An empty batch gives an empty
-        ``[0]`` tensor; a sample with a NaN or an infinity in the inputs or
-        in what the detector reads scores NaN, and the others as without it.
+        inputs (see :func:`run_pass`). A padded batch of a net that takes
+        ``position_ids`` gets them from its ``attention_mask`` when it has
+        none, as in the fit (``collect(position_ids="from_mask")``). An empty
+        batch gives an empty ``[0]`` tensor; a sample with a NaN or an
+        infinity in the inputs or in what the detector reads scores NaN, and
+        the others as without it.
         """
         self.check_fitted()
-        scores, _ = self.score_alone(args, kwargs)
+        scores, _ = self.score_alone(*Positions.of(self.rnet.net).add(args, kwargs))
         return scores
 
     @property
