@@ -26,11 +26,12 @@ torch.Size([2, 4])
 
 import typing
 
-from ._engine.plan import CallPlanError, Postprocessor, reshaping
+from ._engine.plan import Postprocessor, reshaping
 from ._engine.state import CallInputs
+from ._errors import CallPlanError, InPlaceWarning
 from ._lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
-from .recorder import InPlaceWarning, Recorder, Selection, check
+from .recorder import Recorder, Selection, check
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules

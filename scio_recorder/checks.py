@@ -53,8 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from ._batches import as_arguments, first_batch_size, position_scheme
-from ._engine.plan import CallPlanError
-from ._engine.state import InPlaceWarning
+from ._errors import CallPlanError, InPlaceWarning
 from ._preserve import preserved
 from ._render import html_table
 from ._tree import iter_tensors, map_tensors

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from scio_recorder import CallInputs, Recorder
+from scio_recorder._errors import CLIError
 from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
 from scio_recorder._render import text_table
 from scio_recorder.layers import example_inputs
@@ -74,10 +75,6 @@ BUILTINS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "transformer": (transformer_encoder, (1, 16, 256)),
 }
 """Built-in models by name, with their default input size."""
-
-
-class CLIError(Exception):
-    """A problem the user can fix; printed as one line, exit code 2."""
 
 
 MAX_DIM = 2**31 - 1

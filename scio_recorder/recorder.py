@@ -60,7 +60,6 @@ from ._engine.hooks import drop_copied_hooks
 from ._engine.passes import Passes
 from ._engine.plan import (
     CallPlan,
-    CallPlanError,
     Edits,
     Postprocessor,
     RecordOptions,
@@ -68,7 +67,8 @@ from ._engine.plan import (
     make_plan,
 )
 from ._engine.shards import Shards
-from ._engine.state import CallInputs, InPlaceWarning
+from ._engine.state import CallInputs
+from ._errors import CallPlanError, InPlaceWarning
 from ._flow import table_of
 from ._quantized import gradient_cuts
 from ._tree import iter_tensors

@@ -74,9 +74,10 @@ from .state import CallInputs, PassState
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from scio_recorder._errors import CallPlanError
     from scio_recorder.layers import DepthIdx
 
-    from .plan import CallPlan, CallPlanError, Postprocessor
+    from .plan import CallPlan, Postprocessor
 
 
 Address = tuple[int, torch.device, tuple[int, ...], tuple[int, ...]]

@@ -41,17 +41,17 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._errors import CallPlanError, InPlaceWarning
 from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
 
 from .compiled import GradDeposits, run_traced, traced_key
 from .early import EarlyExit, EarlyExitState, early_plan
 from .hooks import ACTIVE, HookSet, RootHook, _PostHook, _PreHook, new_token
-from .plan import CallPlanError, Edits, RecordOptions, make_plan, with_edits
+from .plan import Edits, RecordOptions, make_plan, with_edits
 from .state import (
     CallInputs,
     Gradients,
     GradSlot,
-    InPlaceWarning,
     Latest,
     Listener,
     PassState,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 __all__ = [
     "CallPlan",
-    "CallPlanError",
     "Edits",
     "EndSpec",
     "Postprocessor",
@@ -29,6 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
+from scio_recorder._errors import CallPlanError
 from scio_recorder._tree import map_tensors
 
 if TYPE_CHECKING:
@@ -89,14 +89,6 @@ class reshaping:  # noqa: N801 (used as a function: `reshaping(fn)`)
     def __repr__(self) -> str:
         """Show the wrapped edit."""
         return f"reshaping({self.__wrapped__!r})"
-
-
-class CallPlanError(RuntimeError):
-    """A recorded module was not called as often as in the reference pass.
-
-    Labels name calls by their rank, so when the number of calls differs no
-    label can be trusted: the pass keeps no activations.
-    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 __all__ = [
     "CallInputs",
     "GradSlot",
-    "InPlaceWarning",
     "Latest",
     "Listener",
     "PassState",
@@ -47,22 +46,10 @@ from scio_recorder._tree import iter_tensors, map_leaves, map_tensors, tensor_it
 from .plan import reshaping
 
 if TYPE_CHECKING:
+    from scio_recorder._errors import CallPlanError
     from scio_recorder.layers import DepthIdx, LayerTable
 
-    from .plan import CallPlan, CallPlanError, EndSpec, Postprocessor, RecordOptions
-
-
-class InPlaceWarning(UserWarning):
-    """A record was modified in place after it was taken.
-
-    Raised (as a warning) at the end of a pass, once per label and recorder,
-    when a tensor of ``rnet.activations`` changed after it was recorded by an
-    in-place operation that the reference pass did not run (a
-    ``Dropout(inplace=True)`` in train mode on a table built in eval mode):
-    the records that the reference pass saw overwritten are copies, exact.
-    Silence it with ``warnings.simplefilter("ignore", InPlaceWarning)``, or
-    keep exact records with ``rnet.record(..., clone=True)``.
-    """
+    from .plan import CallPlan, EndSpec, Postprocessor, RecordOptions
 
 
 class CallInputs(NamedTuple):

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from scio_recorder._batches import Positions, as_arguments, batch_getter, move_to
 from scio_recorder._engine.state import pick_argument
+from scio_recorder._errors import NotFittedError
 from scio_recorder._outputs import logits_of
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.recorder import Recorder
@@ -73,10 +74,6 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.select import Selector
-
-
-class NotFittedError(RuntimeError):
-    """A detector that needs fitting was asked to score before :meth:`~Detector.fit`."""
 
 
 @dataclasses.dataclass
