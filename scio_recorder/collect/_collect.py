@@ -1,8 +1,11 @@
 """The entry points of :mod:`scio_recorder.collect`: :func:`collect`, :func:`estimate`.
 
-They check the options, plan one slot per label (``_specs``), run the loop
-(``_loop``) with spilling (``_spill``), checkpoints (``_checkpoint``) and
-merging across ranks (``_distributed``), and assemble a
+:func:`collect` checks its options, then runs in three stages:
+:func:`_prepare` describes the run (a :class:`_Job`: one slot per label, ``_specs``; the
+loop, ``_loop``; where it spills, ``_spill``, and checkpoints,
+``_checkpoint``), :func:`_execute` runs the loop over the batches with the
+kept labels selected, and :func:`_finish` merges across ranks
+(``_distributed``) and assembles the
 :class:`~scio_recorder.collect.CollectResult` (``_results``). The package's
 ``__init__`` documents the whole; import from there.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 __all__ = ["COLLECT_SIGNATURE", "CollectModule", "collect", "estimate"]
 
+import contextlib
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -51,7 +56,7 @@ from ._spill import ConcatStore, SpillFolder, spill_lock
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
@@ -150,7 +155,7 @@ def _check_options(  # noqa: PLR0913 (the options it checks)
             raise TypeError(msg)
 
 
-def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
+def collect(  # noqa: PLR0913 (the documented options)
     rnet: Recorder,
     batches: Iterable[Any],
     keep: Mapping[Selector, ReducerSpec],
@@ -339,44 +344,105 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         progress=progress,
         early_exit=early_exit,
     )
+    job = _prepare(
+        rnet,
+        batches,
+        keep,
+        input=input,
+        target=target,
+        grad=grad,
+        device=device,
+        to=to,
+        memory_budget=memory_budget,
+        spill_dir=spill_dir,
+        checkpoint_every=checkpoint_every,
+        durable=durable,
+        early_exit=early_exit,
+        position_ids=position_ids,
+    )
+    with job.holding():
+        _execute(job, batches, resume=resume, progress=progress, clone=clone)
+        return _finish(job, gather)
+
+
+@dataclasses.dataclass
+class _Job:
+    """A collect run as :func:`_prepare` describes it, before the first batch.
+
+    The slots (one per label, with a fresh reducer or store), the loop
+    (:class:`~._loop.Run`) with its settings, where it spills and
+    checkpoints, the estimate, and this process's rank. Nothing is written
+    until :meth:`holding`.
+    """
+
+    rnet: Recorder
+    slots: list[Slot]
+    labels_of: dict[Any, tuple[DepthIdx, ...]]
+    run: Run
+    folder: SpillFolder
+    folder_path: Path | None
+    checkpoints: Checkpoints | None
+    estimate: Estimate
+    num_samples: int | None
+    digest: str
+    """The run's fingerprint without the rank: ranks check they run the same."""
+    rank: int
+    world: int
+    budget: int | None
+    position_ids: str | None
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold ``spill_dir``'s lock while the run writes; remove a temporary folder.
+
+        One run per folder (per rank folder under :mod:`torch.distributed`):
+        a second run would truncate and append the same files.
+        """
+        lock = None if self.folder_path is None else spill_lock(self.folder_path)
+        if lock is not None:
+            lock.acquire()
+        try:
+            yield
+        finally:
+            self.folder.cleanup()
+            if lock is not None:
+                lock.release()
+
+
+def _prepare(  # noqa: PLR0913 (collect's options)
+    rnet: Recorder,
+    batches: Iterable[Any],
+    keep: Mapping[Selector, ReducerSpec],
+    *,
+    input: BatchSpec,  # noqa: A002 (collect's name)
+    target: BatchSpec,
+    grad: bool,
+    device: torch.device | str | None,
+    to: torch.device | str | None,
+    memory_budget: int | None,
+    spill_dir: str | os.PathLike[str] | None,
+    checkpoint_every: int | None,
+    durable: bool,
+    early_exit: bool | None,
+    position_ids: str | None,
+) -> _Job:
+    """Describe the run: its slots, its loop, where it spills; nothing runs."""
     slots, labels_of = plan(rnet, keep)
     if early_exit is None:  # stop early unless the output or gradients are needed
         early_exit = not grad and all(
             slot.of_input or slot.label[0] != 0 for slot in slots
         )
-    if target is None:
-        for slot in slots:
-            if needs_target(slot.template):
-                msg = (
-                    f"keep[{slot.selector!r}] is a {short_name(slot.template)}, "
-                    "which needs per-sample class labels: pass `target=` (e.g. "
-                    "`target=1` for (input, label) batches)."
-                )
-                raise ValueError(msg)
-    get_input = batch_getter(input, "input")
-    input_is_callable = callable(input) and not isinstance(input, int | str)
+    _check_targets(slots, target)
     positions = Positions.of(rnet.net, position_ids)
-    if positions.active:  # the net takes position ids: derive them when missing
-        get_input = _with_positions(get_input, positions, spread=input_is_callable)
-        input_is_callable = True
-    get_target = None if target is None else batch_getter(target, "target")
-    in_device = None if device is None else torch.device(device)
-    out_device = None if to is None else torch.device(to)
+    get_input, input_is_callable = _input_getter(input, positions)
     dist_info = rank_and_world()
-    world = dist_info[1] if dist_info is not None else 1
-    rank = dist_info[0] if dist_info is not None else 0
-
+    rank, world = dist_info if dist_info is not None else (0, 1)
     fingerprint = fingerprint_of(slots, input, target)
     if positions.active:  # a run without derived ids keeps its fingerprint
         fingerprint["position_ids"] = POSITION_IDS
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode())
     if world > 1:
         fingerprint["rank"] = f"{rank} of {world}"
-    digest = hashlib.sha256(
-        json.dumps(
-            {k: v for k, v in fingerprint.items() if k != "rank"}, sort_keys=True
-        ).encode()
-    ).hexdigest()
-
     folder_path = None
     if spill_dir is not None:
         folder_path = Path(spill_dir)
@@ -394,85 +460,145 @@ def collect(  # noqa: C901, PLR0912, PLR0913, PLR0915 (the documented options)
         else Checkpoints(folder_path, fingerprint, durable=durable)
     )
     num_samples = total_samples(batches)
-    est = estimate_slots(slots, rnet.table, num_samples)
     run = Run(
         rnet,
         slots,
         get_input=get_input,
         input_is_callable=input_is_callable,
-        get_target=get_target,
+        get_target=None if target is None else batch_getter(target, "target"),
         grad=grad,
-        device=in_device,
-        to=out_device,
+        device=None if device is None else torch.device(device),
+        to=None if to is None else torch.device(to),
         budget=memory_budget,
         checkpoints=checkpoints,
         every=checkpoint_every or 1,
         early_exit=early_exit,
     )
-    # One run per folder (per rank folder under torch.distributed): a second
-    # run would truncate and append the same files. Released in `finally`.
-    lock = None if folder_path is None else spill_lock(folder_path)
-    if lock is not None:
-        lock.acquire()
-    try:
-        with (
-            rnet.selecting(
-                *(slot.label for slot in slots if not slot.of_input),
-                inputs=[slot.label for slot in slots if slot.of_input],
-                clone=clone,
-            ),
-            padding_unwatched(rnet, position_ids),
-        ):
-            saved = Saved()
-            if checkpoints is not None:
-                saved = checkpoints.open(slots, resume=resume, device=out_device)
-            run.bar = make_bar(
-                progress=progress if progress is not None or rank == 0 else False,
-                total=num_samples,
-                initial=saved.samples,
-                desc=bar_description(est),
-            )
-            try:
-                if run.bar is not None or memory_budget is not None:
-                    _announce(est, memory_budget, folder_path)
-                run.run(batches, saved)
-            finally:
-                if run.bar is not None:
-                    run.bar.close()
-        local = {
-            slot.label: slot.store.tensor() for slot in slots if slot.store is not None
-        }
-        # Tensor parallelism: every rank ran the same batches, and its records
-        # are whole (the recorder gathered them): each rank's results are all.
-        if world > 1 and gather is not None and not tensor_parallel(rnet.net):
-            merged = merge_across_ranks(
-                slots,
-                local,
-                samples=run.samples,
-                batches=run.batches,
-                gather=gather,
-                folder=folder,
-                budget=memory_budget,
-                digest=digest,
-            )
-        else:
-            merged = _local_results(slots, local, run)
-    finally:
-        folder.cleanup()
-        if lock is not None:
-            lock.release()
+    return _Job(
+        rnet,
+        slots,
+        labels_of,
+        run,
+        folder,
+        folder_path,
+        checkpoints,
+        estimate_slots(slots, rnet.table, num_samples),
+        num_samples,
+        digest.hexdigest(),
+        rank,
+        world,
+        memory_budget,
+        position_ids,
+    )
+
+
+def _execute(
+    job: _Job,
+    batches: Iterable[Any],
+    *,
+    resume: bool,
+    progress: bool | None,
+    clone: bool,
+) -> None:
+    """Run the loop over ``batches`` with exactly the kept labels selected.
+
+    The recorder's selection comes back after, also after an error; a
+    resumed run starts from its last checkpoint.
+    """
+    rnet, slots, run = job.rnet, job.slots, job.run
+    with (
+        rnet.selecting(
+            *(slot.label for slot in slots if not slot.of_input),
+            inputs=[slot.label for slot in slots if slot.of_input],
+            clone=clone,
+        ),
+        padding_unwatched(rnet, job.position_ids),
+    ):
+        saved = Saved()
+        if job.checkpoints is not None:
+            saved = job.checkpoints.open(slots, resume=resume, device=run.to)
+        run.bar = make_bar(
+            progress=progress if progress is not None or job.rank == 0 else False,
+            total=job.num_samples,
+            initial=saved.samples,
+            desc=bar_description(job.estimate),
+        )
+        try:
+            if run.bar is not None or job.budget is not None:
+                _announce(job.estimate, job.budget, job.folder_path)
+            run.run(batches, saved)
+        finally:
+            if run.bar is not None:
+                run.bar.close()
+
+
+def _gathered(job: _Job, gather: Gather) -> Merged:
+    """Return the results: this process's, or merged across ranks (``gather``)."""
+    local = {
+        slot.label: slot.store.tensor() for slot in job.slots if slot.store is not None
+    }
+    # Tensor parallelism: every rank ran the same batches, and its records
+    # are whole (the recorder gathered them): each rank's results are all.
+    if job.world > 1 and gather is not None and not tensor_parallel(job.rnet.net):
+        return merge_across_ranks(
+            job.slots,
+            local,
+            samples=job.run.samples,
+            batches=job.run.batches,
+            gather=gather,
+            folder=job.folder,
+            budget=job.budget,
+            digest=job.digest,
+        )
+    return _local_results(job.slots, local, job.run)
+
+
+def _finish(job: _Job, gather: Gather) -> CollectResult:
+    """Return the :class:`~scio_recorder.collect.CollectResult` (merged: ``gather``)."""
+    merged = _gathered(job, gather)
+    slots = job.slots
     return CollectResult(
         {slot.label: merged.results[slot.label] for slot in slots},
         samples=merged.samples,
         batches=merged.batches,
-        estimate=est,
+        estimate=job.estimate,
         reducers={slot.label: merged.reducers[slot.label] for slot in slots},
-        labels_of=labels_of,
+        labels_of=job.labels_of,
         rank_samples=merged.rank_samples,
-        peak_bytes=run.peak,
-        files=merged.files if folder.persistent else {},
-        table=rnet.table,
+        peak_bytes=job.run.peak,
+        files=merged.files if job.folder.persistent else {},
+        table=job.rnet.table,
     )
+
+
+def _check_targets(slots: list[Slot], target: BatchSpec) -> None:
+    """Refuse reducers that need class labels when ``target`` is not given."""
+    if target is not None:
+        return
+    for slot in slots:
+        if needs_target(slot.template):
+            msg = (
+                f"keep[{slot.selector!r}] is a {short_name(slot.template)}, "
+                "which needs per-sample class labels: pass `target=` (e.g. "
+                "`target=1` for (input, label) batches)."
+            )
+            raise ValueError(msg)
+
+
+def _input_getter(
+    input: BatchSpec,  # noqa: A002 (collect's name)
+    positions: Positions,
+) -> tuple[Callable[[Any], Any], bool]:
+    """Return how to take the net's input out of a batch, and whether it spreads.
+
+    When the net takes position ids, the getter derives them when missing
+    (:meth:`Positions.add`).
+    """
+    get_input = batch_getter(input, "input")
+    input_is_callable = callable(input) and not isinstance(input, int | str)
+    if positions.active:  # the net takes position ids: derive them when missing
+        return _with_positions(get_input, positions, spread=input_is_callable), True
+    return get_input, input_is_callable
 
 
 def _with_positions(
