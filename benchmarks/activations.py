@@ -16,7 +16,7 @@ machine cancel):
   folder (unshuffled);
 * ``write_shuffled``: the same with ``shuffle_buffer=65536``;
 * ``write_full_pass``: ``write`` with the pass run to its end (only when the
-  engine can stop a pass early, see ``_writer.EARLY_EXIT``);
+  engine can stop a pass early, see ``_loop.EARLY_EXIT``);
 * ``hand_memmap``: four forward hooks keeping the blocks' outputs and a
   loop writing the kept tokens (and their row and column) into
   ``np.lib.format.open_memmap`` files sized beforehand.
@@ -96,8 +96,8 @@ from scio_recorder import Recorder  # noqa: E402 (after the path fix)
 from scio_recorder.activations import (  # noqa: E402 (after the path fix)
     ActivationDataset,
     SparseLatents,
+    _loop,  # the early-exit switch
     _shards,  # the checksum switch
-    _writer,  # the early-exit switch
     write,
 )
 from scio_recorder.sae import (  # noqa: E402 (after the path fix)
@@ -259,11 +259,11 @@ def writing(
         return write(rnet, batches, folder, layers=names, **options)
 
     def full_pass(folder: Path) -> None:
-        early, _writer.EARLY_EXIT = _writer.EARLY_EXIT, False
+        early, _loop.EARLY_EXIT = _loop.EARLY_EXIT, False
         try:
             ours(folder)
         finally:
-            _writer.EARLY_EXIT = early
+            _loop.EARLY_EXIT = early
 
     def no_checksum(folder: Path) -> None:
         _shards.CHECKSUM = False
@@ -300,7 +300,7 @@ def writing(
         "hand_memmap": Job(lambda f: hand_memmap(model, blocks, batches, f), root),
         "write_no_checksum": Job(no_checksum, root),
     }
-    if _writer.EARLY_EXIT:
+    if _loop.EARLY_EXIT:
         jobs["write_full_pass"] = Job(full_pass, root)
     for job in jobs.values():  # warm-up
         job.run()
@@ -319,7 +319,7 @@ def writing(
     speed = {name: ratio(times, "plain", name) for name in jobs}
     lines.append(
         f"\n{len(batches)} batches, {tokens:,} tokens kept, layers {names}, "
-        f"early exit {'on' if _writer.EARLY_EXIT else 'off'}. Throughput of `write` "
+        f"early exit {'on' if _loop.EARLY_EXIT else 'off'}. Throughput of `write` "
         f"over `plain`: {speed['write']:.3f} (target >= 0.9); over `hand_memmap`: "
         f"{ratio(times, 'hand_memmap', 'write'):.3f} (target >= 1.0). The "
         f"shards' CRC-32 cost a write {ratio(times, 'write', 'write_no_checksum'):.3f}"

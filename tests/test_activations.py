@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder, activations
-from scio_recorder.activations import ActivationDataset, _shuffle, _writer, write
+from scio_recorder.activations import ActivationDataset, _shuffle, write
+from scio_recorder.activations import _loop as _writer
 from scio_recorder.collect import InputOf
 
 VOCAB = 50

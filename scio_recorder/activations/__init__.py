@@ -19,13 +19,15 @@ This package is the public face; its private modules, one concept each:
 
 * ``_write``: :func:`write`, its options, the folder's state (return,
   refuse, resume, append), the lock, the ranks;
-* ``_writer``: one rank's loop, shards and checkpoints;
+* ``_loop``: one rank's loop, shards and checkpoints;
 * ``_tokens``: layers resolved and named, batches to arguments and masks,
   the kept rows of a record, casts;
 * ``_shuffle``: the shuffle buffer;
 * ``_shards``: safetensors shards written without a copy, mapped back;
 * ``_manifest``: the set's manifest, checked and assembled;
 * ``_dataset``: :class:`ActivationDataset`;
+* ``_arrow``: the set exported as Arrow files, which Hugging Face
+  ``datasets`` opens (``ActivationDataset.to_arrow``);
 * ``_sparse``: :class:`SparseLatents`, an SAE's latents stored sparsely;
 * ``_stream``: :func:`token_batches` (a stream's batches as ``write`` takes
   them, for tools that measure over the same tokens).

@@ -1,19 +1,23 @@
 """The entry point :func:`write`: options, the folder's state, ranks, the manifest.
 
-:func:`write` checks its options, resolves the layers (``_tokens``), locks
-the folder (one write at a time, :class:`scio_recorder._lock.FolderLock`),
-decides what the folder's state asks (a finished set with the same
-arguments is returned; other arguments are refused; an unfinished write
-resumes; ``append=True`` starts a new part), runs this rank's
-:class:`~._writer.RankWriter`, and adds the part to the set's manifest
-(``_manifest``): under :mod:`torch.distributed`, rank 0 does so once every
-rank has finished, with every rank's shards and statistics.
+:func:`write` runs in three stages. :func:`_prepare` checks its options,
+resolves the layers (``_tokens``) and describes the write (a :class:`_Job`,
+which holds the folder's lock while the write runs: one write at a time,
+:class:`scio_recorder._lock.FolderLock`). :func:`_execute` decides what the
+folder's state asks (a finished set with the same arguments is returned;
+other arguments are refused; an unfinished write resumes; ``append=True``
+starts a new part) and runs this rank's :class:`~._loop.RankWriter`.
+:func:`_finish` adds the part to the set's manifest (``_manifest``): under
+:mod:`torch.distributed`, rank 0 does so once every rank has finished,
+with every rank's shards and statistics.
 """
 
 from __future__ import annotations
 
 __all__ = ["write"]
 
+import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -38,13 +42,13 @@ from scio_recorder._progress import make_bar
 from scio_recorder._ranks import all_gather_bytes, comm_device, rank_and_world
 
 from ._dataset import ActivationDataset
+from ._loop import RankWriter, progress_name
 from ._manifest import assemble, model_info, read_manifest
 from ._tokens import INDEX, Batches, describe_layers, resolve_layers
-from ._writer import RankWriter, progress_name
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
     from scio_recorder.recorder import Recorder
 
@@ -63,7 +67,7 @@ _OURS = re.compile(
 )
 
 
-def _check_options(  # noqa: C901, PLR0913 (one check per option)
+def _check_options(  # noqa: PLR0913 (one check per option)
     *,
     dtype: object,
     seed: object,
@@ -93,40 +97,45 @@ def _check_options(  # noqa: C901, PLR0913 (one check per option)
         ):
             msg = f"`{name}` must be None or a number of tokens >= 1, got {value!r}"
             raise ValueError(msg)
-    for name, value in (
-        ("skip_bos", skip_bos),
-        ("stats", stats),
-        ("overwrite", overwrite),
-        ("append", append),
-    ):
+    _check_flags(skip_bos=skip_bos, stats=stats, overwrite=overwrite, append=append)
+    if progress is not None and not isinstance(progress, bool):
+        msg = f"`progress` must be None, True or False, got {progress!r}"
+        raise TypeError(msg)
+    if metadata is not None:
+        _check_metadata(metadata)
+    if mask is not None:
+        batch_getter(mask, "mask")
+
+
+def _check_flags(**flags: object) -> None:
+    """Refuse a flag that is not a bool, and ``overwrite`` with ``append``."""
+    for name, value in flags.items():
         if not isinstance(value, bool):
             msg = f"`{name}` must be True or False, got {value!r}"
             raise TypeError(msg)
-    if overwrite and append:
+    if flags["overwrite"] and flags["append"]:
         msg = (
             "`overwrite=True` deletes the set and `append=True` adds to it: pass "
             "one of them."
         )
         raise ValueError(msg)
-    if progress is not None and not isinstance(progress, bool):
-        msg = f"`progress` must be None, True or False, got {progress!r}"
-        raise TypeError(msg)
-    if metadata is not None:
-        try:
-            json.dumps(metadata)
-        except (TypeError, ValueError) as error:
-            msg = f"`metadata` must be JSON (dicts, lists, str, numbers): {error}"
-            raise TypeError(msg) from error
-        where = _non_finite(metadata, "metadata")
-        if where is not None:
-            msg = (
-                f"`{where[0]}` is {where[1]!r}, which strict JSON has no number "
-                "for: `manifest.json` would be refused by strict JSON readers. "
-                "Store it as a string (e.g. 'nan') or as null."
-            )
-            raise ValueError(msg)
-    if mask is not None:
-        batch_getter(mask, "mask")
+
+
+def _check_metadata(metadata: object) -> None:
+    """Refuse metadata that strict JSON cannot hold."""
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as error:
+        msg = f"`metadata` must be JSON (dicts, lists, str, numbers): {error}"
+        raise TypeError(msg) from error
+    where = _non_finite(metadata, "metadata")
+    if where is not None:
+        msg = (
+            f"`{where[0]}` is {where[1]!r}, which strict JSON has no number "
+            "for: `manifest.json` would be refused by strict JSON readers. "
+            "Store it as a string (e.g. 'nan') or as null."
+        )
+        raise ValueError(msg)
 
 
 def _non_finite(value: object, where: str) -> tuple[str, float] | None:
@@ -375,6 +384,111 @@ def write(  # noqa: PLR0913 (the documented options)
     (29, ('h.0', 'h.1'), torch.Size([16]), torch.Size([29, 2]))
 
     """
+    job = _prepare(
+        rnet,
+        path,
+        layers=layers,
+        mask=mask,
+        dtype=dtype,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        skip_bos=skip_bos,
+        input=input,
+        stats=stats,
+        overwrite=overwrite,
+        append=append,
+        shard_size=shard_size,
+        device=device,
+        progress=progress,
+        metadata=metadata,
+        position_ids=position_ids,
+    )
+    with job.holding():
+        part = _execute(job, batches)
+        if part is not None:
+            _finish(job, part)
+    return ActivationDataset(job.folder)
+
+
+@dataclasses.dataclass
+class _Job:
+    """A write as :func:`_prepare` describes it: nothing read or written yet."""
+
+    rnet: Recorder
+    specs: list[LayerSpec]
+    source: Batches
+    folder: Path
+    rank: int
+    world: int
+    fingerprint: dict[str, Any]
+    """What makes the set: the same in every part, checked on resume."""
+    shard_size: int
+    dtype: torch.dtype | None
+    seed: int
+    shuffle_buffer: int | None
+    stats: bool
+    overwrite: bool
+    append: bool
+    progress: bool | None
+    metadata: Any
+    position_ids: str | None
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the folder's lock (one write at a time) while the write runs.
+
+        A folder the write created is removed again if it is left empty (a
+        refused write leaves no folder behind).
+        """
+        world, rank, folder = self.world, self.rank, self.folder
+        lock = FolderLock(
+            folder,
+            name="write.lock" if world == 1 else f"write-r{rank}.lock",
+            tool="activation write",
+            option="path",
+            files="shards and checkpoints",
+            logger="scio_recorder.activations",
+        )
+        created = not folder.exists()
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+            if created and world == 1 and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
+@dataclasses.dataclass
+class _Part:
+    """The part a write added: its writer, its index, the set's manifest before."""
+
+    writer: RankWriter
+    index: int
+    previous: dict[str, Any] | None
+
+
+def _prepare(  # noqa: PLR0913 (write's options)
+    rnet: Recorder,
+    path: str | os.PathLike[str],
+    *,
+    layers: Any,
+    mask: Any,
+    dtype: torch.dtype | None,
+    seed: int,
+    shuffle_buffer: int | None,
+    skip_bos: bool,
+    input: Any,  # noqa: A002 (write's name)
+    stats: bool,
+    overwrite: bool,
+    append: bool,
+    shard_size: int | None,
+    device: torch.device | str | None,
+    progress: bool | None,
+    metadata: Any,
+    position_ids: str | None,
+) -> _Job:
+    """Check the options, resolve the layers, and describe the write."""
     _check_options(
         dtype=dtype,
         seed=seed,
@@ -398,7 +512,6 @@ def write(  # noqa: PLR0913 (the documented options)
         device=None if device is None else torch.device(device),
         position_ids=position_ids,
     )
-    folder = Path(path)
     # Tensor parallelism: every rank runs the same batches and holds the same
     # whole records, so each rank writes a set of its own (to its own folder).
     placed = None if tensor_parallel(rnet.net) else rank_and_world()
@@ -418,88 +531,92 @@ def write(  # noqa: PLR0913 (the documented options)
         world=world,
         position_ids=position_ids,
     )
-    lock = FolderLock(
-        folder,
-        name="write.lock" if world == 1 else f"write-r{rank}.lock",
-        tool="activation write",
-        option="path",
-        files="shards and checkpoints",
-        logger="scio_recorder.activations",
+    return _Job(
+        rnet,
+        specs,
+        source,
+        Path(path),
+        rank,
+        world,
+        fingerprint,
+        size,
+        dtype=dtype,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        stats=stats,
+        overwrite=overwrite,
+        append=append,
+        progress=progress,
+        metadata=metadata,
+        position_ids=position_ids,
     )
-    created = not folder.exists()
-    lock.acquire()
+
+
+def _execute(job: _Job, batches: Iterable[Any]) -> _Part | None:
+    """Write this rank's part of the set (``None``: the set is there already).
+
+    What the folder holds decides: a finished set with the same arguments
+    is kept as it is; one with other arguments is refused (unless
+    ``append``); an unfinished write resumes. The recorder selects exactly
+    the stored layers during the loop, and its selection comes back after.
+    """
+    folder, rnet, specs = job.folder, job.rnet, job.specs
+    manifest = _read_folder(
+        folder, overwrite=job.overwrite, append=job.append, rank=job.rank
+    )
+    index, expected = 0, None
+    if manifest is not None:
+        first = manifest["parts"][0]["fingerprint"]
+        if not job.append:
+            if first == job.fingerprint:
+                _barrier(job.world)
+                return None
+            lines = differences(first, job.fingerprint)
+            msg = (
+                f"'{folder}' holds an activation set written with other "
+                "arguments:\n" + "\n".join(lines) + "\nPass `overwrite=True` to "
+                "write it anew (this deletes it), `append=True` to add these "
+                "tokens to it, or use another folder."
+            )
+            raise ValueError(msg)
+        index = len(manifest["parts"])
+        expected = _check_append(manifest, job.fingerprint, specs, folder)
+    _barrier(job.world)
+    writer = RankWriter(
+        folder,
+        specs,
+        part=index,
+        rank=job.rank,
+        fingerprint=job.fingerprint,
+        shard_size=job.shard_size,
+        shuffle=job.shuffle_buffer,
+        seed=job.seed,
+        stats=job.stats,
+        dtype=job.dtype,
+        durable=False,
+        expected=expected,
+    )
+    writer.resume()
+    bar = make_bar(
+        progress=job.progress if job.progress is not None or job.rank == 0 else False,
+        total=None,
+        initial=writer.tokens_in,
+        desc=f"write {len(specs)} layer{'s' if len(specs) != 1 else ''}",
+        unit="tok",
+    )
     try:
-        manifest = _read_folder(folder, overwrite=overwrite, append=append, rank=rank)
-        part = 0
-        expected = None
-        if manifest is not None:
-            first = manifest["parts"][0]["fingerprint"]
-            if not append:
-                if first == fingerprint:
-                    _barrier(world)
-                    return ActivationDataset(folder)
-                lines = differences(first, fingerprint)
-                msg = (
-                    f"'{folder}' holds an activation set written with other "
-                    "arguments:\n" + "\n".join(lines) + "\nPass `overwrite=True` to "
-                    "write it anew (this deletes it), `append=True` to add these "
-                    "tokens to it, or use another folder."
-                )
-                raise ValueError(msg)
-            part = len(manifest["parts"])
-            expected = _check_append(manifest, fingerprint, specs, folder)
-        _barrier(world)
-        writer = RankWriter(
-            folder,
-            specs,
-            part=part,
-            rank=rank,
-            fingerprint=fingerprint,
-            shard_size=size,
-            shuffle=shuffle_buffer,
-            seed=seed,
-            stats=stats,
-            dtype=dtype,
-            durable=False,
-            expected=expected,
-        )
-        writer.resume()
-        bar = make_bar(
-            progress=progress if progress is not None or rank == 0 else False,
-            total=None,
-            initial=writer.tokens_in,
-            desc=f"write {len(specs)} layer{'s' if len(specs) != 1 else ''}",
-            unit="tok",
-        )
-        try:
-            with (
-                rnet.selecting(
-                    *(spec.row.label for spec in specs if not spec.of_input),
-                    inputs=[spec.row.label for spec in specs if spec.of_input],
-                ),
-                padding_unwatched(rnet, position_ids),
-            ):
-                writer.run(rnet, batches, source, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-        _finish_part(
-            folder,
-            writer,
-            manifest,
-            rnet=rnet,
-            specs=specs,
-            part=part,
-            fingerprint=fingerprint,
-            metadata=metadata,
-            rank=rank,
-            world=world,
-        )
+        with (
+            rnet.selecting(
+                *(spec.row.label for spec in specs if not spec.of_input),
+                inputs=[spec.row.label for spec in specs if spec.of_input],
+            ),
+            padding_unwatched(rnet, job.position_ids),
+        ):
+            writer.run(rnet, batches, job.source, bar)
     finally:
-        lock.release()
-        if created and world == 1 and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()  # a refused write leaves no folder behind either
-    return ActivationDataset(folder)
+        if bar is not None:
+            bar.close()
+    return _Part(writer, index, manifest)
 
 
 def _read_folder(
@@ -584,20 +701,10 @@ def _check_append(
     return columns
 
 
-def _finish_part(  # noqa: PLR0913 (what the manifest needs)
-    folder: Path,
-    writer: RankWriter,
-    previous: dict[str, Any] | None,
-    *,
-    rnet: Recorder,
-    specs: list[LayerSpec],
-    part: int,
-    fingerprint: dict[str, Any],
-    metadata: Any,
-    rank: int,
-    world: int,
-) -> None:
+def _finish(job: _Job, part: _Part) -> None:
     """Add this part to the manifest (rank 0, with every rank's shards)."""
+    writer, previous = part.writer, part.previous
+    world, fingerprint = job.world, job.fingerprint
     summary = writer.describe()
     summary["tokens"] = writer.tokens
     statistics = writer.saved_statistics() if writer.moments else None
@@ -631,11 +738,12 @@ def _finish_part(  # noqa: PLR0913 (what the manifest needs)
             "out): there is no set to write."
         )
         raise ValueError(msg)
-    if rank == 0:
+    if job.rank == 0:
+        specs = job.specs
         assemble(
-            folder,
+            job.folder,
             previous,
-            part=part,
+            part=part.index,
             fingerprint=fingerprint,
             ranks=summaries,
             statistics=states,
@@ -646,8 +754,8 @@ def _finish_part(  # noqa: PLR0913 (what the manifest needs)
                 for spec in specs
                 if spec.sparse is not None
             },
-            model=model_info(rnet.net),
-            metadata=metadata,
+            model=model_info(job.rnet.net),
+            metadata=job.metadata,
         )
     _barrier(world)
     writer.remove_files()
