@@ -53,7 +53,7 @@ from torch import nn
 
 from scio_recorder import CallInputs, Recorder
 from scio_recorder._errors import CLIError
-from scio_recorder._files import DIST_NAME, library_version  # noqa: F401 (DIST_NAME: was defined here)
+from scio_recorder._files import library_version
 from scio_recorder._render import text_table
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
