@@ -19,13 +19,14 @@ tensors, and hooks see those. Gradients are another matter:
 
 :func:`gradient_cuts` names the layers of the last kind, so that
 ``record(grads=...)`` refuses a model that has them instead of recording
-wrong gradients. They are found by their weights' attributes (torchao's
-tensors carry ``act_quant_kwargs``), so torchao is never imported.
+wrong gradients (:func:`refuse_gradients`). They are found by their
+weights' attributes (torchao's tensors carry ``act_quant_kwargs``), so
+torchao is never imported.
 """
 
 from __future__ import annotations
 
-__all__ = ["gradient_cuts"]
+__all__ = ["gradient_cuts", "refuse_gradients"]
 
 from typing import TYPE_CHECKING
 
@@ -49,3 +50,26 @@ def gradient_cuts(net: nn.Module) -> list[str]:
         if getattr(module._parameters.get("weight"), "act_quant_kwargs", None)  # noqa: SLF001 (its own weight)
         is not None
     ]
+
+
+def refuse_gradients(net: nn.Module) -> None:
+    """Refuse to record gradients of a net with layers that pass none to their input.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> refuse_gradients(nn.Sequential(nn.Linear(2, 2)))  # a float net: accepted
+
+    """
+    cuts = gradient_cuts(net)
+    if cuts:
+        msg = (
+            f"Cannot record gradients of this net: {len(cuts)} of its layers "
+            f"(`{cuts[0]}` first) quantize their input to int8 "
+            "(torchao's dynamic activation quantization), through which torch "
+            "passes no gradient, so every gradient before them would silently "
+            "miss their paths. Record gradients on the float model, or on one "
+            "quantized weight-only (`Int8WeightOnlyConfig`), whose input "
+            "gradients are exact."
+        )
+        raise ValueError(msg)

@@ -9,12 +9,9 @@ so code written for it runs unchanged. On top of it:
 * labels follow the calls of the reference pass (see :mod:`.layers`);
 * each pass checks the call plan: every hooked module must be called exactly
   as often as the layer table says, or the pass raises and keeps nothing;
-* records a later in-place operation overwrites (the reference pass sees
-  which) are copies, so records are exact by default; an in-place change the
-  reference pass did not run is detected (warning), and
-  ``record(..., clone=True)`` copies every record;
-* the state of a pass is local to that pass, so threads and nested recorders
-  work;
+* records are exact by default: those a later in-place operation overwrites
+  in the reference pass are copies, and any other in-place change warns;
+* the state of a pass is local to it, so threads and nested recorders work;
 * ``torch.compile(rnet, fullgraph=True)`` traces the whole recording pass
   into one graph, and :meth:`Recorder.export` exports it with the records as
   outputs (see :mod:`._engine.compiled` and ``docs/compile.md``);
@@ -25,11 +22,12 @@ so code written for it runs unchanged. On top of it:
   (``activation_postproc={selector: fn}``, ``input_postproc=``).
 
 This module is the face: construction, selection (resolved by
-:mod:`.select` into a plan, :mod:`._engine.plan`), the passes (run by the
+:mod:`.select` into a plan, :mod:`._engine.plan`) and the passes (run by the
 recorder's :class:`~._engine.passes.Passes`, which holds its hooks and
-latest records) and copies. What a recorder shows (its records, tables and
-printed forms, the execution graph of a pass) is its base class,
-:class:`~._views.RecorderViews`.
+latest records). What a recorder shows (its records, tables and printed
+forms, the execution graph of a pass) is its base
+:class:`~._views.RecorderViews`; how it is copied (deep copies, pickles) is
+:class:`~._copies.RecorderCopies`.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ __all__ = [
 ]
 
 import contextlib
-import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,7 +52,9 @@ from torch import nn
 from torch.nn.modules import module as _module_impl
 
 from ._batches import PaddingWatch, as_arguments
+from ._copies import RecorderCopies
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
+from ._engine.early import check_early_exit
 from ._engine.hooks import drop_copied_hooks
 from ._engine.passes import Passes
 from ._engine.plan import (
@@ -70,9 +69,7 @@ from ._engine.shards import Shards
 from ._engine.state import CallInputs
 from ._errors import CallPlanError, InPlaceWarning
 from ._flow import table_of
-from ._quantized import gradient_cuts
-from ._tree import iter_tensors
-from ._views import RecorderViews, labels_text
+from ._quantized import refuse_gradients
 from .scope import Scope
 from .select import (
     Selector,
@@ -100,7 +97,7 @@ _DEFAULT_SUMMARY_KWARGS: dict[str, Any] = {
 }
 
 
-class Recorder(RecorderViews):
+class Recorder(RecorderCopies):
     """Wrap a network to record, and edit in flight, the outputs of its layers.
 
     A reference forward pass through :func:`torchinfo.summary` labels every
@@ -113,45 +110,26 @@ class Recorder(RecorderViews):
     net : torch.nn.Module
         The network to record. It is kept as the submodule ``_net``.
     force_static_flow : bool, default True
-        If true, refuse networks with data-dependent control flow: the
-        reference pass, watched, must read no tensor value into Python
-        (``if x.sum() > 0``, ``x.item()``, ``x.tolist()``); if it does, a
-        forward on fake tensors (shapes without values) must read none, or
-        :func:`torch.fx.symbolic_trace` must trace the net, or every value
-        read must change nothing the net computes (a yes/no deciding only a
-        warning or a log line, tried both ways). Control flow on shapes,
-        ``print``, keyword-only arguments and Hugging Face models (whatever
-        their config) pass; the error names the line that reads a value.
-        With ``False`` any network is accepted. Either way every recording pass checks that each
-        recorded module is called as often as in the reference pass, and
-        raises otherwise, so a dynamic flow gives either the right
-        activations or an error. See ``docs/guarantees.md``.
+        Refuse a net whose control flow depends on the data (the reference
+        pass reads a tensor value into Python, and the value changes what
+        the net computes); the error names the line. ``False`` accepts any
+        net. Either way every pass checks the call plan, so a dynamic flow
+        gives the right records or an error (``docs/guarantees.md``).
     reference_tensors : {"real", "fake"}, default "real"
-        ``"fake"`` runs the reference pass on fake tensors: the same table,
-        without computing anything (wrapping a large model then costs a
-        fraction of one forward), and the static-flow check is done by the
-        same pass. Where fake tensors cannot run the net (an operation
-        without a fake kernel, a data-dependent shape or read, lazy modules,
-        a recorder inside the net, a net torchinfo would move to another
-        device) the pass runs on real tensors, with a warning. See
-        ``docs/labels.md``.
+        ``"fake"``: the reference pass runs on fake tensors (the same table,
+        nothing computed), or on real ones with a warning where fake ones
+        cannot run the net (``docs/labels.md``).
     shards : {"whole", "local"}, default "whole"
-        For a tensor-parallel net (sharded by torch's ``parallelize_module``
-        or transformers' ``tp_plan``, on every rank): ``"whole"`` gathers the
-        pieces that column-parallel layers return and row-parallel layers
-        take, so records are the unsharded layer's tensors and an edit given
-        a whole tensor is cut back into this rank's piece; ``"local"`` keeps
-        each rank's piece, for records and edits. No effect on other nets.
-        See ``docs/bigmodels.md``.
+        For a tensor-parallel net: ``"whole"`` records and edits the
+        unsharded layer's tensors, ``"local"`` each rank's piece
+        (``docs/bigmodels.md``).
     **summary_kwargs
-        Passed to :func:`torchinfo.summary`. ``input_data`` or ``input_size``
+        Passed to :func:`torchinfo.summary`; ``input_data`` or ``input_size``
         is required. Defaults: ``col_names=("input_size", "output_size",
         "num_params", "params_percent")``, ``depth=inf``,
-        ``row_settings=("var_names", "depth")``, ``verbose=0``. Use
-        ``mode="train"`` to build the table in train mode. The net is left
-        as it was: every submodule's ``training`` flag, every parameter's
-        ``requires_grad`` and every buffer (BatchNorm running statistics)
-        are put back after the reference pass.
+        ``row_settings=("var_names", "depth")``, ``verbose=0``;
+        ``mode="train"`` builds the table in train mode. The net is left as
+        it was (modes, ``requires_grad``, buffers).
 
     Raises
     ------
@@ -163,13 +141,8 @@ class Recorder(RecorderViews):
 
     Warns
     -----
-    InPlaceWarning
-        At the end of a pass whose records were modified in place afterwards
-        by an operation the reference pass did not run (those it ran are
-        copied).
-    UserWarning
-        Once, when a left-padded batch without ``position_ids`` reaches a
-        model with learned absolute positions (see ``docs/guarantees.md``).
+    InPlaceWarning, UserWarning
+        As :meth:`forward`.
 
     Examples
     --------
@@ -244,9 +217,8 @@ class Recorder(RecorderViews):
     def _enter(self, compiler: Callable[[Any], Any] | None) -> None:
         """Set the entry point that Dynamo compiles (see ``entry_point``).
 
-        With ``compiler`` (``Recorder(torch.compile(net))``), do what
-        ``nn.Module.compile`` does, with the settings the net was compiled
-        with: the recorder's whole pass is traced as one graph.
+        With ``compiler`` (``Recorder(torch.compile(net))``), compile it as
+        the net was: the whole pass is traced as one graph.
         """
         entry = entry_point(self, self._passes.token)
         object.__setattr__(self, "__call__", entry)
@@ -258,10 +230,8 @@ class Recorder(RecorderViews):
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compile the recorder's pass in place, as ``nn.Module.compile`` does.
 
-        The arguments are those of :func:`torch.compile`. Unlike
-        ``nn.Module.compile``, which compiles the ``_call_impl`` that every
-        module shares (so Dynamo's recompile limit would count all compiled
-        modules of the process), this compiles the recorder's own entry point.
+        The arguments are those of :func:`torch.compile`; the recorder's own
+        entry point is compiled (not the ``_call_impl`` every module shares).
 
         Examples
         --------
@@ -283,17 +253,11 @@ class Recorder(RecorderViews):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call :meth:`forward`, skipping ``nn.Module.__call__`` when it can.
 
-        ``nn.Module.__call__`` handles hooks, tracing and compilation; when
-        none of these apply to the recorder itself, it only calls ``forward``,
-        at a cost (two Python frames and a dozen checks) comparable to a small
-        layer's whole forward. Any hook on the recorder, global module hooks,
-        JIT tracing, ``torch.fx`` tracing (which patches
-        ``nn.Module.__call__``) or ``rnet.compile()`` goes through it as usual,
-        and so does a pass that Dynamo traces (it traces torch's own path with
-        fewer guards than this one's checks). A pass without options, when
-        nothing is recorded or edited (see ``Passes.update_idle``), is the net's
-        call itself. Every check here reads plain attributes (see
-        :class:`_Gate`): on a small net, each costs a visible share of a pass.
+        Hooks on the recorder, global hooks, tracing, Dynamo and
+        ``rnet.compile()`` go through ``nn.Module.__call__``; otherwise its
+        cost (comparable to a small layer's forward) is skipped, and an idle
+        pass is the net's call itself. The checks read plain attributes
+        (:class:`_Gate`).
         """
         # `torch.compiler.is_compiling()`, in one Python call instead of two:
         # Dynamo folds the function to True; non-strict export sets the flag.
@@ -355,42 +319,35 @@ class Recorder(RecorderViews):
         Parameters
         ----------
         *selectors : label, name, module, type, predicate, ...
-            The layers whose outputs are recorded into :attr:`activations`.
-            The reference form is a label ``(depth, idx)`` as printed in the
-            table; also accepted: a qualified module name (``"layer1.0.conv1"``,
-            every call), ``(name, k)`` (its k-th call), a module, a module type
-            (``nn.Linear``), a predicate over :class:`~scio_recorder.Layer`
-            rows, :func:`~scio_recorder.children` / :func:`~scio_recorder.modules`
-            (see :mod:`scio_recorder.select`). Duplicates and order are
-            ignored; nothing records nothing.
+            The layers whose outputs are recorded into :attr:`activations`: a
+            label ``(depth, idx)`` as printed, a qualified name (every call),
+            ``(name, k)``, a module, a type, a predicate over rows, ...
+            (:mod:`scio_recorder.select`). Duplicates and order are ignored;
+            nothing records nothing.
         inputs : selector or list of selectors, optional
             Layers whose call inputs are recorded into :attr:`inputs`, as
             ``CallInputs(args, kwargs)`` taken when the call starts.
         grads : selector or list of selectors, optional
-            Layers whose output gradients are recorded into :attr:`gradients`
-            during ``backward()`` (the gradient of what the layer passes on,
-            i.e. after any postprocessor).
+            Layers whose output gradients (after any postprocessor) are
+            recorded into :attr:`gradients` during ``backward()``.
         params : selector or list of selectors, optional
             Modules (any selector) or parameter names (``"fc.weight"``) whose
             parameters :attr:`params` and :attr:`param_grads` show.
         clone : bool, default False
-            Record copies of everything, taken before any postprocessor. Not
-            needed for exactness: the records a later in-place operation
-            overwrites in the reference pass are copies anyway (taken after
-            the postprocessor), and the others are left alone.
+            Record copies of everything, taken before any postprocessor (not
+            needed for exactness: ``docs/guarantees.md``).
         detach : bool, default False
             Record tensors detached from the autograd graph.
         device : torch.device or str, optional
-            Move records to this device (a copy from CUDA to CPU synchronises
-            with the device, as any such copy does).
+            Move records to this device.
         dtype : torch.dtype, optional
             Cast floating-point records to this dtype.
 
         Raises
         ------
         ValueError
-            If a selector matches nothing or a row that cannot be recorded;
-            the selection is then left unchanged.
+            If a selector matches nothing or a row that cannot be recorded,
+            or gradients cannot be recorded (the selection is unchanged).
         TypeError
             If a selector is of no known form, or ``dtype`` is no dtype.
         RuntimeError
@@ -426,17 +383,8 @@ class Recorder(RecorderViews):
         outputs = resolve(table, net, selectors)
         input_rows = resolve(table, net, as_list(inputs))
         grad_rows = resolve(table, net, as_list(grads))
-        if grad_rows and (cuts := gradient_cuts(net)):
-            msg = (
-                f"Cannot record gradients of this net: {len(cuts)} of its layers "
-                f"(`{cuts[0]}` first) quantize their input to int8 "
-                "(torchao's dynamic activation quantization), through which torch "
-                "passes no gradient, so every gradient before them would silently "
-                "miss their paths. Record gradients on the float model, or on one "
-                "quantized weight-only (`Int8WeightOnlyConfig`), whose input "
-                "gradients are exact."
-            )
-            raise ValueError(msg)
+        if grad_rows:
+            refuse_gradients(net)
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
@@ -479,36 +427,25 @@ class Recorder(RecorderViews):
         ----------
         *args, **kwargs
             Passed to the net.
-        activation_postproc : Postprocessor or list of Postprocessor, optional
-            Edits recorded outputs before the net goes on, with the contract
-            ``postproc(output) -> replacement output or None`` (``None`` keeps
-            the output). It runs after recording, on the real output, so an
-            in-place edit shows in the record. One callable serves every
-            recorded call; a list is consumed one item per recorded call, in
-            the order recorded outputs are produced (the order forward hooks
-            fire: a container comes after its children). Extra items are
-            ignored, too few raise; the list itself is not modified. A dict
-            ``{selector: postproc}`` (a label, a qualified name, anything
-            :meth:`record` takes) edits those calls only, each with its own
-            function, whether they are recorded or not.
+        activation_postproc : Postprocessor, list of them, or dict, optional
+            ``postproc(output) -> replacement output or None`` (``None``
+            keeps it), run after recording: one callable for every recorded
+            call, a list consumed one item per recorded call in the order
+            their outputs are produced, or ``{selector: postproc}`` for those
+            calls only, recorded or not (``docs/capture.md``, "Editing in
+            flight").
         dont_record : bool, default False
             Record nothing (postprocessors still run).
         input_postproc : dict, optional
             ``{selector: fn}``: ``fn(first_input) -> replacement or None``
             edits the first positional input of those calls before the module
-            runs (e.g. the input of an attention's output projection, to edit
-            heads: see :mod:`scio_recorder.heads`); recorded inputs are taken
-            before the edit.
+            runs; recorded inputs are taken before the edit.
         early_exit : bool, default False
-            Stop the pass once every recorded call has happened (the calls
-            whose outputs or inputs are recorded): the layers after the last
-            one do not run, and the pass returns ``None``. The records are
-            those of a full pass; the call-plan check holds for the calls
-            that ran. Refused when nothing is recorded (or ``dont_record``),
-            when gradients are selected (``record(grads=...)``), or when an
-            input requires grad with autograd on: a backward needs the
-            output. Eager passes only. The keyword is the recorder's own,
-            never passed to the net.
+            Stop the pass once every recorded call has happened and return
+            ``None``; the records are those of a full pass. Refused when
+            nothing is recorded, when gradients are selected, or when an input
+            requires grad with autograd on; eager passes only
+            (``docs/capture.md``, "Early exit").
 
         Returns
         -------
@@ -522,23 +459,18 @@ class Recorder(RecorderViews):
             If a recorded module is called more or fewer times than in the
             reference pass (labels would be wrong); no activations are kept.
         ValueError
-            If ``activation_postproc`` is a list with too few items, or an
-            edit returns a replacement whose tensors differ, in place, shape
-            or dtype, from what it replaces (the message names the edit and
-            the layer).
-            Or if ``early_exit=True`` cannot apply (see above).
+            If ``activation_postproc`` is a list with too few items, an edit
+            returns a replacement that does not fit what it replaces (naming
+            the edit and the layer), or ``early_exit=True`` cannot apply.
 
         Warns
         -----
         InPlaceWarning
             If a record was modified in place after it was taken by an
-            operation the reference pass did not run (once per label and
-            recorder).
+            operation the reference pass did not run (once per label).
         UserWarning
-            Once per recorder, when a batch whose ``attention_mask`` starts
-            with padding, without ``position_ids``, reaches a model with
-            learned absolute positions (its padded rows are numbered from
-            their padding; the message names the fix).
+            Once, when a left-padded batch without ``position_ids`` reaches a
+            model with learned absolute positions (``docs/guarantees.md``).
 
         Examples
         --------
@@ -553,73 +485,27 @@ class Recorder(RecorderViews):
         True
 
         """
-        net = self._net_direct
-        edits = self._edits(activation_postproc, input_postproc)
-        if torch.compiler.is_compiling():
-            if early_exit:
-                raise RuntimeError(_EARLY_EXIT_COMPILED)
-            if edits is not None:
-                msg = (
-                    "Edits given by selector (`activation_postproc` as a dict, "
-                    "`input_postproc`) run in eager passes only: give a callable "
-                    "or a list under `torch.compile`, or call the recorder uncompiled."
-                )
-                raise RuntimeError(msg)
-            return self._passes.run_traced(
-                net, args, kwargs, activation_postproc, dont_record
+        if not torch.compiler.is_compiling():
+            return self._eager_forward(
+                *args,
+                activation_postproc=activation_postproc,
+                dont_record=dont_record,
+                input_postproc=input_postproc,
+                early_exit=early_exit,
+                **kwargs,
             )
         if early_exit:
-            self._check_early_exit(
-                args, kwargs, dont_record=dont_record, early_exit=early_exit
+            raise RuntimeError(_EARLY_EXIT_COMPILED)
+        if self._edits(activation_postproc, input_postproc) is not None:
+            msg = (
+                "Edits given by selector (`activation_postproc` as a dict, "
+                "`input_postproc`) run in eager passes only: give a callable "
+                "or a list under `torch.compile`, or call the recorder uncompiled."
             )
-        if "attention_mask" in kwargs and not self._padding.done:
-            self._padding.see(net, kwargs)
-        return self._passes.run(
-            net, args, kwargs, activation_postproc, dont_record, edits, early_exit
+            raise RuntimeError(msg)
+        return self._passes.run_traced(
+            self._net_direct, args, kwargs, activation_postproc, dont_record
         )
-
-    def _check_early_exit(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        dont_record: bool,
-        early_exit: object,
-    ) -> None:
-        """Raise if ``early_exit`` (truthy) is not ``True``, or cannot apply."""
-        if early_exit is not True:
-            msg = f"`early_exit` must be True or False, got {early_exit!r}"
-            raise TypeError(msg)
-        selection = self._selection
-        if dont_record or not (selection.outputs or selection.inputs):
-            why = (
-                "`dont_record=True` records nothing"
-                if dont_record
-                else "nothing is recorded"
-            )
-            msg = (
-                "`early_exit=True` stops the pass after the last recorded call, "
-                f"and {why}: select layers with `rnet.record(...)`, or drop "
-                "`early_exit`."
-            )
-            raise ValueError(msg)
-        if selection.grads:
-            msg = (
-                "`early_exit=True` returns no output, and the gradients of "
-                f"{labels_text(selection.grads)} (`record(grads=...)`) need a "
-                "backward from it: record without `grads=`, or drop `early_exit`."
-            )
-            raise ValueError(msg)
-        if torch.is_grad_enabled() and any(
-            t.requires_grad for t in iter_tensors((args, kwargs))
-        ):
-            msg = (
-                "`early_exit=True` returns no output, and an input requires grad: "
-                "its gradient needs a backward from the output. Pass inputs that "
-                "do not require grad (`x.detach()`), run under `torch.no_grad()`, "
-                "or drop `early_exit`."
-            )
-            raise ValueError(msg)
 
     def _edits(self, postproc: Any, input_postproc: Any) -> Edits | None:
         """Resolve edits given by selector to labels (``None``: none given)."""
@@ -643,17 +529,13 @@ class Recorder(RecorderViews):
         early_exit: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """Run :meth:`forward` outside Dynamo (``__call__``'s fast path calls it).
-
-        ``__call__`` has already asked whether Dynamo is tracing; asking again
-        would cost every eager pass a second check.
-        """
+        """Run :meth:`forward` outside Dynamo (``__call__``'s fast path, checked)."""
         edits = None
         if input_postproc is not None or isinstance(activation_postproc, Mapping):
             edits = self._edits(activation_postproc, input_postproc)
         if early_exit:
-            self._check_early_exit(
-                args, kwargs, dont_record=dont_record, early_exit=early_exit
+            check_early_exit(
+                self._selection, args, kwargs, dont_record=dont_record, value=early_exit
             )
         if "attention_mask" in kwargs and not self._padding.done:
             self._padding.see(self._net_direct, kwargs)
@@ -680,9 +562,8 @@ class Recorder(RecorderViews):
     ) -> CheckReport:
         """Check this recording job on ``batch``: see :func:`scio_recorder.check`.
 
-        ``batch`` is what you call the recorder with (a tensor, or a mapping
-        of keyword arguments). The checked calls are ``layers``, else the
-        selection, else every recordable call.
+        The checked calls are ``layers``, else the selection, else every
+        recordable call.
 
         Examples
         --------
@@ -710,13 +591,10 @@ class Recorder(RecorderViews):
     ) -> Any:
         """Run the net's own ``generate``, recording and editing every forward step.
 
-        The same as :meth:`call_method` with ``"generate"``: each call of the
-        net that ``generate`` makes (the prefill, then one per decoded token,
-        with the KV cache as the net uses it) is a pass, checked against the
-        call plan and edited by ``activation_postproc`` and
-        ``input_postproc`` (as in :meth:`forward`), so steering applies at
-        every step. The latest records are the last step's; :attr:`steps`
-        holds every step's.
+        :meth:`call_method` with ``"generate"``: each forward call (the
+        prefill, then one per decoded token) is a checked pass, edited as in
+        :meth:`forward`; :attr:`steps` holds every step's records
+        (``docs/transformers.md``).
 
         Returns
         -------
@@ -726,11 +604,9 @@ class Recorder(RecorderViews):
         Raises
         ------
         CallPlanError
-            Naming the forward step, if a recorded module is called more or
-            fewer times in a step than in the reference pass.
+            Naming the forward step whose calls differ from the plan.
         ValueError
-            With ``early_exit=True``: generation needs the logits of every
-            step (refused, never passed to ``generate``).
+            With ``early_exit=True`` (generation needs every step's logits).
 
         Examples
         --------
@@ -778,9 +654,7 @@ class Recorder(RecorderViews):
         AttributeError
             If the net has no such method.
         ValueError
-            With ``early_exit=True``: the method needs the output of every
-            forward step (``generate``: the logits), so no step may stop
-            early. The keyword is refused, never passed to the method.
+            With ``early_exit=True``: the method needs every step's output.
 
         Examples
         --------
@@ -827,52 +701,39 @@ class Recorder(RecorderViews):
     ) -> Scope:
         """Accumulate the records of every pass while a ``with`` block is open.
 
-        Inside the block, each pass of the net is recorded: calls through the
-        recorder (``rnet(x)``) and direct calls of the net (``net(x)``, as
-        with MMRazor's recorders) made in the same thread. Each pass is checked
-        against the call plan as usual, and its records are fed to one reducer
-        per label and kind (outputs, inputs, gradients as they arrive).
+        Every pass of the net in this thread, through the recorder or a direct
+        call of the net, is checked and its records fed to one reducer per
+        label and kind (``docs/capture.md``).
 
         Parameters
         ----------
         reduce : str, callable or Reducer, or a dict of them per label
-            How outputs (and output gradients) are reduced across passes.
-            ``"all"`` keeps every record (one per pass); ``"sum"``, ``"mean"``,
-            ``"max"``, ``"min"`` reduce elementwise across passes; a function
-            ``(acc, new) -> acc`` folds; a :class:`~scio_recorder.reduce.Reducer`
-            is used as given (a fresh copy per label). A dict maps labels or
-            qualified names to any of these (others keep ``"all"``).
+            How outputs (and output gradients) are reduced across passes:
+            ``"all"`` keeps every record; ``"sum"``, ``"mean"``, ``"max"``,
+            ``"min"`` elementwise; ``(acc, new) -> acc`` folds; a
+            :class:`~scio_recorder.reduce.Reducer` (a fresh copy per label).
         condition : callable, optional
-            ``condition() -> bool``, asked once per completed pass: the pass's
-            outputs, inputs and gradients are kept only when it returns true
-            (torchfunc's ``condition``). ``scope.passes`` counts every pass,
-            ``scope.kept`` the kept ones.
+            ``condition() -> bool``, asked once per pass: its records are kept
+            only when true (``scope.passes`` counts every pass, ``scope.kept``
+            the kept ones).
         inputs : str, callable or Reducer, or a dict of them per label
-            How the inputs of layers recorded with ``record(inputs=...)`` are
-            reduced across passes, in the same forms as ``reduce``
-            (torchfunc's ``ForwardPre(reduction=...)``). ``"all"`` (the
-            default) keeps every call's whole ``CallInputs``; anything else
-            reduces one argument per call, so memory does not grow with the
-            number of passes.
+            How recorded inputs are reduced, as ``reduce``; ``"all"`` keeps
+            each ``CallInputs``, anything else one argument per call.
         input_args : int, str or a sequence of them, optional
-            Which arguments ``inputs`` reduces: positional indices and
-            keyword names. ``None`` (the default): the first tensor argument.
-            A sequence reduces each and makes ``scope.inputs[label]`` a dict
-            argument -> result.
+            Which arguments ``inputs`` reduces (default: the first tensor); a
+            sequence makes ``scope.inputs[label]`` a dict argument -> result.
 
         Returns
         -------
         Scope
-            A context manager; after (or during) the block, ``scope[label]``
-            is the reduced result, ``scope.count[label]`` the number of
+            ``scope[label]`` the reduced result, ``scope.count[label]`` the
             records reduced, ``scope.inputs[label]`` the inputs.
 
         Raises
         ------
         ValueError, TypeError
-            For an unknown reduction or a bad ``input_args`` (when the scope
-            is made), or an argument that a call does not receive (at that
-            pass).
+            For an unknown reduction or a bad ``input_args``, or an argument
+            that a call does not receive (at that pass).
 
         Examples
         --------
@@ -906,10 +767,9 @@ class Recorder(RecorderViews):
     ) -> Iterator[Self]:
         """Record this selection inside a ``with`` block, then restore the previous.
 
-        The previous selection (outputs, inputs, gradients, parameters) and
-        record options come back on exit, also after an exception. Tools
-        that run the recorder for their own purpose (``collect``, the OoD
-        detectors, ``explain``) use it, so that a user's selection survives.
+        The previous selection and record options come back on exit, also
+        after an exception (what ``collect``, the detectors and ``explain``
+        use, so that a user's selection survives).
 
         Examples
         --------
@@ -953,13 +813,9 @@ class Recorder(RecorderViews):
     ) -> torch.export.ExportedProgram:
         """Export the pass, with the records as outputs, through :func:`torch.export.export`.
 
-        The program runs the net and returns ``(output, activations)``, where
-        ``activations`` maps each recorded label, as a string (``"2-1"``), to
-        that call's output; when inputs are recorded, ``(output, activations,
-        inputs)`` with ``inputs`` mapping labels to ``CallInputs``. A detector
-        built on recorded features can then be deployed, saved with
-        :func:`torch.export.save`, without Python hooks. Exporting leaves the net's
-        modes, ``requires_grad`` flags and buffers as they were.
+        The program returns ``(output, activations)`` (labels as strings,
+        ``"2-1"``), and ``inputs`` third when inputs are recorded: records
+        without Python hooks (``docs/compile.md``). The net is left as it was.
 
         Parameters
         ----------
@@ -997,94 +853,16 @@ class Recorder(RecorderViews):
         (['1-2'], torch.Size([3, 4]))
 
         """  # noqa: E501 (the summary line names the torch function)
-        if self._selection.grads:
-            msg = (
-                "Cannot export the gradients of "
-                f"{labels_text(self._selection.grads)}: an exported program runs "
-                "the forward pass only. Select without `grads=` to export, and "
-                "record gradients with the eager or compiled recorder."
-            )
-            raise ValueError(msg)
         return export_records(
             self,
             self._net,
             args,
             kwargs,
+            grads=self._selection.grads,
             postproc=activation_postproc,
             strict=strict,
             dynamic_shapes=dynamic_shapes,
         )
-
-    # The attributes a copy (deep copy, pickle) builds afresh: what ties a
-    # recorder to its hooks, its passes and its process.
-    _FRESH = frozenset({"_passes", "_compiled_call_impl", "__call__", "_gate"})
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
-        """Return a recorder of a deep copy of the net, with its own hooks.
-
-        The default copy would carry this recorder's hooks onto the copied
-        modules (as inert hooks). Here the hooks are lifted while the net, the
-        table and the selection are copied (module references follow the
-        copy), then placed again on both. Records of the latest pass are not
-        copied.
-        """
-        passes = self._passes
-        passes.hooks.remove()
-        try:
-            new = type(self).__new__(type(self))
-            memo[id(self)] = new
-            for name, value in self.__dict__.items():
-                if name == "_compiler":  # shared: a copied backend is another one
-                    object.__setattr__(new, name, value)
-                elif name not in self._FRESH:
-                    object.__setattr__(new, name, copy.deepcopy(value, memo))
-            new._renew(copy.deepcopy(passes.plan, memo))  # noqa: SLF001 (a recorder's own)
-        finally:
-            passes.hooks.place(passes.plan)
-        return new
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Return what ``pickle`` (and ``torch.save``) store of the recorder.
-
-        The net, the table and the selection; not the records of the latest
-        pass, nor the hooks (the unpickled recorder places its own).
-
-        Raises
-        ------
-        TypeError
-            For a recorder of a ``torch.compile``-d net, whose compiler
-            cannot be pickled.
-        """
-        if self._compiler is not None:
-            msg = (
-                "Cannot pickle a Recorder of a torch.compile-d net: the "
-                "compiler cannot be pickled. Save the net's weights "
-                "(`torch.save(rnet.net.state_dict(), path)`) and the records "
-                "(`scio_recorder.io.save_records(path, rnet.activations, "
-                "rnet)`), then wrap the loaded net in a new Recorder."
-            )
-            raise TypeError(msg)
-        state = {k: v for k, v in self.__dict__.items() if k not in self._FRESH}
-        state["_plan"] = self._passes.plan
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Rebuild an unpickled recorder: its own token, hooks and entry point."""
-        plan = state.pop("_plan")
-        super().__setstate__(state)  # type: ignore[no-untyped-call]
-        self._renew(plan)
-
-    def _renew(self, plan: CallPlan) -> None:
-        """Give a copy its own passes (token, hooks, records) and entry point.
-
-        The copied net's hooks came as inert ones (those of an open scope
-        or ``generate`` too): the copy drops them, carries no open pass, and
-        places its own.
-        """
-        drop_copied_hooks(self._net)
-        passes = Passes(self, self._table, plan, self._net_direct)
-        object.__setattr__(self, "_passes", passes)
-        self._enter(self._compiler)
 
 
 def check(
@@ -1098,10 +876,9 @@ def check(
 ) -> CheckReport:
     """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
 
-    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; the batch is
-    the reference input unless ``input_data`` or ``input_size`` is given)
-    and runs the checks of :mod:`scio_recorder.checks`: recording, batch,
-    determinism, dtype, inplace, calls.
+    Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; ``batch`` is
+    the reference input unless one is given) and runs the checks of
+    :mod:`scio_recorder.checks` (``docs/trusting.md``).
 
     Parameters
     ----------
@@ -1111,13 +888,11 @@ def check(
         What you call the net with: a tensor (the one input), a mapping
         (keyword arguments), a tuple (positional ones) or a ``CallInputs``.
     layers : selector or list of selectors, optional
-        The calls to check; default: every recordable call (``rnet.check``:
-        the selection, if any).
+        The calls to check; default: every recordable call.
     rows : int, default 8
         How many rows to run alone (the most padded first).
     dtype_copy : bool, default True
-        Compare with a copy of the model in a wider dtype (the copy's
-        memory); ``False`` skips it (the ``"dtype"`` line warns).
+        Compare with a copy of the model in a wider dtype; ``False`` skips it.
     **recorder_kwargs
         Passed to :class:`Recorder`.
 

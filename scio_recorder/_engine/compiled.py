@@ -622,11 +622,23 @@ def export_records(  # noqa: PLR0913 (the options of torch.export.export)
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
+    grads: Sequence[DepthIdx],
     postproc: Postprocessor | Sequence[Postprocessor] | None,
     strict: bool,
     dynamic_shapes: Any,
 ) -> torch.export.ExportedProgram:
-    """Export ``recorder``'s pass; see :meth:`Recorder.export`."""
+    """Export ``recorder``'s pass; see :meth:`Recorder.export`.
+
+    Refused when gradients are selected (``grads``): a program has no backward.
+    """
+    if grads:
+        msg = (
+            f"Cannot export the gradients of {', '.join(map(label_str, grads))}: "
+            "an exported program runs the forward pass only. Select without "
+            "`grads=` to export, and record gradients with the eager or "
+            "compiled recorder."
+        )
+        raise ValueError(msg)
     args, kwargs, dynamic_shapes = _positional(net, args, kwargs, dynamic_shapes)
     root = _ExportRoot(recorder, postproc)
     with preserved(recorder), warnings.catch_warnings():

@@ -22,6 +22,9 @@ Why it is built this way:
   takes its general path (``state.plan is not hook.plan``) into
   :class:`EarlyExitState`, which counts what is still needed; the hooks'
   fast path, that of every other pass, is unchanged.
+* **A pass that stops returns nothing**, so :func:`check_early_exit`
+  refuses one that a backward would need (selected gradients, an input
+  that requires grad) or that records nothing.
 * **The call-plan check holds for the calls that ran.** A call beyond the
   table's count still raises in the hook; every needed call has run when the
   pass stops, by construction; a pass that ends without stopping (a recorded
@@ -30,20 +33,74 @@ Why it is built this way:
 
 from __future__ import annotations
 
-__all__ = ["EarlyExit", "EarlyExitState", "early_plan"]
+__all__ = ["EarlyExit", "EarlyExitState", "check_early_exit", "early_plan"]
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
+
+import torch
+
+from scio_recorder._tree import iter_tensors
+from scio_recorder.layers import label_str
 
 from .state import PassState
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from .plan import CallPlan
+    from .plan import CallPlan, Selection
 
 Needs = tuple[list[int], list[int]]
 """Per slot of a plan's ends and starts: the calls a pass needs before it stops."""
+
+
+def check_early_exit(
+    selection: Selection,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    dont_record: bool,
+    value: object,
+) -> None:
+    """Refuse ``early_exit=value`` (truthy) unless ``True`` and it can apply.
+
+    A pass that stops returns no output: it must record something, select no
+    gradient, and take no input that requires grad with autograd on (a
+    backward would need the output).
+    """
+    if value is not True:
+        msg = f"`early_exit` must be True or False, got {value!r}"
+        raise TypeError(msg)
+    if dont_record or not (selection.outputs or selection.inputs):
+        why = (
+            "`dont_record=True` records nothing"
+            if dont_record
+            else "nothing is recorded"
+        )
+        msg = (
+            "`early_exit=True` stops the pass after the last recorded call, "
+            f"and {why}: select layers with `rnet.record(...)`, or drop "
+            "`early_exit`."
+        )
+        raise ValueError(msg)
+    if selection.grads:
+        grads = ", ".join(map(label_str, selection.grads))
+        msg = (
+            f"`early_exit=True` returns no output, and the gradients of {grads} "
+            "(`record(grads=...)`) need a backward from it: record without "
+            "`grads=`, or drop `early_exit`."
+        )
+        raise ValueError(msg)
+    if torch.is_grad_enabled() and any(
+        t.requires_grad for t in iter_tensors((args, kwargs))
+    ):
+        msg = (
+            "`early_exit=True` returns no output, and an input requires grad: "
+            "its gradient needs a backward from the output. Pass inputs that "
+            "do not require grad (`x.detach()`), run under `torch.no_grad()`, "
+            "or drop `early_exit`."
+        )
+        raise ValueError(msg)
 
 
 class EarlyExit(BaseException):
