@@ -1,9 +1,10 @@
 """The reference pass: one forward of the net that labels every module call.
 
-:func:`build_table` runs :func:`torchinfo.summary` (patched for the pass:
-:mod:`._torchinfo`) with a :class:`_CallLog` of its own on every module,
-which logs each call as it starts and ends, and rebuilds the rows from
-that log by the labelling rule (the package's docstring). The net is left
+:func:`run_reference` runs :func:`torchinfo.summary` (patched for the pass:
+:mod:`._torchinfo`) with a :class:`CallLog` of its own on every module,
+which logs each call as it starts and ends and adds the container rows of
+the labelling rule (the package's docstring); the package's
+:func:`~scio_recorder.layers.build_table` turns the log into the table. The net is left
 as it was (:func:`~scio_recorder._preserve.preserved`), torchinfo's global
 cache too; a net placed by accelerate stays where it is
 (:func:`reference_kwargs`). :func:`example_inputs` makes inputs like the
@@ -12,7 +13,13 @@ reference pass's, for later passes.
 
 from __future__ import annotations
 
-__all__ = ["build_table", "example_inputs", "reference_kwargs"]
+__all__ = [
+    "NOT_A_CALL_NOTE",
+    "CallLog",
+    "example_inputs",
+    "reference_kwargs",
+    "run_reference",
+]
 
 import contextlib
 import dataclasses
@@ -30,7 +37,6 @@ from torchinfo.layer_info import prod
 from scio_recorder._preserve import placed_by_accelerate, preserved
 from scio_recorder._tree import iter_tensors
 
-from ._table import NO_OUTPUT, NOT_A_CALL, NOT_CALLED, Layer, LayerTable, Mode
 from ._torchinfo import (
     SUMMARY_OPTIONS,
     Row,
@@ -42,10 +48,11 @@ from ._torchinfo import (
 if TYPE_CHECKING:
     from torch import nn
     from torch.utils.hooks import RemovableHandle
+    from torchinfo.model_statistics import ModelStatistics
 
 
 _NOT_CALLED_NOTE = "(not called)"
-_NOT_A_CALL_NOTE = "(not a call)"
+NOT_A_CALL_NOTE = "(not a call)"
 
 
 @dataclasses.dataclass
@@ -59,7 +66,7 @@ class _Call:
     end_order: int | None = None
 
 
-class _CallLog:
+class CallLog:
     """Hooks on every module of a net that log its calls in order."""
 
     def __init__(self, net: nn.Module, batch_dim: int | None) -> None:
@@ -192,7 +199,7 @@ class _CallLog:
                 call.info.note = "(no output)"
         for row in self.containers:
             row.note = (
-                _NOT_A_CALL_NOTE if row.module in self.counts else _NOT_CALLED_NOTE
+                NOT_A_CALL_NOTE if row.module in self.counts else _NOT_CALLED_NOTE
             )
         self.stack.clear()
 
@@ -308,52 +315,18 @@ def reference_kwargs(net: nn.Module, summary_kwargs: dict[str, Any]) -> dict[str
     return kwargs
 
 
-def build_table(
+def run_reference(
     net: nn.Module,
     summary_kwargs: dict[str, Any],
     *,
     around: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
-) -> LayerTable:
-    """Run the reference pass of ``net`` and return its labelled rows.
+) -> tuple[CallLog, dict[Row, frozenset[str]], ModelStatistics, str]:
+    """Run the reference pass of ``net``; return what it saw.
 
-    Parameters
-    ----------
-    net : torch.nn.Module
-        The network.
-    summary_kwargs : dict
-        Keyword arguments for :func:`torchinfo.summary`; must contain
-        ``input_data`` or ``input_size``.
-    around : callable, optional
-        Returns a context manager entered around :func:`torchinfo.summary`
-        only (inside the snapshot that restores the net), e.g. a fake-tensor
-        mode.
-
-    Returns
-    -------
-    LayerTable
-        The rows, following the labelling rule of this module's docstring.
-
-    Raises
-    ------
-    ValueError
-        If neither ``input_data`` nor ``input_size`` is given.
-
-    Notes
-    -----
-    ``net`` is left as it was: every submodule's ``training`` flag, every
-    parameter's ``requires_grad`` and every buffer are put back after the
-    pass (torchinfo restores only the top module's flag, and a train-mode
-    pass moves BatchNorm running statistics). The work is linear in the
-    number of rows times the nesting depth, whatever torchinfo's own totals
-    would cost.
-
-    Examples
-    --------
-    >>> from torch import nn
-    >>> table = build_table(nn.Sequential(nn.Linear(2, 2)), {"input_size": (1, 2)})
-    >>> list(table)
-    [(0, 1), (1, 1)]
-
+    The call log (its rows, in table order), what a later in-place operation
+    overwrote per call, torchinfo's statistics over the rows, and the mode
+    (``"train"`` or ``"eval"``); :func:`~scio_recorder.layers.build_table`
+    makes the table of them. ``net`` is left as it was.
     """
     if not {"input_size", "input_data"} & summary_kwargs.keys():
         msg = "You must provide `input_data` or `input_size`"
@@ -365,14 +338,14 @@ def build_table(
             "its cache by class name, so a cached pass could label the modules "
             "of another network. Drop the argument to silence this warning.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # the recorder's caller (via build_table, table_of)
         )
     kwargs["cache_forward_pass"] = False
     verbose = kwargs.get("verbose", 0)
     kwargs["verbose"] = 0
-    mode: Mode = "train" if str(kwargs.get("mode", "eval")) == "train" else "eval"
+    mode = "train" if str(kwargs.get("mode", "eval")) == "train" else "eval"
 
-    log = _CallLog(net, kwargs.get("batch_dim"))
+    log = CallLog(net, kwargs.get("batch_dim"))
     before = _first_device(net)
     name = type(net).__name__
     previous = _torchinfo_impl._cached_forward_pass.get(name)  # noqa: SLF001 (no public API)
@@ -406,8 +379,7 @@ def build_table(
     statistics = restatistics(summary, log.rows, shared)
     if verbose:
         print(statistics)  # noqa: T201 (the user asked torchinfo to print)
-    rows = _to_layers(log, overwritten)
-    return LayerTable(rows, mode=mode, grad_enabled=False, statistics=statistics)
+    return log, overwritten, statistics, mode
 
 
 def _first_device(net: nn.Module) -> torch.device | None:
@@ -437,44 +409,4 @@ def _warn_if_moved(
         f"`device={str(before)!r}` or `input_data` (an example input on the "
         "device you want) instead of `input_size`."
     )
-    warnings.warn(msg, UserWarning, stacklevel=4)
-
-
-def _to_layers(
-    log: _CallLog, overwritten: Mapping[Row, frozenset[str]]
-) -> tuple[Layer, ...]:
-    layers = []
-    for info in log.rows:
-        call = log.calls.get(info)
-        label = (info.depth, info.depth_index or 0)  # set by restatistics
-        if call is None:
-            layers.append(
-                Layer(
-                    label,
-                    log.containers[info],
-                    info.module,
-                    None,
-                    recordable=False,
-                    reason=NOT_A_CALL if info.note == _NOT_A_CALL_NOTE else NOT_CALLED,
-                    input_size=[],
-                    output_size=[],
-                    num_params=info.num_params,
-                )
-            )
-            continue
-        layers.append(
-            Layer(
-                label,
-                call.name,
-                call.module,
-                call.call_index,
-                recordable=call.end_order is not None,
-                reason=None if call.end_order is not None else NO_OUTPUT,
-                input_size=list(info.input_size),
-                output_size=list(info.output_size),
-                num_params=info.num_params,
-                _end_order=call.end_order,
-                overwritten=overwritten.get(info, frozenset()),
-            )
-        )
-    return tuple(layers)
+    warnings.warn(msg, UserWarning, stacklevel=5)  # the recorder's caller
