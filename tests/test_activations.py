@@ -344,6 +344,24 @@ def test_shards_are_safetensors_files(tmp_path):
     assert start == len(ds)
 
 
+def test_a_write_starting_leaves_other_ranks_temporaries_alone(tmp_path):
+    """A rank starting (or resuming) removes its own stale temporaries only.
+
+    Another rank's `.<shard>.<random>.tmp` is a shard it is writing right
+    now: removing it made that rank's rename fail (a CI failure of the
+    two-rank test, when one rank started while the other was writing).
+    """
+    theirs = tmp_path / ".shard-p0-r1-00000.safetensors.k3j2h1g0.tmp"
+    ours = tmp_path / ".shard-p0-r0-00000.safetensors.a1b2c3d4.tmp"
+    our_progress = tmp_path / ".progress-p0-r0.json.e5f6g7h8.tmp"
+    for path in (theirs, ours, our_progress):
+        path.write_bytes(b"partial")
+    write(recorder(gpt2()), make_batches("left"), tmp_path, layers=["transformer.h.0"])
+    assert theirs.read_bytes() == b"partial"
+    assert not ours.exists()
+    assert not our_progress.exists()
+
+
 def test_the_manifest_describes_the_set(tmp_path):
     ds = write(
         recorder(llama()),

@@ -584,11 +584,18 @@ class RankWriter:
     def _remove_stale(self) -> None:
         """Remove shards past the checkpoint and temporary files of this rank."""
         listed = {entry["file"] for entry in self.shards}
-        pattern = re.compile(rf"shard-p{self.part}-r{self.rank}-\d+\.safetensors")
+        shard = rf"shard-p{self.part}-r{self.rank}-\d+\.safetensors"
+        own = "|".join(
+            [shard, *map(re.escape, (self.progress.name, *self.state_names))]
+        )
+        stale = re.compile(shard)
+        # another rank's temporaries are its files being written right now
+        # (`write_atomic` names them `.<name>.<random>.tmp`): only ours go
+        temporary = re.compile(rf"\.({own})\.[^.]+\.tmp")
         for path in self.folder.iterdir():
-            if (pattern.fullmatch(path.name) and path.name not in listed) or (
-                path.name.startswith(".") and path.name.endswith(".tmp")
-            ):
+            if (
+                stale.fullmatch(path.name) and path.name not in listed
+            ) or temporary.fullmatch(path.name):
                 path.unlink(missing_ok=True)
 
     def remove_files(self) -> None:
