@@ -22,6 +22,18 @@ snapshots what such a pass can change and puts it back exactly, in
   runs and registers new parameters on the ``meta`` device after it; a pass
   that raises inside such a module leaves its weights loaded. Whatever the
   pass did, the net keeps the very parameters it had;
+* every module's plain attributes (the entries of its ``__dict__`` that are
+  not parameters, buffers, submodules, hooks or ``nn.Module``'s own
+  bookkeeping, such as ``self.safe = True`` set in a forward): an attribute
+  set, rebound or deleted by the pass gets its old object back, and the
+  contents of the mutable containers these attributes hold (``list``,
+  ``dict``, ``set``, ``OrderedDict``, ``defaultdict``, ``deque``, and the
+  attributes of ``SimpleNamespace`` and dataclass instances, such as a
+  Hugging Face config), nested to any depth (through tuples too), are put
+  back in place. Identities are kept: nothing is copied but the containers'
+  lists of items (a config shared by many modules stays one object, the
+  user's own). A module with lazy parameters keeps what its materialization
+  set (``in_features``);
 * the state of accelerate's hooks (the ``_hf_hook`` of each module): their
   attributes, and the contents of the dictionaries they hold (the map of tied
   weights loaded on a device, shared by all hooks, which a pass that raises
@@ -32,13 +44,28 @@ snapshots what such a pass can change and puts it back exactly, in
 
 Parameters are not copied (a forward pass does not write them); lazy
 parameters and buffers that the pass materializes stay materialized.
+
+What cannot be put back, because it lies outside the net's modules or is
+not Python data: globals and module-level state (a counter in the net's
+module, ``functools.cache`` entries, transformers' ``warning_once``
+cache), files written and anything printed or logged, the state of other
+objects a module holds (a logger, a tokenizer, a class instance that is not
+a dataclass: the attribute gets the object back, not the object's
+attributes), the values of tensors held as plain attributes or in
+containers and written in place, the class of a module (``__class__``),
+submodules registered or replaced by the pass, and random states other
+than torch's (Python's ``random``, numpy's; the static-flow check restores
+torch's, :mod:`scio_recorder._watch`).
 """
 
 from __future__ import annotations
 
 __all__ = ["placed_by_accelerate", "preserved", "unload_offloaded"]
 
+import collections
 import contextlib
+import dataclasses
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,8 +85,9 @@ def preserved(net: nn.Module) -> Iterator[None]:
     ----------
     net : torch.nn.Module
         The net whose submodules' ``training`` flags, parameters (the objects
-        in their slots and their ``requires_grad``), buffers and accelerate
-        hooks' state are put back as they were on entry.
+        in their slots and their ``requires_grad``), buffers, plain
+        attributes (and the containers they hold) and accelerate hooks'
+        state are put back as they were on entry.
 
     Examples
     --------
@@ -76,7 +104,13 @@ def preserved(net: nn.Module) -> Iterator[None]:
     True
 
     """
-    restores = [_modes(net), _parameters(net), _hooks(net), _buffers(net)]
+    restores = [
+        _modes(net),
+        _parameters(net),
+        _attributes(net),
+        _hooks(net),
+        _buffers(net),
+    ]
     try:
         yield
     finally:
@@ -112,6 +146,131 @@ def _parameters(net: nn.Module) -> Callable[[], None]:
                 param.requires_grad_(requires_grad)
 
     return restore
+
+
+_MODULE_OWN: frozenset[str] | None = None
+
+
+def _module_own() -> frozenset[str]:
+    """Return the ``__dict__`` keys of ``nn.Module`` itself (flags, slots, hooks).
+
+    Plus ``_hf_hook``, whose state :func:`_hooks` puts back.
+    """
+    global _MODULE_OWN  # noqa: PLW0603 (computed once, on first use)
+    if _MODULE_OWN is None:
+        _MODULE_OWN = frozenset(vars(torch.nn.Module())) | {"_hf_hook"}
+    return _MODULE_OWN
+
+
+_MISSING = object()
+_MAPPINGS = frozenset({dict, collections.OrderedDict, collections.defaultdict})
+_CONTAINERS = _MAPPINGS | {list, collections.deque, set}
+_PASS_THROUGH = frozenset({tuple, frozenset})
+
+
+def _attributes(net: nn.Module) -> Callable[[], None]:
+    """Snapshot every module's plain attributes and the containers they hold.
+
+    A module whose parameters or buffers are lazy is left out: its
+    materialization sets attributes (``in_features``) that must stay.
+    """
+    own = _module_own()
+    modules = []
+    contents = _Contents()
+    for module in net.modules():
+        if any(is_lazy(t) for t in _slots(module)):
+            continue
+        entries = {k: v for k, v in vars(module).items() if k not in own}
+        modules.append((module, entries))
+        for value in entries.values():
+            contents.take(value)
+
+    def restore() -> None:
+        for module, entries in modules:
+            current = vars(module)
+            for key in [k for k in current if k not in own and k not in entries]:
+                del current[key]
+            for key, value in entries.items():
+                if current.get(key, _MISSING) is not value:
+                    current[key] = value
+        contents.restore()
+
+    return restore
+
+
+def _slots(module: nn.Module) -> list[Any]:
+    """Return the module's own parameters and buffers (``None`` slots included)."""
+    return [*module._parameters.values(), *module._buffers.values()]  # noqa: SLF001 (the slots themselves)
+
+
+class _Contents:
+    """The items of every mutable container reachable from some values.
+
+    Walks lists, deques, dicts (plain, ordered, default), sets, tuples and
+    frozensets (which hold no state of their own but may hold containers),
+    and the ``__dict__`` of ``SimpleNamespace`` and dataclass instances;
+    everything else is an atom, kept by identity. Each container is noted
+    once (shared and cyclic ones too), with its items as a list of the very
+    objects it held: :meth:`restore` puts them back in place where they
+    differ (compared by identity), so containers keep their identity and
+    hold their old objects again.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.saved: list[tuple[Any, list[Any]]] = []
+
+    def take(self, value: Any) -> None:
+        """Note the containers reachable from ``value`` and their items."""
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind in _PASS_THROUGH:
+                if id(item) not in self.seen:
+                    self.seen.add(id(item))
+                    stack.extend(item)
+                continue
+            if kind is types.SimpleNamespace or (
+                dataclasses.is_dataclass(item)
+                and not isinstance(item, type)
+                and hasattr(item, "__dict__")
+            ):
+                item, kind = vars(item), dict
+            elif kind not in _CONTAINERS:
+                continue
+            if id(item) in self.seen:
+                continue
+            self.seen.add(id(item))
+            if kind in _MAPPINGS:
+                pairs = list(item.items())
+                self.saved.append((item, pairs))
+                stack.extend(v for _, v in pairs)
+            else:
+                items = list(item)
+                self.saved.append((item, items))
+                stack.extend(items)
+
+    def restore(self) -> None:
+        """Put back the items of every container noted, where they changed."""
+        for container, items in self.saved:
+            now = list(container.items() if isinstance(container, dict) else container)
+            if len(now) == len(items) and all(
+                _same(a, b) for a, b in zip(now, items, strict=True)
+            ):
+                continue
+            container.clear()
+            if isinstance(container, (dict, set)):
+                container.update(items)
+            else:
+                container.extend(items)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two items (or two ``(key, value)`` pairs) are the same objects."""
+    if type(a) is tuple and type(b) is tuple and len(a) == len(b) == 2:  # noqa: PLR2004 (a pair)
+        return a[0] is b[0] and a[1] is b[1]
+    return a is b
 
 
 def _buffers(net: nn.Module) -> Callable[[], None]:

@@ -9,6 +9,9 @@ whole ``state_dict`` bit-identical.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -212,3 +215,177 @@ def test_swapped_parameters_and_hook_state_are_put_back() -> None:
     assert tied == {7: {}}
     assert hook.tied_params_map is tied
     assert vars(hook) == {"tied_params_map": tied, "input_device": None}
+
+
+class Guarded(nn.Module):
+    """Switches to a safe mode for good once it has seen a non-finite input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.safe = False
+        self.log: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        if self.safe:
+            out = out.clamp(-1, 1)
+        if not torch.isfinite(x).all():
+            self.safe = True
+            self.log.append("non-finite")
+        return out
+
+
+@pytest.mark.parametrize("reference_tensors", ["real", "fake"])
+def test_forced_branches_leave_the_nets_attributes(reference_tensors: str) -> None:
+    """The static-flow check forces the read the other way: its branch's effects go.
+
+    The forced pass runs ``self.safe = True`` (a branch no real data reached);
+    before the fix the attribute stayed, and the plain net clamped its
+    output from then on.
+    """
+    torch.manual_seed(0)
+    net = Guarded().eval()
+    x = 3 * torch.randn(2, 4)
+    with torch.no_grad():
+        before = net(x)
+    assert before.abs().max() > 1  # so that a clamp would show
+    log = net.log
+    with contextlib.ExitStack() as stack:
+        if reference_tensors == "fake":  # the fake pass reads: the real pass runs
+            stack.enter_context(pytest.warns(UserWarning, match="ran on real tensors"))
+        Recorder(net, input_data=[x], reference_tensors=reference_tensors)
+    assert net.safe is False
+    assert net.log == []
+    assert net.log is log
+    with torch.no_grad():
+        assert torch.equal(net(x), before)  # the same net, the same computation
+
+
+@dataclasses.dataclass
+class Config:
+    """A dataclass a module holds (as a Hugging Face config)."""
+
+    scale: float = 1.0
+    seen: list[int] = dataclasses.field(default_factory=list)
+
+
+def test_plain_attributes_and_their_containers_are_put_back() -> None:
+    """Attributes set, rebound, deleted; containers changed in place: put back."""
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    config = Config()
+    inner = {"a": [1, 2]}
+    state = types.SimpleNamespace(count=0, history=[(inner, {3})])
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    net[0].config = config
+    net[1].config = config  # shared, as a config is
+    net[0].state = state
+    net[0].cyclic = cyclic
+    net[1].gone = "deleted in the pass"
+    with preserved(net):
+        net[0].new = 1
+        del net[1].gone
+        net[0].config = Config(scale=2.0)
+        config.scale = 3.0
+        config.seen.append(1)
+        state.count += 1
+        inner["a"].append(3)
+        inner["b"] = []
+        state.history[0][1].add(4)
+        cyclic.append(5)
+        net[0].in_features = 5
+    assert not hasattr(net[0], "new")
+    assert net[1].gone == "deleted in the pass"
+    assert net[0].config is config
+    assert net[1].config is config
+    assert config == Config()
+    assert net[0].state is state
+    assert state.count == 0
+    assert state.history[0][0] is inner
+    assert inner == {"a": [1, 2]}
+    assert state.history[0][1] == {3}
+    assert cyclic == [cyclic]
+    assert net[0].in_features == 2  # Linear(2, 2)
+
+
+def test_a_lazy_module_keeps_what_its_materialization_set() -> None:
+    """``in_features``, set when the pass materializes the weight, stays."""
+    net = nn.Sequential(nn.LazyLinear(3))
+    Recorder(net, input_size=(1, 5))
+    assert net[0].in_features == 5  # the input's width
+    assert net[0].weight.shape == (3, 5)
+    assert net(torch.zeros(1, 5)).shape == (1, 3)
+
+
+# Nested containers as a module's attributes, and edits a pass makes to them.
+LEAVES = st.one_of(st.integers(-3, 3), st.text(max_size=2), st.none())
+NESTED = st.recursive(
+    LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.text(max_size=2), inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.builds(
+            lambda d: types.SimpleNamespace(**d),
+            st.dictionaries(st.sampled_from(["p", "q"]), inner, max_size=2),
+        ),
+    ),
+    max_leaves=10,
+)
+
+
+def containers(value: Any) -> list[Any]:
+    """Every list, dict and namespace in ``value``, depth first."""
+    found = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, types.SimpleNamespace):
+            found.append(item)
+            stack.extend(vars(item).values())
+        elif isinstance(item, dict):
+            found.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            if isinstance(item, list):
+                found.append(item)
+            stack.extend(item)
+    return found
+
+
+def edit(item: Any, choice: int) -> None:
+    """Change ``item`` in place, one of three ways."""
+    if isinstance(item, types.SimpleNamespace):
+        item = vars(item)
+    way = choice % 3
+    if isinstance(item, dict):
+        if way == 0 or not item:
+            item["z"] = [9]
+        elif way == 1:
+            item.popitem()
+        else:
+            item.clear()
+    elif way == 0:
+        item.append([9])
+    elif way == 1:
+        item.clear()
+    else:
+        item.insert(0, item.pop())
+
+
+@SETTINGS
+@given(value=NESTED, choices=st.lists(st.integers(0, 10), min_size=1, max_size=4))
+def test_any_nested_containers_are_put_back(value: Any, choices: list[int]) -> None:
+    """Whatever a pass changes in them, in place: equal, and the same objects."""
+    net = nn.Sequential(nn.Linear(2, 2))
+    net[0].value = value
+    before = copy.deepcopy(value)
+    found = containers(value)
+    with preserved(net):
+        for choice in choices:
+            if found:
+                edit(found[choice % len(found)], choice)
+    assert net[0].value is value
+    assert repr(value) == repr(before)
+    assert [id(c) for c in containers(value)] == [id(c) for c in found]
