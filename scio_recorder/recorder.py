@@ -384,7 +384,7 @@ class Recorder(RecorderCopies):
         input_rows = resolve(table, net, as_list(inputs))
         grad_rows = resolve(table, net, as_list(grads))
         if grad_rows:
-            refuse_gradients(net)
+            refuse_gradients(net, "`record(grads=...)`")
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,9 @@ from torch import Tensor, nn
 
 from scio_recorder import Recorder
 from scio_recorder._quantized import gradient_cuts
+from scio_recorder.explain import attribution_patch
+from scio_recorder.explain import grad_cam as cam
+from scio_recorder.ood import NAC, ODIN, AdaScale, Mahalanobis
 
 quantization = pytest.importorskip("torchao.quantization")
 
@@ -161,21 +165,33 @@ def test_weight_only_gradients_are_those_of_the_dequantized_float_model():
     assert float(embeds.grad.abs().max()) > 0
 
 
+def refusal(who: str, cuts: list[str]) -> str:
+    """The whole message of a refused gradient: the layers and the fix."""
+    named = ", ".join(f"`{name}`" for name in cuts[:3])
+    more = f" and {len(cuts) - 3} more" if len(cuts) > 3 else ""
+    return (
+        f"{who} takes gradients through the net, but {len(cuts)} of its layers "
+        f"({named}{more}) quantize their input to int8 (torchao's dynamic "
+        "activation quantization), and torch passes no gradient through that "
+        "rounding: every gradient before them would silently miss their "
+        "paths. Use the float model, or one quantized weight-only "
+        "(`Int8WeightOnlyConfig`), whose input gradients are exact."
+    )
+
+
 def test_gradients_through_dynamically_quantized_layers_are_refused():
-    """torch passes no gradient to their input: refused, naming the first layer."""
+    """torch passes no gradient to their input: refused, naming the layers."""
     model = quantized("dynamic")
     cuts = gradient_cuts(model)
-    assert cuts[0] == "model.layers.0.self_attn.q_proj"
+    assert cuts[:3] == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.k_proj",
+        "model.layers.0.self_attn.v_proj",
+    ]
     assert len(cuts) == 2 * 7 + 1  # 7 linear layers a block, and the unembedding
     rnet = Recorder(model, input_data={"input_ids": IDS})
-    msg = (
-        f"Cannot record gradients of this net: {len(cuts)} of its layers "
-        "(`model.layers.0.self_attn.q_proj` first) quantize their input to int8 "
-        "(torchao's dynamic activation quantization), through which torch passes "
-        "no gradient, so every gradient before them would silently miss their "
-        "paths. Record gradients on the float model, or on one quantized "
-        "weight-only (`Int8WeightOnlyConfig`), whose input gradients are exact."
-    )
+    msg = refusal("`record(grads=...)`", cuts)
+    assert "`model.layers.0.self_attn.v_proj` and 12 more)" in msg
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         rnet.record(BLOCK, grads=[BLOCK])
     assert rnet.recording == ()  # a refused request changes nothing
@@ -186,6 +202,105 @@ def test_gradients_through_dynamically_quantized_layers_are_refused():
     out = layer(x)
     assert not torch.equal(out, layer(2 * x))
     assert not out.requires_grad
+
+
+def test_attribution_patch_refuses_instead_of_dropping_the_quantized_paths():
+    """Before: zeros where the float model has values (the finding); now refused.
+
+    The float model's estimate at a corrupted position is not zero: the
+    gradient flows through the attention and MLP layers after the block,
+    which the quantized layers cut.
+    """
+    clean = {"input_ids": IDS[:1]}
+    corrupted = {"input_ids": IDS[:1].clone()}
+    corrupted["input_ids"][0, 3] = 7
+
+    def metric(out: Any) -> Tensor:
+        return out.logits[0, -1, 5] - out.logits[0, -1, 9]
+
+    float_rnet = Recorder(llama(), input_data=clean)
+    estimate = attribution_patch(
+        float_rnet, clean, corrupted, ["model.layers.0"], metric
+    )
+    assert float(estimate[0, 3].abs()) > 0
+    model = quantized("dynamic")
+    rnet = Recorder(model, input_data=clean)
+    msg = refusal("attribution_patch", gradient_cuts(model))
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        attribution_patch(rnet, clean, corrupted, ["model.layers.0"], metric)
+    assert rnet.recording == ()
+
+
+def small_cnn() -> nn.Module:
+    """A classifier whose two last layers torchao quantizes dynamically."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 16),
+        nn.ReLU(),
+        nn.Linear(16, 3),
+    ).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's notes on its kernels
+        quantization.quantize_(
+            net, quantization.Int8DynamicActivationInt8WeightConfig()
+        )
+    return net
+
+
+IMAGES = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+LABELS = torch.tensor([0, 1, 2, 0, 1, 2])
+
+
+def grad_cam(rnet: Recorder) -> object:
+    return cam(rnet, IMAGES, "0")
+
+
+def odin(rnet: Recorder) -> object:
+    return ODIN(rnet)(IMAGES)
+
+
+def mahalanobis_preprocessing(rnet: Recorder) -> object:
+    detector = Mahalanobis(rnet, layer="5", epsilon=0.01)
+    detector.fit([(IMAGES, LABELS)], input=0, target=1)  # no gradient: fitted
+    return detector(IMAGES)
+
+
+def nac_fit(rnet: Recorder) -> object:
+    detector = NAC(rnet, ["5"])
+    try:
+        return detector.fit([(IMAGES, LABELS)])
+    finally:
+        assert detector.counts == []  # the refused fit changed nothing
+
+
+def adascale_fit(rnet: Recorder) -> object:
+    return AdaScale(rnet, "5").fit([(IMAGES, LABELS)])
+
+
+@pytest.mark.parametrize(
+    ("who", "run"),
+    [
+        ("`record(grads=...)`", lambda rnet: rnet.record(grads="0")),
+        ("grad_cam", grad_cam),
+        ("ODIN", odin),  # the detectors' shared pass (`run_pass(grad=True)`)
+        ("Mahalanobis", mahalanobis_preprocessing),  # `gradient_step`
+        ("NAC", nac_fit),  # a fit's own gradient loop
+        ("AdaScale", adascale_fit),
+    ],
+    ids=["record", "grad_cam", "ODIN", "gradient_step", "NAC", "AdaScale"],
+)
+def test_every_gradient_path_refuses_with_the_same_message(who, run):
+    """Explanations and detectors that differentiate the net: one check, one message."""
+    net = small_cnn()
+    cuts = gradient_cuts(net)
+    assert cuts == ["4", "6"]
+    rnet = Recorder(net, input_size=(1, 3, 8, 8))
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal(who, cuts))}$"):
+        run(rnet)
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from scio_recorder._quantized import refuse_gradients
+
 from ._base import (
     as_positions,
     check_callable,
@@ -80,7 +82,9 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
         ``metric`` is not callable, ``positions`` is not an iterable of ints.
     ValueError
         Before any pass: ``layers`` selects nothing, ``clean`` and
-        ``corrupted`` differ in batch size, ``positions`` is empty. After
+        ``corrupted`` differ in batch size, ``positions`` is empty, the net
+        has layers that pass no gradient to their input (torchao's dynamic
+        activation quantization: the estimate would miss their paths). After
         the clean pass: a position out of range of a layer's output. Then:
         clean and corrupted outputs differ in shape, ``metric`` does not
         return one number.
@@ -107,6 +111,7 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
     check_callable(metric, "metric", who, "lambda out: out.loss")
     wanted = as_positions(positions, "positions", who)
     check_pair(clean, corrupted, ("clean", "corrupted"), who)
+    refuse_gradients(rnet.net, who)
     clean_run = cache_run(rnet, clean, labels)
     sources = {
         label: stream_of(rnet, label, clean_run.activations[label], who)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._outputs import logits_of
+from scio_recorder._quantized import refuse_gradients
 from scio_recorder.select import resolve_one
 
 from ._base import arguments, check_flag, check_recorder, one_number, run_net
@@ -68,9 +69,10 @@ def grad_cam(
         ``upsample`` not a bool.
     ValueError
         Before the pass: ``upsample=True`` without a 4-d input, a negative
-        class. After it: the layer's output is not ``[B, K, h, w]``, a class
-        out of range of the logits, or ``target`` (a function) does not
-        return one number.
+        class, a net with layers that pass no gradient to their input
+        (torchao's dynamic activation quantization). After it: the layer's
+        output is not ``[B, K, h, w]``, a class out of range of the logits,
+        or ``target`` (a function) does not return one number.
 
     Examples
     --------
@@ -97,6 +99,7 @@ def grad_cam(
     label = resolve_one(rnet.table, rnet.net, layer, "grad_cam").label
     _check_target(target)
     check_flag(upsample, "upsample", "grad_cam")
+    refuse_gradients(rnet.net, "grad_cam")
     inputs = _requiring_grad(x)
     size = _image_size(inputs) if upsample else None
     with rnet.selecting(label), torch.enable_grad():

@@ -238,7 +238,12 @@ class AdaScale(Detector):
         with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
             found = run_pass(
-                self.rnet, (leaf, *args[1:]), kwargs, outputs=[self.label], grad=True
+                self.rnet,
+                (leaf, *args[1:]),
+                kwargs,
+                outputs=[self.label],
+                grad=True,
+                who="AdaScale",
             )
             logits = as_logits(found.logits, "AdaScale")
             f = self._record(found)

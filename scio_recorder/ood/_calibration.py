@@ -287,7 +287,9 @@ class ODIN(Detector):
         x = first_float_input(args, "ODIN")
         with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
-            out = run_pass(self.rnet, (leaf, *args[1:]), kwargs, grad=True).logits
+            out = run_pass(
+                self.rnet, (leaf, *args[1:]), kwargs, grad=True, who="ODIN"
+            ).logits
             logits = as_logits(out, "ODIN") / self.temperature
             loss = torch.nn.functional.cross_entropy(logits, logits.argmax(dim=1))
             (grad,) = torch.autograd.grad(loss, leaf)

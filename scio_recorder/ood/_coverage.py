@@ -216,6 +216,7 @@ class NAC(MultiLayer):
                 _with_grad(kwargs),
                 outputs=self.labels,
                 grad=True,
+                who="NAC",
             )
             logits = found.logits
             outputs = [found.outputs[label] for label in self.labels]

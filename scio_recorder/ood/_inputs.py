@@ -115,7 +115,13 @@ def gradient_step(  # noqa: PLR0913 (the net's arguments, the losses, what they 
     with torch.inference_mode(mode=False), torch.enable_grad():
         leaf = x.detach().clone().requires_grad_()
         result = run_pass(
-            rnet, (leaf, *args[1:]), kwargs, outputs=outputs, inputs=inputs, grad=True
+            rnet,
+            (leaf, *args[1:]),
+            kwargs,
+            outputs=outputs,
+            inputs=inputs,
+            grad=True,
+            who=who,
         )
         values = list(losses(result))
         grads = [

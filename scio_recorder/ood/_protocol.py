@@ -48,6 +48,7 @@ from scio_recorder._batches import Positions, as_arguments, batch_getter, move_t
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._errors import NotFittedError
 from scio_recorder._outputs import logits_of
+from scio_recorder._quantized import refuse_gradients
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.recorder import Recorder
 
@@ -123,6 +124,7 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     edit: Edit | None = None,
     grad: bool = False,
     finite_rows: bool = True,
+    who: str = "a detector",
 ) -> Pass:
     """Run the net once under ``torch.no_grad()``; return what it gave.
 
@@ -136,7 +138,10 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     it sees every row, for an edit made per row of the batch). With ``grad=True``
     the pass runs with autograd on (for a gradient with respect to the
     input: pass a leaf that requires it), also inside ``torch.no_grad()`` or
-    ``torch.inference_mode()``.
+    ``torch.inference_mode()``; a net with layers that pass no gradient to
+    their input is refused first, naming ``who`` (the detector)
+    (:func:`~scio_recorder._quantized.refuse_gradients`, the check of every
+    gradient through the net).
 
     The one way every detector runs the net: a private pass of the recorder
     (``Passes.run_private``), on a plan of its own. The recorder's selection
@@ -156,6 +161,8 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
         in_labels: list[DepthIdx] = []
     else:
         labels, in_labels = sorted(set(outputs)), sorted(set(inputs))
+    if grad:
+        refuse_gradients(rnet.net, who)
     passes = rnet._passes  # noqa: SLF001 (the recorder's own passes: no public face)
     with _grad_mode(grad):
         out, state = passes.run_private(
