@@ -124,7 +124,7 @@ def gradients(model: nn.Module, plain: nn.Module, ids: torch.Tensor) -> str:
     try:
         rnet.record(grads=["model.layers.0"])
     except ValueError as error:
-        return f"refused ({str(error).split(':')[0]})"
+        return f"refused ({str(error).split(' (')[0]})"
     embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
     rnet(inputs_embeds=embeds).logits.square().sum().backward()
     reference = dequantized(model, plain)

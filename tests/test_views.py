@@ -174,6 +174,39 @@ def test_ood_view_histograms_count_every_score_once_clipped_or_not():
             assert panel["clipped"] == (clip is not None)
 
 
+def far_scores():
+    """Scores of 3e5 spread over 1.5: bins 0.05 wide, six digits apart."""
+    from scio_recorder.ood import Evaluation  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(0)
+    inside = 3e5 + torch.rand(200, generator=gen, dtype=torch.float64)
+    outside = 3e5 + 0.5 + torch.rand(200, generator=gen, dtype=torch.float64)
+    return Evaluation({"Maha": inside}, {"Maha": outside}, "far")
+
+
+def far_edges(ev) -> np.ndarray:
+    """The oracle: numpy's even edges between the pooled 1% and 99% quantiles."""
+    pooled = np.concatenate([ev.id_scores["Maha"], ev.ood_scores["Maha"]])
+    return np.linspace(*np.quantile(pooled, [0.01, 0.99]), 31)
+
+
+def test_ood_view_keeps_bins_of_large_scores_apart_in_the_data_and_figure():
+    """Edges of 3e5 in bins of 0.05: six digits made them all 300000.0 (one bin)."""
+    pytest.importorskip("matplotlib")
+    ev = far_scores()
+    edges = far_edges(ev)
+    width = edges[1] - edges[0]
+    view = ood_view(ev)
+    shown = np.array(view.data["sets"][0]["panels"][0]["edges"])
+    # the edges rounded to 13 digits: within 1e-7 of 3e5, 2e-6 of a bin
+    np.testing.assert_allclose(shown, edges, rtol=0, atol=width * 1e-5)
+    figure = view.figure()
+    stairs = [p for p in figure.axes[0].patches if hasattr(p, "get_data")]
+    assert len(stairs) == 2  # in-distribution and OoD
+    for patch in stairs:
+        np.testing.assert_allclose(patch.get_data().edges, edges, atol=width * 1e-5)
+
+
 # -- the pages, in a browser -------------------------------------------------------
 
 
@@ -439,6 +472,38 @@ def test_ood_page_shows_bin_counts_and_roc_points_of_the_detector_picked(
             np.isclose(fpr, point[0], rtol=SHOWN, atol=1e-9)
             & np.isclose(tpr, point[1], rtol=SHOWN, atol=1e-9)
         ), point
+    assert page.errors() == []
+
+
+@pytest.mark.slow
+def test_ood_page_tells_the_bins_of_large_scores_apart(chromium, tmp_path):
+    """Hovering a bin of scores near 3e5 shows its own edges (fmt: 3.000e+5 each)."""
+    ev = far_scores()
+    edges = far_edges(ev)
+    width = edges[1] - edges[0]
+    page = opened(chromium, ood_view(ev), tmp_path)
+
+    def near(shown: str, value: float) -> bool:
+        """``value`` rounded to the digits shown, which resolve a hundredth of a bin."""
+        unit = 10.0 ** -len(shown.partition(".")[2])  # the last digit shown
+        return unit <= width / 100 and abs(float(shown) - value) <= unit / 2 + 1e-9
+
+    lefts = []
+    for b in (0, 1, 14, 29):
+        page.hover(*page.center(f'rect.sv-bin[data-bin="{b}"]'))
+        shown = tip(page)
+        assert shown is not None
+        ends = re.findall(r"-?[\d.]+", shown.splitlines()[0].split(": ", 1)[1])
+        assert near(ends[0], edges[b]), (b, ends, edges[b])
+        assert near(ends[1], edges[b + 1]), (b, ends, edges[b + 1])
+        lefts.append(ends[0])
+    assert len(set(lefts)) == 4  # four bins, four left edges
+    axis = page.evaluate(
+        "[...document.querySelectorAll('.sv-histogram svg text')]"
+        ".map(t => t.textContent)"
+    )
+    assert near(axis[0], edges[0])
+    assert near(axis[1], edges[-1])
     assert page.errors() == []
 
 

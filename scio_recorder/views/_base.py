@@ -14,7 +14,7 @@ one page keep their own scripts.
 
 from __future__ import annotations
 
-__all__ = ["View", "finite", "names", "one_sample", "rounded"]
+__all__ = ["DIGITS", "View", "finite", "names", "one_sample", "rounded"]
 
 import html
 import importlib
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 _STATIC = Path(__file__).resolve().parent / "_static"
-_DIGITS = 6
+DIGITS = 6
 """Significant digits kept of each number in a page (float32 holds about 7)."""
 
 _FIGURES = (".png", ".svg", ".pdf")
@@ -42,7 +42,7 @@ def _static(name: str) -> str:
     return (_STATIC / name).read_text(encoding="utf-8")
 
 
-def rounded(value: float, digits: int = _DIGITS) -> float | None:
+def rounded(value: float, digits: int = DIGITS) -> float | None:
     """Return ``value`` to ``digits`` significant digits; ``None`` if not finite.
 
     JSON has no NaN nor infinity: the page shows them as missing.
@@ -58,7 +58,7 @@ def rounded(value: float, digits: int = _DIGITS) -> float | None:
     return float(f"{value:.{digits}g}")
 
 
-def finite(values: Iterable[float], digits: int = _DIGITS) -> list[float | None]:
+def finite(values: Iterable[float], digits: int = DIGITS) -> list[float | None]:
     """Return :func:`rounded` of each value, as a list for JSON."""
     return [rounded(float(v), digits) for v in values]
 
@@ -127,7 +127,8 @@ class View:
         Shown above the view.
     data : dict
         What the page draws (JSON-ready: numbers rounded to six significant
-        digits, ``None`` for a value that is not finite).
+        digits, histogram edges to as many as tell them apart, ``None`` for
+        a value that is not finite).
 
     Examples
     --------

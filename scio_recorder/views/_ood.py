@@ -4,12 +4,13 @@ from __future__ import annotations
 
 __all__ = ["ood_view"]
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._base import View, finite, new_figure, rounded
+from ._base import DIGITS, View, finite, new_figure, rounded
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,7 +49,8 @@ def histogram(
 
     The edges are even between the ``clip`` quantiles of both sets pooled
     (their finite extremes without ``clip``); scores beyond, infinities
-    included, are counted in the end bins.
+    included, are counted in the end bins. They are kept to the digits that
+    tell them apart (:func:`edge_digits`).
     """
     pooled = np.concatenate([inside, outside])
     bounded = pooled[np.isfinite(pooled)]
@@ -67,11 +69,32 @@ def histogram(
         for v in (inside, outside)
     ]
     return {
-        "edges": finite(edges),
+        "edges": finite(edges, edge_digits(low, high, bins)),
         "id": counts[0],
         "ood": counts[1],
         "clipped": clipped,
     }
+
+
+def edge_digits(low: float, high: float, bins: int) -> int:
+    """Return the significant digits that keep ``bins`` even bins apart.
+
+    Six (:data:`~._base.DIGITS`) where the edges are not much larger than a
+    bin, and one more per power of ten they are larger (scores of 3e5 in
+    bins of 0.05 keep 13, where six would make every edge 300000.0), up to
+    float64's 17.
+
+    Examples
+    --------
+    >>> edge_digits(0.0, 14.0, 5), edge_digits(3e5, 3e5 + 1.5, 30)
+    (7, 13)
+
+    """
+    width = (high - low) / bins
+    top = max(abs(low), abs(high))
+    if not width > 0 or not math.isfinite(top / width):
+        return DIGITS
+    return min(17, DIGITS + max(0, math.ceil(math.log10(top / width))))
 
 
 def _thinned(

@@ -17,6 +17,18 @@
   const panels = el("div", { class: "sv-panels" });
   const metrics = el("div", { class: "sv-metrics" });
 
+  // An edge with the digits that tell it from its neighbours: four
+  // significant ones (fmt) say 3.000e+5 for every edge of bins 0.05 wide at
+  // 3e5; three more than the edge's size over the bin's width say 300000.05.
+  function edge(value, width) {
+    const a = Math.abs(value);
+    if (value === null || value === undefined || !(width > 0) || a === 0) return fmt(value);
+    const digits = Math.ceil(Math.log10(Math.max(a, width) / width)) + 3;
+    if (digits <= 4) return fmt(value);
+    const kept = Number(value.toPrecision(Math.min(digits, 17)));
+    return a >= 1e15 ? kept.toExponential() : String(kept);
+  }
+
   function pct(n, total) {
     return total ? ` (${(100 * n / total).toFixed(1)}%)` : "";
   }
@@ -24,6 +36,7 @@
   function histogram(p, s) {
     const W = 440, H = 200, L = 8, B = 34;
     const edges = p.edges, bins = edges.length - 1;
+    const width = (edges[bins] - edges[0]) / bins;
     const nId = s.n_id, nOod = s.n_ood;
     const share = (c, n) => (n ? c / n : 0);
     let top = 0;
@@ -44,13 +57,13 @@
       const low = b === 0 && p.clipped ? "≤ " : "";
       const high = b === bins - 1 && p.clipped ? " (and above)" : "";
       hit.addEventListener("mousemove", (event) => show(event,
-        `bin ${b}: ${low}[${fmt(edges[b])}, ${fmt(edges[b + 1])}${b === bins - 1 ? "]" : ")"}${high}\n` +
+        `bin ${b}: ${low}[${edge(edges[b], width)}, ${edge(edges[b + 1], width)}${b === bins - 1 ? "]" : ")"}${high}\n` +
         `in-distribution ${p.id[b]}${pct(p.id[b], nId)}\n${s.name} ${p.ood[b]}${pct(p.ood[b], nOod)}`));
       hit.addEventListener("mouseleave", hide);
       plot.append(hit);
     }
     plot.append(svg("line", { class: "sv-axis", x1: L, y1: H, x2: W, y2: H }));
-    plot.append(text(L, H + 14, fmt(edges[0])), text(W, H + 14, fmt(edges[bins]), { "text-anchor": "end" }));
+    plot.append(text(L, H + 14, edge(edges[0], width)), text(W, H + 14, edge(edges[bins], width), { "text-anchor": "end" }));
     plot.append(text((L + W) / 2, H + 28, p.clipped
       ? `score (higher: more OoD), tails clipped to the ${data.clip[0]}-${data.clip[1]} quantiles`
       : "score (higher: more OoD)", { "text-anchor": "middle" }));
