@@ -83,6 +83,97 @@ def test_attention_from_qk_is_gpt2s_eager_attention():
     )
 
 
+def test_attention_from_qk_with_the_rotary_embedding_is_llamas_eager_attention():
+    """q_proj, k_proj and the rotary embedding, recorded: the weights Llama returns.
+
+    Without ``position_embeddings`` (the old docstring's advice: q and k
+    "before their rotary embedding") the weights are off by order 1. With
+    them, both sides rotate with the same float32 operations and take the
+    softmax of ``q k^T / sqrt(8)``, dot products of ``d = 8`` terms possibly
+    blocked by another kernel: a logit differs by ``~ d * eps32 * |q| |k| /
+    sqrt(d)`` (|q|, |k| < 8 here: 2e-5 at most), a weight by as much.
+    """
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        attn_implementation="eager",
+        initializer_range=0.3,  # sharp attention, so that a wrong rotation shows
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 50, (2, 12))
+    rnet = Recorder(model, input_data={"input_ids": ids})
+    names = [f"model.layers.0.self_attn.{p}_proj" for p in "qk"]
+    rnet.record(*names, "model.rotary_emb")
+    with torch.no_grad():
+        weights = rnet(input_ids=ids, output_attentions=True).attentions[0]
+    q, k = (rnet.activations_of(name)[0] for name in names)
+    assert max(float(q.abs().max()), float(k.abs().max())) < 8
+    cos_sin = rnet.activations_of("model.rotary_emb")[0]
+    got = attention_from_qk(
+        q, k, num_heads=4, num_kv_heads=2, position_embeddings=cos_sin
+    )
+    torch.testing.assert_close(got, weights, atol=2e-5, rtol=0)
+    unrotated = attention_from_qk(q, k, num_heads=4, num_kv_heads=2)
+    assert float((unrotated - weights).abs().max()) > 0.5
+
+
+def test_attention_from_qk_rotates_each_pair_of_a_heads_halves_by_its_angle():
+    """RoPE as rotations: pair ``(i, i + D/2)`` at position ``t`` turned by ``a[t, i]``.
+
+    An oracle written apart from transformers' ``rotate_half`` form.
+    """
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 4, 2 * 6), torch.randn(1, 4, 6)  # 2 query heads, 1 kv
+    angles = torch.rand(4, 3) * 6  # per position and pair
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    got = attention_from_qk(
+        q, k, num_heads=2, num_kv_heads=1, position_embeddings=(cos, sin)
+    )
+
+    def turned(x: torch.Tensor) -> torch.Tensor:  # [tokens, 6]: pairs (i, i + 3)
+        out = torch.empty_like(x)
+        for t in range(4):
+            for i in range(3):
+                c, s = math.cos(angles[t, i]), math.sin(angles[t, i])
+                a, b = float(x[t, i]), float(x[t, i + 3])
+                out[t, i], out[t, i + 3] = a * c - b * s, b * c + a * s
+        return out
+
+    key = turned(k[0])
+    for h in range(2):
+        logits = turned(q[0, :, h * 6 : h * 6 + 6]) @ key.T / math.sqrt(6)
+        causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+        expected = torch.softmax(logits.masked_fill(causal, -math.inf), dim=-1)
+        # the same rotation computed in another order (float64 cos and sin
+        # here): a few float32 roundings of |q||k| < 10 products, 1e-5
+        torch.testing.assert_close(got[0, h], expected, atol=1e-5, rtol=0)
+
+
+def test_attention_from_qk_refuses_a_rotation_of_part_of_each_head():
+    """GPT-NeoX's ``rotary_pct``: cos narrower than a head, which it cannot apply."""
+    q, k = torch.zeros(1, 3, 8), torch.zeros(1, 3, 8)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "attention_from_qk: `position_embeddings` rotate 2 dimensions of heads "
+            "of 4; this function rotates whole heads of an even size, by halves "
+            "(transformers' `apply_rotary_pos_emb`). For a model that rotates a "
+            "part of each head (GPT-NeoX's `rotary_pct`), record the eager "
+            "attention weights instead (`output_attentions=True` with "
+            '`attn_implementation="eager"`).'
+        ),
+    ):
+        attention_from_qk(
+            q, k, num_heads=2, position_embeddings=(torch.ones(3, 2), torch.zeros(3, 2))
+        )
+
+
 def test_attention_from_qk_grouped_heads_and_padding_as_a_loop_of_heads():
     """Grouped-query heads share their group's keys; padded keys get no weight."""
     torch.manual_seed(0)

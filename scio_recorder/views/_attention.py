@@ -51,14 +51,31 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
     causal: bool = True,
     mask: Tensor | None = None,
     scale: float | None = None,
+    position_embeddings: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Return the attention weights ``softmax(q k^T * scale)`` of each head.
 
     For nets whose attention computes its weights inside a fused kernel
     (PyTorch's scaled-dot-product attention): record the queries and keys
-    (GPT-2's ``attn.c_attn`` output holds both, Llama's ``q_proj`` and
-    ``k_proj`` outputs, *before* their rotary embedding) and recompute the
-    weights. With eager attention the weights can be recorded instead.
+    and recompute the weights. With eager attention the weights can be
+    recorded instead (``output_attentions=True``, or the attention module's
+    second output), and that is the one safe way for any model this
+    function does not describe:
+
+    * GPT-2: the ``attn.c_attn`` output holds q, k and v (split it in
+      three);
+    * rotary models (Llama, Mistral, Qwen2, Gemma's first versions): the
+      ``q_proj`` and ``k_proj`` outputs are the queries and keys *before*
+      their rotary embedding, which changes every weight; record the
+      model's rotary embedding too (``model.rotary_emb``, whose output is
+      ``(cos, sin)``) and pass it as ``position_embeddings``: it is applied
+      as transformers' ``apply_rotary_pos_emb`` does (each head's halves
+      rotated);
+    * models that rotate otherwise (a part of each head: GPT-NeoX's
+      ``rotary_pct``, Phi's; pairs of neighbours: GPT-J) or that normalize q
+      and k after the projection (Qwen3's ``q_norm``, OLMo 2, Gemma 3):
+      record the eager attention weights. (A ``cos`` narrower than a head
+      is refused; the others cannot be told from the tensors.)
 
     Parameters
     ----------
@@ -77,12 +94,25 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
         ``[batch, keys]``, 1 for a key to attend to, 0 for padding.
     scale : float, optional
         Default ``1 / sqrt(head_size)``.
+    position_embeddings : (Tensor, Tensor), optional
+        ``(cos, sin)`` of a rotary model, each ``[batch, keys, head_size]``
+        or ``[keys, head_size]`` (the output of its ``rotary_emb``,
+        recorded in the same pass): ``x * cos + rotate_half(x) * sin`` is
+        applied to ``q`` (the last ``q.shape[-2]`` positions) and ``k``,
+        ``rotate_half(x)`` being ``cat(-x2, x1)`` of the head's halves.
 
     Returns
     -------
     Tensor
         ``[batch, heads, queries, keys]``, float32 or wider, each row
         summing to 1 (a row with every key masked is all zeros).
+
+    Raises
+    ------
+    ValueError
+        For shapes that do not match: ``q`` and ``k`` (batch, head size,
+        heads), ``position_embeddings`` (not a pair, not the head size or
+        the keys' count, an odd head size).
 
     Examples
     --------
@@ -93,6 +123,10 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
     torch.Size([1, 2, 3, 3])
     >>> weights[0, 0, 0].tolist()  # the first token sees only itself
     [1.0, 0.0, 0.0]
+    >>> cos, sin = torch.ones(3, 4), torch.zeros(3, 4)  # no rotation at all
+    >>> rotated = attention_from_qk(q, k, num_heads=2, position_embeddings=(cos, sin))
+    >>> torch.equal(rotated, weights)
+    True
 
     """
     kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -111,6 +145,8 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
             "(as [batch, heads, tokens, head_size]) must share batch and head size"
         )
         raise ValueError(msg)
+    if position_embeddings is not None:
+        queries, keys = _rotated(queries, keys, position_embeddings)
     keys = keys.repeat_interleave(num_heads // kv_heads, dim=1)
     factor = 1 / math.sqrt(queries.shape[-1]) if scale is None else scale
     logits = queries @ keys.transpose(-1, -2) * factor
@@ -124,6 +160,58 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
     logits = logits.masked_fill(blocked, -math.inf)
     weights = torch.softmax(logits, dim=-1)
     return weights.nan_to_num(0.0)  # a row with every key masked
+
+
+def _rotated(
+    queries: Tensor, keys: Tensor, position_embeddings: tuple[Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Rotate ``[B, H, T, D]`` queries and keys by ``(cos, sin)``, as transformers."""
+    if (
+        not isinstance(position_embeddings, tuple | list)
+        or len(position_embeddings) != 2  # noqa: PLR2004 (cos and sin)
+    ):
+        msg = (
+            "attention_from_qk: `position_embeddings` must be the pair (cos, sin) "
+            "that the model's rotary embedding returns (record `model.rotary_emb`)"
+        )
+        raise ValueError(msg)
+    cos, sin = (t.detach().to(queries.dtype) for t in position_embeddings)
+    head, n_k, n_q = keys.shape[-1], keys.shape[-2], queries.shape[-2]
+    if cos.shape != sin.shape or cos.dim() not in {2, 3} or cos.shape[-2] != n_k:
+        msg = (
+            f"attention_from_qk: `position_embeddings` cos {list(cos.shape)} and sin "
+            f"{list(sin.shape)} must both be [batch, keys, head_size] or [keys, "
+            f"head_size], with {n_k} keys"
+        )
+        raise ValueError(msg)
+    if cos.shape[-1] != head or head % 2:
+        msg = (
+            f"attention_from_qk: `position_embeddings` rotate {cos.shape[-1]} "
+            f"dimensions of heads of {head}; this function rotates whole heads "
+            "of an even size, by halves (transformers' `apply_rotary_pos_emb`). "
+            "For a model that rotates a part of each head (GPT-NeoX's "
+            "`rotary_pct`), record the eager attention weights instead "
+            '(`output_attentions=True` with `attn_implementation="eager"`).'
+        )
+        raise ValueError(msg)
+    if cos.dim() == 3 and cos.shape[0] not in {1, keys.shape[0]}:  # noqa: PLR2004 ([B, T, D])
+        msg = (
+            f"attention_from_qk: `position_embeddings` hold {cos.shape[0]} samples "
+            f"for a batch of {keys.shape[0]}"
+        )
+        raise ValueError(msg)
+    cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # over the heads
+
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + turned * sin
+
+    at_queries = (..., slice(n_k - n_q, None), slice(None))
+    return (
+        rotate(queries, cos[at_queries], sin[at_queries]),
+        rotate(keys, cos, sin),
+    )
 
 
 class _AttentionView(View):
