@@ -10,9 +10,10 @@ exception and at a fraction of the cost:
 1. **The reference pass is watched.** The table's own pass (torchinfo, real
    tensors) runs under :func:`~scio_recorder._watch.watching`, a dispatch mode
    that lists every value the forward reads into Python (``if x.sum() > 0:``,
-   ``x.item()``, ``int(x)``, ``x.tolist()``, ``torch.equal``). A forward can
-   depend on values only through such reads, so a pass without any (an MLP,
-   a CNN, GPT-2 or Llama on token ids alone) is accepted there: no second
+   ``x.item()``, ``int(x)``, ``x.tolist()``, ``torch.equal``). A forward's
+   Python code can depend on values through such reads, or through a shape
+   that depends on values (below, not refused); a pass without any read (an
+   MLP, a CNN, GPT-2 or Llama on token ids alone) is accepted there: no second
    forward runs, and the check adds one Python call per operator to the
    reference pass. Building a recorder then costs about what
    ``torchinfo.summary`` plus one forward cost (``benchmarks/construct.py``),
@@ -43,13 +44,22 @@ the nets whose reads have no effect; and it accepts exactly what that check
 accepted, plus those. Why step 3 is sound (every sequence of yes/no outcomes
 some data could produce is tried, forcing can only find more effects) is
 written out in :mod:`scio_recorder._watch`. Why step 1 is: the forward's
-Python code is a function of its inputs' shapes and of the values it reads;
-without reads, every input of these shapes runs the same code.
+Python code is a function of its inputs' shapes, of the values it reads,
+and of the shapes of the outputs of operators whose output shape depends
+on values; without reads and without such operators, every input of these
+shapes runs the same code.
 
-What none of it sees: a read outside the forward's operators (``numpy()``,
-``data_ptr()``) and a value-dependent shape read through ``.shape``
-(``x[x > 0]``); the check sees only the paths the example inputs lead to.
-The per-pass call-plan check of every recording pass covers what is left.
+What none of it sees, and so does not refuse: a flow that depends on a
+value-dependent shape (``sel = x[x > 0]``, ``nonzero``, ``masked_select``,
+``torch.where(mask)``; then ``if sel.shape[0] > 0:``, or a mixture of
+experts running the experts ``nonzero`` found): these operators are tagged
+``dynamic_output_shape``, not ``data_dependent_output``, a shape cannot be
+forced as a yes/no can, and fake tensors cannot compute one (the fake pass
+ends there, without a verdict: accepted). Nor a read outside the forward's
+operators (``numpy()``, ``data_ptr()``). And the check sees only the paths
+the example inputs lead to. The per-pass call-plan check of every
+recording pass covers what is left: a recorded module called another
+number of times than in the reference pass raises a ``CallPlanError``.
 
 :func:`fake_table` builds the layer table from a fake reference pass
 (``Recorder(..., reference_tensors="fake")``): the same table, nothing
@@ -64,8 +74,11 @@ that accelerate's hooks run on real tensors
 (:func:`~scio_recorder._watch.accelerate_hooks_in`); a watch pauses in them.
 
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
-net's modes, ``requires_grad`` flags, parameters, buffers and accelerate
-hooks' state are restored (:func:`~scio_recorder._preserve.preserved`).
+net's modes, ``requires_grad`` flags, parameters, buffers, its modules'
+plain attributes (and the containers they hold) and accelerate hooks' state
+are restored after every pass (:func:`~scio_recorder._preserve.preserved`,
+whose docstring lists what cannot be: globals, files, caches outside the
+modules, random states other than torch's).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """The values a forward reads into Python, and whether they change anything.
 
-A forward's Python code can depend on tensor *values* only through a read that
-turns a value into a Python object: ``bool(t)`` (``if x.sum() > 0:``,
+A forward's Python code can depend on tensor *values* through a read that
+turns a value into a Python object, the subject of this module, or through
+a shape that depends on values (``x[x > 0]``, ``nonzero``, read through
+``.shape``), which no watch here sees (:mod:`scio_recorder._flow` says what
+catches it). The reads: ``bool(t)`` (``if x.sum() > 0:``,
 ``if t.any():``, ``pad_id in ids``), ``t.item()``, ``int(t)``, ``float(t)``,
 an index taken from a tensor, ``torch.equal``, ``torch.allclose``,
 ``t.tolist()``, and the reads C++ makes when a tensor stands for a number
@@ -53,9 +56,16 @@ values (``x[x > 0]``) read through ``.shape``.
 
 Side effects of the forced passes: they run the other branch's Python code.
 Its warnings, log records and prints are silenced (process-wide, for their
-duration), and so are those of the natural pass run again; a cache that a
-branch fills (transformers' ``logger.warning_once``) stays filled. The net is
-left as it was (:func:`~scio_recorder._preserve.preserved`).
+duration), and so are those of the natural pass run again. The net is put
+back as it was after each pass (:func:`~scio_recorder._preserve.preserved`):
+modes, parameters, buffers, and every module's plain attributes with the
+containers they hold, so a branch no data reached cannot leave
+``self.safe = True`` behind. What a branch changes outside the net's modules
+stays: globals and module-level state, a cache outside the modules
+(transformers' ``logger.warning_once``; a ``functools.cache``), files
+written, and random states other than torch's (the torch random state is
+set back, below); so do the attributes of objects a module holds that are
+not containers, namespaces or dataclasses (a logger, a tokenizer).
 
 A model placed by accelerate runs its hooks (which load offloaded weights,
 from a safetensors file for disk offload: reads that are not the net's) with

@@ -14,7 +14,7 @@ import transformers
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from scio_recorder import Recorder, models
+from scio_recorder import CallPlanError, Recorder, models
 from scio_recorder._flow import check_static_flow, fake_table
 from scio_recorder.layers import build_table
 from tests.nets import (
@@ -560,14 +560,14 @@ def test_fake_reference_tensors_computes_nothing():
     net = Spy()
     params = {name: (p, p.clone()) for name, p in net.named_parameters()}
     Recorder(net, input_size=(1, 3), reference_tensors="fake")
-    assert SEEN == [FakeTensor, FakeTensor]  # one pass: table and check
+    assert [FakeTensor, FakeTensor] == SEEN  # one pass: table and check
     for name, param in net.named_parameters():
         assert param is params[name][0]
         assert type(param) is nn.Parameter
         assert torch.equal(param, params[name][1])
     SEEN.clear()
     Recorder(net, input_size=(1, 3), reference_tensors="real", force_static_flow=False)
-    assert SEEN == [Tensor, Tensor]
+    assert [Tensor, Tensor] == SEEN
 
 
 def test_fake_reference_tensors_falls_back_to_real_with_a_warning():
@@ -603,3 +603,52 @@ def test_fake_table_equals_build_table_in_train_mode_with_batch_norm():
     assert int(net[1].num_batches_tracked) == 0
     assert torch.equal(net[1].running_mean, torch.zeros(3))
     same_tables(build_table(net, options), fake)
+
+
+class ShapeBranch(nn.Module):
+    """Calls ``b`` when some row's first feature is positive: a shape decides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x)
+        selected = h[h[:, 0] > 0]  # boolean indexing: a data-dependent shape
+        if selected.shape[0] > 0:  # no value read: the check does not see it
+            h = self.b(h)
+        return h
+
+
+CALLED_0_TIMES = (
+    "Missing [(1, 2)] activations. Call plan mismatch: module `b` (Linear, label "
+    "1-2) was called 0 times in this pass, but the layer table expects 1 call. "
+    "Labels cannot be matched to calls, so no activations were kept. Likely "
+    "causes: the mode differs from the reference pass (table built in eval mode "
+    "with gradients disabled; this pass ran in eval mode with gradients "
+    "disabled: build the table in the mode you run with `Recorder(net, ..., "
+    'mode="train")`, or call `rnet.eval()`), a fused fast path that skips '
+    "submodules in some modes, or control flow that depends on the input "
+    "(data-dependent branches or loops)."
+)
+
+
+def test_a_flow_on_a_data_dependent_shape_is_accepted_and_the_call_plan_catches_it():
+    """The documented limit of the check (docs/guarantees.md) and what covers it."""
+    torch.manual_seed(0)
+    net = ShapeBranch().eval()
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        assert bool((net.a(x)[:, 0] > 0).any())  # the branch runs on x
+    rnet = Recorder(net, input_data=[x])  # accepted, default check on
+    rnet.record("b")
+    with torch.no_grad():
+        sign = net.a.weight[0].sign()
+        skip = -100 * sign[None].expand(3, 4)  # every row's first feature < 0
+        assert not bool((net.a(skip)[:, 0] > 0).any())
+        with pytest.raises(CallPlanError, match=f"^{re.escape(CALLED_0_TIMES)}$"):
+            rnet(skip)
+        assert rnet.activations == {}  # no partial records
+        rnet(x)
+    assert rnet.recording == ((1, 2),)

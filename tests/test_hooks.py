@@ -588,6 +588,49 @@ def test_inplace_postprocessor_changes_record_silently(recwarn):
     assert inplace_warnings(recwarn.list) == []
 
 
+class WritesThroughData(nn.Module):
+    """Clamps a recorded output through ``.data``, which torch does not count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        h.data.clamp_(min=0)
+        return self.b(h)
+
+
+def test_a_write_through_data_is_not_warned_and_check_fails_it(recwarn):
+    """The documented limit: no InPlaceWarning (no version bump); the check sees it.
+
+    The record is the clamped tensor, not the layer's output, and nothing
+    warns (``.data`` has a version counter of its own); the check's
+    ``"inplace"`` line compares the records with copies taken as each call
+    ends, and fails naming the layer.
+    """
+    torch.manual_seed(0)
+    net = WritesThroughData()
+    rnet = Recorder(net, input_size=X)
+    rnet.record("a")
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        rnet(x)
+        true = net.a(x)
+    assert float(true.min()) < 0  # so that the clamp changed the record
+    assert torch.equal(rnet.activations_of("a")[0], true.clamp(min=0))
+    assert inplace_warnings(recwarn.list) == []
+    line = rnet.check(x)["inplace"]
+    assert line.status == "FAIL"
+    assert line.where == "1-1 (Linear `a`)"
+    clone = Recorder(net, input_size=X)
+    clone.record("a", clone=True)  # the documented fix: exact whatever writes
+    with torch.no_grad():
+        clone(x)
+    assert torch.equal(clone.activations_of("a")[0], true)
+
+
 def capture_output(rnet: Recorder, x: torch.Tensor) -> torch.Tensor:
     """Run ``rnet(x)`` and return the very tensor its one recorded layer output."""
     seen = []
