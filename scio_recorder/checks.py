@@ -12,8 +12,9 @@ likely cause in words:
   padding removed (a 2-D ``attention_mask`` tells which columns are
   padding): equal up to float rounding. This catches position ids that
   follow the padding, ``BatchNorm`` in train mode and any leak across rows;
-* ``"determinism"``: two passes on the batch: bit-equal (dropout left on,
-  random operations, nondeterministic kernels);
+* ``"determinism"``: two passes on the batch, the second from where the
+  first left the net: bit-equal (dropout left on, random operations, state
+  kept between passes, nondeterministic kernels);
 * ``"dtype"``: the records against those of a copy of the model in a wider
   dtype (float32 for bfloat16 and float16 models, float64 for float32
   ones), as relative error per layer;
@@ -22,6 +23,16 @@ likely cause in words:
   record changed in place that nobody could know in advance;
 * ``"calls"``: each checked call ran as in the reference pass (the call
   plan).
+
+What a check could not compare makes it WARN, never PASS, and its cause
+says what and why: records with no batch dimension (a record's batch
+dimension is told by its shapes, batched and alone), inputs whose dim 0 is
+not the batch (a sequence-first module shows it; ``batch_dim=`` says
+where it is), rows of padding only, rows that raise alone, and models a
+wider copy cannot stand for (quantized, tensor-parallel). Every compared
+pass starts from the buffers the check found, and its records are copies
+taken as it ends, so state kept between passes shows in ``determinism``
+only.
 
 Tolerances. Records computed by different kernels (a batch of 5 rows is
 not blocked as a batch of 1) differ by roundings: up to ``1024 eps`` of the
@@ -653,9 +664,9 @@ class _Rows:
                 self.kinds.update({(label, i): "whole" for i in range(len(wholes))})
                 continue
             for i, (whole, single) in enumerate(zip(wholes, singles, strict=True)):
-                kind, mine = _row_slice(whole, (row, run.size or 0, run.dim), stripped)
+                kind, mine = _row_slice(whole, single, (row, run.size or 0), stripped)
                 self.kinds[label, i] = kind
-                if mine is None or mine.shape != single.shape:
+                if mine is None:
                     if kind == "split":
                         self.unmatched.setdefault((label, i), []).append(row)
                     continue
@@ -684,11 +695,10 @@ class _Rows:
             if kind == "shared" and k not in self.compared
         )
         if whole:
-            dim = f" (dim {run.dim})" if run.dim else ""
             notes.append(
                 f"not compared: records of {_described(run, whole)} have no batch "
-                f"dimension{dim} of size {run.size} (a record of the whole batch, or "
-                "rows reshaped into another dimension)"
+                f"dimension of size {run.size} (a record of the whole batch, or rows "
+                "reshaped into another dimension)"
             )
         norms = _modules(run.rnet.net, _NORMS)
         if norms and (whole or self.failed):
@@ -724,24 +734,49 @@ def _described(run: _Run, labels: list[DepthIdx]) -> str:
 
 
 def _row_slice(
-    whole: Tensor, where: tuple[int, int, int], keep: Tensor | None
+    whole: Tensor, single: Tensor, where: tuple[int, int], keep: Tensor | None
 ) -> tuple[_Kind, Tensor | None]:
     """Return how a record relates to the rows, and row ``row``'s part of it.
 
-    ``where``: the row, the batch size and the batch dimension. A padded
-    row's part has its padding columns (``keep`` false) cut, where dim 1 has
-    the mask's width.
+    ``where``: the row and the batch size. The record's batch dimension is
+    told by its shapes, batched and alone: the one dimension of the batch's
+    size that is 1 in the row alone, the others equal (a sequence-first
+    layer's ``[T, B, F]`` output and ``[1, B, F]`` state are cut on dim 1).
+    A padded row's part has its padding columns (``keep`` false) cut from
+    dim 1 of a record batched on dim 0. ``None`` as the part: no part of
+    the record has the shape of the row alone's.
     """
-    row, size, dim = where
-    if whole.dim() <= dim or whole.shape[dim] not in {size, 1}:
-        return "whole", None
-    kind: _Kind = "split" if whole.shape[dim] == size else "shared"
-    mine = whole.narrow(dim, row, 1) if kind == "split" else whole
-    if keep is not None and mine.dim() >= 2 and mine.shape[1] == keep.shape[0]:  # noqa: PLR2004 (batch, positions)
-        if kind == "shared":
-            return kind, None  # a table over every position: not the row's to cut
-        mine = mine[:, keep.to(mine.device)]
-    return kind, mine
+    size = where[1]
+    if whole.dim() == single.dim():
+        parts = _cuts(whole, single, where, keep)
+        if len(parts) == 1 or (parts and size == 1):  # one way to cut it
+            return "split", parts[0]
+        if parts:  # several dimensions would do: whose rows they are is unknown
+            return "whole", None
+        if any(
+            whole.shape[d] == size and single.shape[d] == 1 for d in range(whole.dim())
+        ):  # a batch dimension, but no cut has the row alone's shape
+            return "split", None
+    if size > 1 and whole.dim() >= 1 and whole.shape[0] == 1:  # broadcast to every row
+        return "shared", whole if whole.shape == single.shape else None
+    return "whole", None
+
+
+def _cuts(
+    whole: Tensor, single: Tensor, where: tuple[int, int], keep: Tensor | None
+) -> list[Tensor]:
+    """Return row ``row``'s part of ``whole`` along each dimension that gives one."""
+    row, size = where
+    parts = []
+    for dim in range(whole.dim()):
+        if whole.shape[dim] != size or single.shape[dim] != 1:
+            continue
+        mine = whole.narrow(dim, row, 1)
+        if dim == 0 and keep is not None and mine.shape[1:2] == keep.shape:
+            mine = mine[:, keep.to(mine.device)]
+        if mine.shape == single.shape:
+            parts.append(mine)
+    return parts
 
 
 def _sequence_first(run: _Run) -> str | None:
