@@ -1226,24 +1226,22 @@ def check_recorder(  # noqa: PLR0913 (the recorder, the batch, then the options)
     return CheckReport(lines)
 
 
-def check_net(  # noqa: PLR0913 (the net, the batch, then the options)
+def check_net(
     net: nn.Module,
     batch: Any,
-    *,
-    layers: Any = None,
-    rows: int = 8,
-    dtype_copy: bool = True,
-    batch_dim: int | None = None,
-    **recorder_kwargs: Any,
+    options: dict[str, Any],
+    recorder_kwargs: dict[str, Any],
 ) -> CheckReport:
     """Wrap ``net`` in a recorder and check it: see :func:`scio_recorder.check`.
+
+    ``options``: the keywords of :func:`check_recorder`; ``recorder_kwargs``:
+    those of the recorder.
 
     A recorder given as ``net`` is checked as it is (``rnet.check``): a
     recorder wrapped in another would record its hooks' work twice.
     """
     from .recorder import Recorder  # noqa: PLC0415 (the recorder's module imports this one)
 
-    options = {"layers": layers, "rows": rows, "dtype_copy": dtype_copy}
     if isinstance(net, Recorder):
         if recorder_kwargs:
             msg = (
@@ -1253,15 +1251,15 @@ def check_net(  # noqa: PLR0913 (the net, the batch, then the options)
                 "selection), or pass the plain model to `check`."
             )
             raise TypeError(msg)
-        return check_recorder(net, batch, **options, batch_dim=batch_dim)
+        return check_recorder(net, batch, **options)
     if not {"input_data", "input_size"} & recorder_kwargs.keys():
-        args, kwargs = as_arguments(batch, spread=True)
+        args, kwargs = _arguments(batch)
         if args:  # keyword inputs beside positional ones go to the forward
             recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
         else:
             recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
     rnet = Recorder(net, **recorder_kwargs)
-    return check_recorder(rnet, batch, **options, batch_dim=batch_dim)
+    return check_recorder(rnet, batch, **options)
 
 
 def _checks(
