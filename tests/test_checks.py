@@ -612,7 +612,6 @@ def test_a_net_that_transposes_for_its_lstm_splits_on_dim_0():
 # -- rows that cannot run alone ----------------------------------------------------
 
 
-@pytest.mark.slow
 def test_an_all_padding_row_is_skipped_and_the_others_compared():
     """Row 1 is all padding: said so; rows 0 and 2 are compared, bit-equal."""
     model = gpt2()
