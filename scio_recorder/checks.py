@@ -1227,6 +1227,7 @@ def check_recorder(  # noqa: PLR0913 (the recorder, the batch, then the options)
 
 
 def check_net(
+    recorder: type[Any],
     net: nn.Module,
     batch: Any,
     options: dict[str, Any],
@@ -1234,15 +1235,14 @@ def check_net(
 ) -> CheckReport:
     """Wrap ``net`` in a recorder and check it: see :func:`scio_recorder.check`.
 
-    ``options``: the keywords of :func:`check_recorder`; ``recorder_kwargs``:
-    those of the recorder.
+    ``recorder``: the :class:`~scio_recorder.Recorder` class (its module
+    imports this one); ``options``: the keywords of :func:`check_recorder`;
+    ``recorder_kwargs``: those of the recorder.
 
     A recorder given as ``net`` is checked as it is (``rnet.check``): a
     recorder wrapped in another would record its hooks' work twice.
     """
-    from .recorder import Recorder  # noqa: PLC0415 (the recorder's module imports this one)
-
-    if isinstance(net, Recorder):
+    if isinstance(net, recorder):
         if recorder_kwargs:
             msg = (
                 f"`net` is already a Recorder: the Recorder keywords "
@@ -1258,7 +1258,7 @@ def check_net(
             recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
         else:
             recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
-    rnet = Recorder(net, **recorder_kwargs)
+    rnet = recorder(net, **recorder_kwargs)
     return check_recorder(rnet, batch, **options)
 
 

@@ -922,7 +922,8 @@ def check(  # noqa: PLR0913 (the net, the batch, then keyword-only options)
     from .checks import check_net  # noqa: PLC0415 (loaded when first used)
 
     options = {"layers": layers, "rows": rows, "dtype_copy": dtype_copy}
-    return check_net(net, batch, {**options, "batch_dim": batch_dim}, recorder_kwargs)
+    options |= {"batch_dim": batch_dim}
+    return check_net(Recorder, net, batch, options, recorder_kwargs)
 
 
 _EARLY_EXIT_COMPILED = (
