@@ -40,14 +40,17 @@ __all__ = [
 
 import contextlib
 import inspect
+import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from torch import Tensor, nn
 
-from ._engine.state import CallInputs, user_stacklevel
+from ._engine.state import _PACKAGE_DIR, _TORCH_MODULE_FILE, CallInputs
 from ._tree import map_tensors
 
 if TYPE_CHECKING:
@@ -464,7 +467,30 @@ class PaddingWatch:
             "`scio_recorder.collect` / `activations.write`, which derive them "
             "(`position_ids='from_mask'`). Shown once per recorder."
         )
-        warnings.warn(msg, UserWarning, stacklevel=user_stacklevel())
+        warnings.warn(msg, UserWarning, stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """Return the ``stacklevel`` of the user's line, counted from the caller.
+
+    The first frame outside this package, torch's ``Module.__call__`` and
+    torchinfo: a recorder called by a summary's pass (a recorder's reference
+    pass, ``torchinfo.summary(rnet, ...)``) was called from the line that
+    asked for the summary, not from torchinfo's own ``model(**x)``.
+    """
+    torchinfo = sys.modules.get("torchinfo")
+    skipped = [_PACKAGE_DIR]
+    if torchinfo is not None and torchinfo.__file__:
+        skipped.append(os.path.normcase(Path(torchinfo.__file__).parent))
+    level = 1
+    frame = sys._getframe(1)  # noqa: SLF001 (the only way to walk the stack)
+    while frame is not None:
+        filename = os.path.normcase(frame.f_code.co_filename)
+        if filename != _TORCH_MODULE_FILE and not filename.startswith(tuple(skipped)):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 @contextlib.contextmanager
