@@ -366,7 +366,7 @@ def edit(item: Any, choice: int) -> None:
             item.popitem()
         else:
             item.clear()
-    elif way == 0:
+    elif way == 0 or not item:
         item.append([9])
     elif way == 1:
         item.clear()
