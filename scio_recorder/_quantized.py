@@ -28,7 +28,8 @@ model that has them is refused instead of given wrong gradients:
 * every detector pass with autograd on (``ood``'s shared pass,
   ``run_pass(grad=True)``): the input perturbation of ODIN, of Mahalanobis
   and the multi-layer detectors with ``epsilon > 0`` (``gradient_step``),
-  AdaScale's, and NAC's backward, in scoring and in their fits.
+  AdaScale's, and NAC's backward, in scoring and in their fits;
+* ``data.train_classifier`` (its backward trains the layers before them).
 
 GradNorm is not among them: it scores from the closed form of the last
 layer's weight gradient, computed from that layer's recorded input and

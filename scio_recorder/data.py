@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._quantized import refuse_gradients
+
 Pattern = Literal["blob", "square", "noise"]
 """The families of images :func:`make_blobs_images` draws."""
 
@@ -273,6 +275,7 @@ def train_classifier(  # noqa: PLR0913 (keyword-only training knobs)
     False
 
     """
+    refuse_gradients(net, "train_classifier")
     gen = torch.Generator().manual_seed(seed)
     optimiser = torch.optim.Adam(net.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()

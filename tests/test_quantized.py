@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from scio_recorder import Recorder
 from scio_recorder._quantized import gradient_cuts
+from scio_recorder.data import train_classifier
 from scio_recorder.explain import attribution_patch
 from scio_recorder.explain import grad_cam as cam
 from scio_recorder.ood import NAC, ODIN, AdaScale, Mahalanobis
@@ -290,8 +291,12 @@ def adascale_fit(rnet: Recorder) -> object:
         ("Mahalanobis", mahalanobis_preprocessing),  # `gradient_step`
         ("NAC", nac_fit),  # a fit's own gradient loop
         ("AdaScale", adascale_fit),
+        (
+            "train_classifier",
+            lambda rnet: train_classifier(rnet.net, IMAGES, LABELS, epochs=1),
+        ),
     ],
-    ids=["record", "grad_cam", "ODIN", "gradient_step", "NAC", "AdaScale"],
+    ids=["record", "grad_cam", "ODIN", "gradient_step", "NAC", "AdaScale", "train"],
 )
 def test_every_gradient_path_refuses_with_the_same_message(who, run):
     """Explanations and detectors that differentiate the net: one check, one message."""
