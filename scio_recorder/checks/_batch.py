@@ -44,6 +44,7 @@ _SEQUENCE_FIRST = (nn.RNNBase, nn.MultiheadAttention)
 def check_batch(
     run: Run, batched: dict[DepthIdx, Any], rows: int, unsplit: str | None
 ) -> CheckLine:
+    """Compare rows run alone with the batch ``batched`` (its records)."""
     size = run.size
     keep = None if size is None or run.dim else padding(run.kwargs, size)
     if size is None or (size == 1 and (keep is None or bool(keep.all()))):
@@ -144,6 +145,7 @@ def sequence_first(run: Run) -> str | None:
 
 
 def _batch_cause(run: Run, row: int, keep: Tensor | None, status: Status) -> str:
+    """Say why row ``row``'s records alone differ from the batch's."""
     net = run.rnet.net
     padded = keep is not None and not bool(keep[row].all())
     norms = in_train_mode(net, NORMS)

@@ -28,9 +28,8 @@ from scio_recorder.select import as_list, resolve
 from ._batch import check_batch, sequence_first
 from ._dtype import check_dtype
 from ._exact import check_determinism, check_recording, from_passes
-from ._measure import difference, pairs
 from ._passes import Run
-from ._plan import check_calls, check_inplace
+from ._plan import changed_in_place, check_calls, check_inplace
 from ._report import CHECKS, CheckLine, CheckReport, skipped
 
 if TYPE_CHECKING:
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
 
 
 def _labels(rnet: Any, layers: Any) -> list[DepthIdx]:
+    """Return the calls to check: ``layers``, else the selection, else all."""
     if layers is not None:
         rows: list[Layer] = resolve(rnet.table, rnet.net, as_list(layers))
     elif rnet.recording:
@@ -146,6 +146,7 @@ def check_net(
 def _run_checks(
     run: Run, options: RecordOptions, *, rows: int, dtype_copy: bool
 ) -> list[CheckLine]:
+    """Run the passes and return the lines, in the order of ``CHECKS``."""
     rnet = run.rnet
     plain = run.plain()
     unsplit = sequence_first(run) if run.batch_dim is None else None
@@ -171,17 +172,7 @@ def _run_checks(
             determinism,
             check_dtype(run, first, copy_model=dtype_copy),
         ]
-    moved: dict[DepthIdx, float] = {}
-    if not options.clone:  # the records against copies taken as the calls end
-        with rnet.selecting(*run.labels, **{**chosen, "clone": True}):
-            copies = run.records(seed=True)
-        for label in run.labels:
-            most = max(
-                (difference(a, b) for a, b in pairs(first[label], copies[label])),
-                default=0.0,
-            )
-            if most > 0:
-                moved[label] = most
+    moved = {} if options.clone else changed_in_place(run, first, chosen)
     lines += [check_inplace(run, moved), check_calls(run, None)]
     if note is not None:
         lines = [

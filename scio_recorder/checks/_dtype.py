@@ -26,7 +26,7 @@ from scio_recorder._tree import iter_tensors, map_tensors
 
 from ._measure import verdict
 from ._passes import compared, seeded
-from ._report import CheckLine, named_plain, skipped
+from ._report import CheckLine, named_plain, raised, skipped
 
 if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 def check_dtype(
     run: Run, records: dict[DepthIdx, Any], *, copy_model: bool
 ) -> CheckLine:
+    """Compare ``records`` with those of a copy of the model in a wider dtype."""
     net = run.rnet.net
     dtype = _float_dtype(net, (run.args, run.kwargs))
     if dtype == torch.float64 and not _quantized(net):
@@ -51,12 +52,8 @@ def check_dtype(
     try:
         wider = _wide_records(run, wide)
     except Exception as error:  # noqa: BLE001 (the report says it, and goes on)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return skipped(
-            "dtype",
-            f"a copy of the model in {dtype_name(wide)} raised {type(error).__name__} "
-            f"({first})",
-        )
+        why = f"a copy of the model in {dtype_name(wide)} raised {raised(error)}"
+        return skipped("dtype", why)
     per_layer, (diff, _, where) = compared(run, records, wider)
     if not math.isfinite(diff):
         status: Status = "FAIL"

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 
 def check_recording(run: Run, plain: Any, recorded: Any) -> CheckLine:
+    """Compare the net's output ``recorded`` with its output ``plain`` (no hook)."""
     worst, dtype = 0.0, torch.float32
     for a, b in pairs(recorded, plain):
         diff = difference(a, b)
@@ -61,6 +62,7 @@ _FUSED = (nn.TransformerEncoderLayer, nn.MultiheadAttention)
 
 
 def _inside(net: nn.Module, name: str, kinds: tuple[type[nn.Module], ...]) -> bool:
+    """Whether the module ``name`` sits inside a module of ``kinds``."""
     parts = name.split(".") if name else []
     return any(
         isinstance(net.get_submodule(".".join(parts[:k])), kinds)

@@ -72,4 +72,5 @@ def difference(a: Tensor, b: Tensor) -> float:
 
 
 def pairs(batched: Any, alone: Any) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield the tensors of two records side by side."""
     yield from zip(iter_tensors(batched), iter_tensors(alone), strict=False)

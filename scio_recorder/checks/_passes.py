@@ -132,11 +132,13 @@ def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any], dim: int) -> int 
 
 
 def _copied(value: Any) -> Any:
+    """Return ``value`` with each tensor cloned (a record as it is now)."""
     return map_tensors(lambda tensor: tensor.clone(), value)
 
 
 @contextlib.contextmanager
 def seeded(*, enabled: bool) -> Iterator[None]:
+    """Start what runs inside from the check's random state, if ``enabled``."""
     if enabled:
         torch.manual_seed(_SEED)
     yield

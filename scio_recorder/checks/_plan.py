@@ -12,17 +12,40 @@ the line.
 
 from __future__ import annotations
 
-__all__ = ["check_calls", "check_inplace"]
+__all__ = ["changed_in_place", "check_calls", "check_inplace"]
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._report import CheckLine
+from ._measure import difference, pairs
+from ._report import CheckLine, named_plain
 
 if TYPE_CHECKING:
     from scio_recorder._errors import CallPlanError
     from scio_recorder.layers import DepthIdx
 
     from ._passes import Run
+
+
+def changed_in_place(
+    run: Run, records: dict[DepthIdx, Any], options: dict[str, Any]
+) -> dict[DepthIdx, float]:
+    """Return how much each of ``records`` moved from a copy taken as its call ended.
+
+    ``records``: a pass's, recorded with ``options`` (which do not clone);
+    the copies come from a pass with ``clone=True``. Nonzero: an operation
+    the reference pass did not foresee changed the output in place.
+    """
+    with run.rnet.selecting(*run.labels, **{**options, "clone": True}):
+        copies = run.records(seed=True)
+    moved = {}
+    for label in run.labels:
+        most = max(
+            (difference(a, b) for a, b in pairs(records[label], copies[label])),
+            default=0.0,
+        )
+        if most > 0:
+            moved[label] = most
+    return moved
 
 
 def check_inplace(run: Run, changed: dict[DepthIdx, float]) -> CheckLine:
@@ -43,14 +66,12 @@ def check_inplace(run: Run, changed: dict[DepthIdx, float]) -> CheckLine:
             {table[label].label_str: changed[label] for label in labels},
         )
     if known:
-        shown = ", ".join(table[label].describe() for label in known[:3])
-        more = f" and {len(known) - 3} more" if len(known) > 3 else ""  # noqa: PLR2004
         return CheckLine(
             "inplace",
             "WARN",
             len(known),
             "count",
-            shown + more,
+            named_plain([table[label].describe() for label in known]),
             "a later in-place operation overwrites these outputs (e.g. "
             "ReLU(inplace=True) after them): the recorder copies them, so its records "
             "are exact, at the cost of a copy; a hook of your own must clone them",
@@ -67,6 +88,7 @@ def check_inplace(run: Run, changed: dict[DepthIdx, float]) -> CheckLine:
 
 
 def check_calls(run: Run, error: CallPlanError | None) -> CheckLine:
+    """Say whether the checked passes ran as the plan says (``error``: not)."""
     if error is None:
         return CheckLine(
             "calls",

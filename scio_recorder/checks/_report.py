@@ -18,6 +18,7 @@ __all__ = [
     "Status",
     "named",
     "named_plain",
+    "raised",
     "skipped",
 ]
 
@@ -79,6 +80,7 @@ class CheckLine:
 
 
 def _shown(line: CheckLine) -> str:
+    """Return a line's magnitude as the tables show it."""
     if line.magnitude is None:
         return "-"
     if line.magnitude == 0:
@@ -165,13 +167,26 @@ class CheckReport:
 
 
 def skipped(name: str, why: str) -> CheckLine:
+    """Return the line of a check that could not run, saying why (a WARN)."""
     return CheckLine(name, "WARN", None, "", "", f"not checked: {why}")
 
 
+# -- how the causes name things ------------------------------------------------
+
+
 def named(names: list[str]) -> str:
+    """Name modules in code style, the first three and how many more."""
     return named_plain([f"`{name}`" for name in names])
 
 
 def named_plain(names: list[str]) -> str:
+    """Name things as given, the first three and how many more."""
     shown = ", ".join(names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")  # noqa: PLR2004
+
+
+def raised(error: BaseException) -> str:
+    """Name an exception as a cause does: its type, and its message's first line."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__} ({first})"

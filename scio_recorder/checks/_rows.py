@@ -27,7 +27,7 @@ from scio_recorder._tree import iter_tensors, map_tensors
 
 from ._measure import difference
 from ._passes import NORMS, in_train_mode
-from ._report import named
+from ._report import named, named_plain, raised
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -125,10 +125,7 @@ class Rows:
         try:
             alone = run.records(*_row_alone(run, row, keep), seed=True)
         except Exception as error:  # noqa: BLE001 (what the row alone raised is the finding)
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            self.failed.append(
-                f"row {row} alone raised {type(error).__name__} ({first})"
-            )
+            self.failed.append(f"row {row} alone raised {raised(error)}")
             return
         stripped = keep if keep is not None and not bool(keep.all()) else None
         for label in run.labels:
@@ -203,8 +200,8 @@ def _labels_of(keys: Any) -> list[DepthIdx]:
 
 
 def _described(run: Run, labels: list[DepthIdx]) -> str:
-    shown = ", ".join(run.describe(label) for label in labels[:3])
-    return shown + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")  # noqa: PLR2004
+    """Name the calls ``labels`` as the report does."""
+    return named_plain([run.describe(label) for label in labels])
 
 
 def _row_slice(
