@@ -254,9 +254,10 @@ def test_stored_tokens_equal_a_forward_hook(tmp_path, model_name, side, dtype):
     assert len(ds.manifest["shards"]) == -(-len(ds) // 17)
 
 
-def test_the_pass_stops_after_the_last_stored_layer(tmp_path, monkeypatch):
-    """The layers after the last stored one do not run (early exit), and the
-    set equals the one a full pass writes."""
+def test_the_pass_stops_after_the_last_stored_layer(tmp_path):
+    """The layers after the last stored one do not run (early exit, by
+    default), and the set equals the one a full pass (`early_exit=False`)
+    writes."""
     model = gpt2()
     rnet = recorder(model)
     batches = make_batches("left", 2)
@@ -269,10 +270,36 @@ def test_the_pass_stops_after_the_last_stored_layer(tmp_path, monkeypatch):
     )
     early = write(rnet, batches, tmp_path / "early", layers=["transformer.h.0"])
     assert calls == {"lm_head": 0, "h.1": 0}
-    monkeypatch.setattr(_writer, "EARLY_EXIT", False)
-    full = write(rnet, batches, tmp_path / "full", layers=["transformer.h.0"])
+    full = write(
+        rnet, batches, tmp_path / "full", layers=["transformer.h.0"], early_exit=False
+    )
     assert calls == {"lm_head": 2, "h.1": 2}
     assert_same_set(early, full)
+    forced = write(
+        rnet, batches, tmp_path / "forced", layers=["transformer.h.0"], early_exit=True
+    )
+    assert calls == {"lm_head": 2, "h.1": 2}
+    assert_same_set(early, forced)
+
+
+def test_early_exit_by_default_runs_the_whole_net_when_its_output_is_stored(
+    tmp_path,
+):
+    """`early_exit=None` stops early unless a stored layer is the net's output
+    (depth 0), as `collect`'s; another value is refused, named."""
+    model = gpt2()
+    rnet = recorder(model)
+    calls = {"lm_head": 0}
+    model.lm_head.register_forward_hook(
+        lambda *_: calls.__setitem__("lm_head", calls["lm_head"] + 1)
+    )
+    batches = make_batches("right", 1)
+    write(rnet, batches, tmp_path / "a", layers={"logits": (0, 1)})
+    assert calls == {"lm_head": 1}
+    with pytest.raises(
+        TypeError, match=r"^`early_exit` must be None, True or False, got 1$"
+    ):
+        write(rnet, batches, tmp_path / "b", layers=["transformer.h.0"], early_exit=1)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

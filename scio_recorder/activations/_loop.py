@@ -22,7 +22,7 @@ writing the shards did), at the end, and after an error between batches.
 
 from __future__ import annotations
 
-__all__ = ["EARLY_EXIT", "RankWriter", "progress_name", "shard_name"]
+__all__ = ["RankWriter", "progress_name", "shard_name"]
 
 import errno
 import json
@@ -60,15 +60,6 @@ if TYPE_CHECKING:
     from ._tokens import Batches, LayerSpec
 
 logger = logging.getLogger("scio_recorder.activations")
-
-EARLY_EXIT = True
-"""Whether passes stop after the last stored call (``rnet(..., early_exit=True)``).
-
-The layers after it do not run (the final norm and the unembedding of a
-language model, when the last block is the last layer stored); the records
-are those of a full pass. Off only to measure what it saves
-(``benchmarks/activations.py``).
-"""
 
 PROGRESS_FORMAT = "scio_recorder.activations.progress/1"
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -108,8 +99,11 @@ class RankWriter:
         dtype: torch.dtype | None,
         durable: bool,
         expected: dict[str, tuple[torch.dtype, list[int]]] | None = None,
+        early_exit: bool = True,
     ) -> None:
         self.folder = folder
+        self.options = {"early_exit": True} if early_exit else {}
+        """The recorder's own options of every pass (``write(early_exit=)``)."""
         self.specs = specs
         self.part, self.rank = part, rank
         self.fingerprint = fingerprint
@@ -314,10 +308,7 @@ class RankWriter:
         digest = source.digest(self.digest, args, kwargs, mask)
         args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
-            if EARLY_EXIT:
-                rnet(*args, early_exit=True, **kwargs)
-            else:
-                rnet(*args, **kwargs)
+            rnet(*args, **self.options, **kwargs)
         records, inputs = rnet.activations, rnet.inputs
         values = [
             record_tensor(
