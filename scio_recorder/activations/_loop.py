@@ -326,10 +326,14 @@ class RankWriter:
         for spec, value in zip(self.specs, values, strict=True):
             if spec.sparse is None:
                 rows, cast = take(value, keep, spec, self.dtype)
-            else:  # the SAE's latents of the rows, and their pairs packed
-                rows, cast = spec.sparse.pack(
-                    take(value, keep, spec, None)[0], spec.name, self.dtype
+            else:  # the SAE's latents stored (for the statistics), packed
+                latents, cast = spec.sparse.pack(
+                    take(value, keep, spec, None)[0],
+                    spec.name,
+                    self.dtype,
+                    kept=bool(self.moments),
                 )
+                rows = cast if latents is None else latents
             recorded[spec.name] = rows
             stored[spec.name] = cast.to("cpu", memory_format=torch.contiguous_format)
         where = keep.nonzero().to("cpu")

@@ -307,7 +307,9 @@ def write(  # noqa: PLR0913 (the documented options)
         the one positional input; the other forms are :func:`collect`'s.
     stats : bool, default False
         Compute each layer's mean, population variance and mean L2 norm per
-        token, in float64 from the values before the cast (``ds.stats``).
+        token, in float64 from the values before the cast (``ds.stats``):
+        those stored, so for :class:`SparseLatents` the latents read back
+        dense (the ``k`` kept, zeros elsewhere).
     overwrite : bool, default False
         Delete the set in ``path`` (its own files only) and write it anew.
     append : bool, default False
