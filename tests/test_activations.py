@@ -1426,6 +1426,66 @@ def test_a_flipped_bit_in_a_shard_is_refused_on_its_first_read(tmp_path, where):
     assert not torch.equal(read_back, truth)  # what verify=False would not see
 
 
+DAMAGED = "The manifest '{}' of the activation set is damaged or was edited: "
+REWRITE = (
+    "Write the set again with `write(..., overwrite=True)`, or restore the folder."
+)
+
+
+def test_a_set_with_checksums_refuses_one_taken_out_naming_the_file(tmp_path):
+    """Format 2 (every shard and the statistics checksummed): a `crc32` or
+    `stats_crc32` taken out of the manifest is refused, naming the file."""
+    # Taking them out turned the checks off: a damaged shard read silently.
+    ds = toy_set(tmp_path, stats=True)
+    assert ds.manifest["format"] == "scio_recorder.activations/2"
+    original = (tmp_path / "manifest.json").read_text()
+    shard = ds.manifest["shards"][2]["file"]
+    flip(tmp_path / shard, (tmp_path / shard).stat().st_size - 2)  # a value
+    edited_manifest(tmp_path, lambda m: m["shards"][2].pop("crc32"))
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + f"the shard '{shard}' has no 'crc32', which every set of format "
+        "'scio_recorder.activations/2' records, so it could not be verified. " + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+    (tmp_path / "manifest.json").write_text(original)
+    edited_manifest(tmp_path, lambda m: m.pop("stats_crc32"))
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + f"the statistics file '{ds.manifest['stats']}' has no 'stats_crc32', "
+        "which every set of format 'scio_recorder.activations/2' records, so it "
+        "could not be verified. " + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+
+
+def test_a_set_written_before_the_checksums_reads_unverified(tmp_path, monkeypatch):
+    """Format 1 (no checksums: before them, or written with them off) reads
+    as it is; an append to it stays format 1 and checks the checksums it has."""
+    monkeypatch.setattr(activations._shards, "CHECKSUM", False)
+    ds = toy_set(tmp_path)
+    assert ds.manifest["format"] == "scio_recorder.activations/1"
+    assert all("crc32" not in entry for entry in ds.manifest["shards"])
+    truth = ds[:]["proj"].clone()
+    monkeypatch.setattr(activations._shards, "CHECKSUM", True)
+    gen = torch.Generator().manual_seed(6)
+    more = [torch.randint(1, VOCAB, (3, 5), generator=gen)]
+    grown = write(
+        toy_recorder(), more, tmp_path, layers=["proj"], mask=None, shard_size=8,
+        append=True,
+    )  # fmt: skip
+    assert grown.manifest["format"] == "scio_recorder.activations/1"
+    new = [entry for entry in grown.manifest["shards"] if entry["part"] == 1]
+    assert new
+    assert all("crc32" in entry for entry in new)
+    assert torch.equal(ActivationDataset(tmp_path)[: len(truth)]["proj"], truth)
+    flip(tmp_path / new[0]["file"], (tmp_path / new[0]["file"]).stat().st_size - 2)
+    with pytest.raises(ValueError, match=r"is damaged: its bytes have the CRC-32 "):
+        ActivationDataset(tmp_path)[len(truth)]
+
+
 def test_verify_must_be_a_bool(tmp_path):
     toy_set(tmp_path)
     with pytest.raises(TypeError, match=r"^`verify` must be True or False, got 1$"):
