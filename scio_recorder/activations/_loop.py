@@ -301,10 +301,7 @@ class RankWriter:
 
     def step(self, rnet: Recorder, batch: Any, index: int, source: Batches) -> int:
         """Run one batch and feed its kept tokens; return how many."""
-        args, kwargs = source.arguments(batch, index)
-        source.check_no_padding(args, kwargs, index)
-        mask = source.padding_mask(batch, index)
-        source.check_mask_shape(mask, args, kwargs, index)
+        args, kwargs, mask = source.checked(batch, index)
         digest = source.digest(self.digest, args, kwargs, mask)
         args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
