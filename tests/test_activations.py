@@ -1611,7 +1611,8 @@ ACCEPTED = (
     "a batch is token ids: a tensor [batch, positions], or a "
     "mapping of the net's keyword inputs (a tokenizer's output, "
     "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
-    "(e.g. `input=0, mask=1` for (ids, mask) tuples)."
+    "(e.g. `input=lambda b: {'input_ids': b[0], 'attention_mask': b[1]}, mask=1` "
+    "for (ids, mask) tuples)."
 )
 
 
@@ -1634,7 +1635,8 @@ ACCEPTED = (
         (
             (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3)),
             "a tuple",
-            " For (ids, mask) tuples pass `input=0, mask=1`.",
+            " For (ids, mask) tuples pass `input=lambda b: {'input_ids': b[0], "
+            "'attention_mask': b[1]}, mask=1`: the model needs the mask too.",
         ),
     ],
 )  # fmt: skip
@@ -1653,12 +1655,19 @@ def test_an_ids_mask_tuple_is_a_batch_with_input_and_mask(tmp_path):
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[0, 3:] = 0
     ds = write(
-        toy_recorder(), [(ids, mask)], tmp_path, layers=["proj"], input=0, mask=1
-    )
+        toy_recorder(), [(ids, mask)], tmp_path, layers=["proj"],
+        input=lambda b: {"input_ids": b[0], "attention_mask": b[1]}, mask=1,
+    )  # fmt: skip
     assert len(ds) == 8
     with pytest.raises(TypeError, match=r"^Batch 0 gives the net no tensor"):
         write(toy_recorder(), [(None, mask)], tmp_path / "b", layers=["proj"],
               input=0, mask=1)  # fmt: skip
+    # A net whose forward takes no attention_mask: the mask only chooses tokens.
+    plain = nn.Sequential(nn.Embedding(VOCAB, 3), nn.Linear(3, 3))
+    rnet = Recorder(plain, input_data=torch.ones(1, 3, dtype=torch.long))
+    ds = write(rnet, [(ids, mask)], tmp_path / "c", layers=["1"], input=0, mask=1)
+    with torch.no_grad():
+        assert torch.equal(ds[:]["1"], plain(ids)[mask.bool()])
 
 
 def test_a_mask_of_other_rows_is_refused_before_the_pass(tmp_path):
