@@ -552,12 +552,7 @@ def _rows_alone(batches):
 
 @pytest.mark.parametrize(
     ("token", "side"),
-    [
-        ("cls", "left"),
-        pytest.param("cls", "right", marks=pytest.mark.slow),
-        pytest.param("last", "left", marks=pytest.mark.slow),
-        pytest.param("last", "right", marks=pytest.mark.slow),
-    ],
+    [("cls", "left"), ("cls", "right"), ("last", "left"), ("last", "right")],
 )
 def test_first_and_last_token_detectors_see_each_padded_row_as_alone(token, side):
     """MahalanobisEnsemble(token="cls" or "last", mask=): fitted on padded
@@ -707,13 +702,9 @@ def _run(path, rnet, batch, tmp_path):
 @pytest.mark.parametrize(
     ("net", "path"),
     [
-        ("wrap", "write"),
-        ("no_ids", "direct"),
-        pytest.param("wrap", "direct", marks=pytest.mark.slow),
-        pytest.param("wrap", "collect", marks=pytest.mark.slow),
-        pytest.param("wrap", "detector", marks=pytest.mark.slow),
-        pytest.param("no_ids", "write", marks=pytest.mark.slow),
-        pytest.param("no_ids", "collect", marks=pytest.mark.slow),
+        (net, path)
+        for net in ("wrap", "no_ids")
+        for path in ("direct", "write", "collect", "detector")
     ],
 )
 def test_absolute_positions_the_net_cannot_give_ids_warn_once(net, path, tmp_path):
