@@ -1635,8 +1635,8 @@ ACCEPTED = (
         (
             (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3)),
             "a tuple",
-            " For (ids, mask) tuples pass `input=lambda b: {'input_ids': b[0], "
-            "'attention_mask': b[1]}, mask=1`: the model needs the mask too.",
+            (" For (ids, mask) tuples pass `input=lambda b: {'input_ids': b[0], "
+             "'attention_mask': b[1]}, mask=1`: the model needs the mask too."),
         ),
     ],
 )  # fmt: skip
