@@ -325,21 +325,18 @@ def takes_argument(net: nn.Module, name: str) -> tuple[bool, int | None]:
     (False, None)
 
     """
-    parameters = _parameters(net) or []
-    positional = [
+    positional = _positional(net)
+    index = positional.index(name) if name in positional else None
+    return name in _names(net), index
+
+
+def _positional(net: nn.Module) -> list[str]:
+    """Return the names of the parameters of ``net``'s forward taken by position."""
+    return [
         p.name
-        for p in parameters
+        for p in _parameters(net) or ()
         if p.kind in {p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD}
     ]
-    index = positional.index(name) if name in positional else None
-    return any(p.name == name for p in parameters), index
-
-
-def argument(
-    name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], index: int | None
-) -> Any:
-    """Return the argument ``name`` (positional ``index``) of a call, or ``None``."""
-    return _tensor_at(name, args, kwargs, index)
 
 
 class Hazard(NamedTuple):
@@ -360,14 +357,15 @@ def padding_hazard(net: nn.Module) -> Hazard | None:
     """Return the module of ``net`` a left-padded batch numbers from its padding.
 
     ``None`` when the net takes ``position_ids`` itself (derived ones reach
-    it: :class:`Positions`) or no module is concerned. Else the outermost
-    module, the net included, whose forward takes an ``attention_mask``
-    and that holds a learned absolute position embedding
-    (:func:`position_scheme` ``"absolute"`` but for ``position_ids``),
-    when the net's own forward takes no ``position_ids``: a wrapper around
-    a Hugging Face model that does not pass them on, or a model whose
-    forward takes none (DistilBERT-like). Nothing the library derives
-    reaches it; a left-padded row's activations depend on its padding.
+    it: :class:`Positions`) or no module is concerned. Else, when the net's
+    own forward takes no ``position_ids``, a module (the net included)
+    whose forward takes an ``attention_mask`` and that holds a learned
+    absolute position embedding (:func:`position_scheme` ``"absolute"``
+    but for ``position_ids``): the outermost one whose forward takes
+    ``position_ids`` (a Hugging Face model in a wrapper that does not pass
+    them on), else the innermost (a model whose forward takes none,
+    DistilBERT-like). Nothing the library derives reaches it; a
+    left-padded row's activations depend on its padding.
 
     Examples
     --------
@@ -426,12 +424,13 @@ def watch_padding(rnet: nn.Module, kwargs: Mapping[str, Any]) -> None:
         watch.see(net, kwargs)
 
 
-def _tensor_at(
+def argument(
     name: str,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     index: int | None,
 ) -> Any:
+    """Return the argument ``name`` (positional ``index``) of a call, or ``None``."""
     if name in kwargs:
         return kwargs[name]
     if index is not None and index < len(args):
@@ -478,11 +477,7 @@ class Positions:
         self.positions_index: int | None = None
         self.input_index: int | None = None
         if self.active:
-            positional = [
-                p.name
-                for p in _parameters(net) or ()
-                if p.kind in {p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD}
-            ]
+            positional = _positional(net)
             where = {name: i for i, name in enumerate(positional)}
             self.mask_index = where.get("attention_mask")
             self.positions_index = where.get("position_ids")
@@ -509,9 +504,9 @@ class Positions:
         """Return the net's arguments with ``position_ids`` derived, if needed."""
         if not self.active:
             return args, kwargs
-        if _tensor_at("position_ids", args, kwargs, self.positions_index) is not None:
+        if argument("position_ids", args, kwargs, self.positions_index) is not None:
             return args, kwargs
-        mask = _tensor_at("attention_mask", args, kwargs, self.mask_index)
+        mask = argument("attention_mask", args, kwargs, self.mask_index)
         if not isinstance(mask, Tensor) or mask.dim() != 2:  # noqa: PLR2004 (batch, positions)
             return args, kwargs
         length = _length(args, kwargs, self.input_index)
