@@ -167,7 +167,7 @@ def mathml(output: str) -> str:
     ------
     ValueError
         Naming a formula that ``latex2mathml`` cannot read, or one using a
-        command it does not know (it would print ``\\foo`` as text).
+        command it does not know (it would print a backslash command as text).
     """
     from latex2mathml.converter import convert  # noqa: PLC0415 (the docs extra)
 
