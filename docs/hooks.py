@@ -157,7 +157,7 @@ _MATH = re.compile(
 )
 
 
-_UNKNOWN = re.compile(r">(\\[A-Za-z]+)")
+_UNKNOWN = re.compile(r">(\\[A-Za-z]+|&)<")  # a command, or an "&" outside a table
 
 
 def mathml(output: str) -> str:
@@ -167,7 +167,8 @@ def mathml(output: str) -> str:
     ------
     ValueError
         Naming a formula that ``latex2mathml`` cannot read, or one using a
-        command it does not know (it would print a backslash command as text).
+        command it does not know, or an ``&`` outside an environment it reads
+        (``array`` and ``matrix``, not ``aligned``): it would print them as text.
     """
     from latex2mathml.converter import convert  # noqa: PLC0415 (the docs extra)
 
@@ -180,7 +181,7 @@ def mathml(output: str) -> str:
             msg = f"the formula {tex!r} is not LaTeX that latex2mathml reads: {error}"
             raise ValueError(msg) from error
         unknown = _UNKNOWN.findall(made)
-        if unknown:  # latex2mathml prints a command it does not know as text
+        if unknown:  # latex2mathml prints what it does not know as text
             msg = (
                 f"the formula {tex!r} uses {sorted(set(unknown))}, which "
                 "latex2mathml does not know (it would show as text)"

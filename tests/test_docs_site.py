@@ -199,6 +199,12 @@ def test_formulas_become_mathml_and_one_latex2mathml_cannot_read_fails():
     # latex2mathml prints a command it does not know as text: refused
     with pytest.raises(ValueError, match=r"uses \['\\\\lnorm'\], which latex2mathml"):
         hooks.mathml('<span class="arithmatex">\\(\\lnorm x\\)</span>')
+    with pytest.raises(ValueError, match=r"uses \['&'\], which latex2mathml"):
+        hooks.mathml(
+            '<div class="arithmatex">\\[\\begin{aligned}a &= b\\end{aligned}\\]</div>'
+        )
+    table = r"\begin{array}{rl} a & = b \\ & = c \end{array}"
+    assert "<mtable>" in hooks.mathml(f'<div class="arithmatex">\\[{table}\\]</div>')
 
 
 # A formula written as code: a subscript (`d_k`, `g_yz`, `MD_0`), a power or a

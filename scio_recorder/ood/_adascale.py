@@ -101,11 +101,11 @@ def perturb_least_sensitive(x: Tensor, grad: Tensor, o: float, step: float) -> T
 class AdaScale(Detector):
     r"""AdaSCALE (Regmi, 2025): SCALE with an adaptive percentile, then energy.
 
-    With ``f`` the output of ``layer`` (flattened per sample, ``F`` values),
-    ``x'`` the input moved along the sign of the gradient of the predicted
+    With $f$ the output of ``layer`` (flattened per sample, $F$ values),
+    $x'$ the input moved along the sign of the gradient of the predicted
     logit on the fraction ``o`` of its entries where that gradient is
-    smallest (by ``step``, :func:`perturb_least_sensitive`), and ``f'`` the
-    layer's output on ``x'``:
+    smallest (by ``step``, :func:`perturb_least_sensitive`), and $f'$ the
+    layer's output on $x'$:
 
     * $Q'(x) = \sum_{j \in \mathrm{top}_{k_1}(f)} \mathrm{relu}(f'_j) + \lambda
       \sum_{j \in \mathrm{top}_{k_2}(f)} |f_j - f'_j|$ ($\lambda$ = ``lmbda``),

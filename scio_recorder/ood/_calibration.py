@@ -227,7 +227,7 @@ class TempScale(Detector):
 class ODIN(Detector):
     r"""ODIN (Liang et al., ICLR 2018): temperature and input preprocessing.
 
-    With $S(x; T) = \mathrm{softmax}(f(x) / T)$ and $\hat y = \arg\max_c
+    With $S(x; T) = \mathrm{softmax}(f(x) / T)$ and $\hat y = \operatorname{argmax}_c
     f(x)_c$, the input moves against the gradient of the cross-entropy of its
     prediction: $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x (-\log
     S_{\hat y}(x; T)))$ ($\epsilon$ = ``eps``; each channel's sign divided by

@@ -669,8 +669,8 @@ class Gram(MultiLayer):
     the ``j``-th sample of a class in the stream when ``floor((j + 1) f) >
     floor(j f)``, ``f = validation_fraction``) rather than by a random
     permutation; with ``validation_fraction=0`` nothing is held out
-    and every ``E_l = 1`` (as pytorch-ood when a class has < 10 samples).
-    ``E_l = 1`` also when the held-out deviation is 0. Every class from 0 to
+    and every $E_l = 1$ (as pytorch-ood when a class has < 10 samples).
+    $E_l = 1$ also when the held-out deviation is 0. Every class from 0 to
     the largest label must be in the fit data outside the held-out samples
     (pytorch-ood's requirement too).
 
@@ -683,7 +683,7 @@ class Gram(MultiLayer):
     num_poles_list : list of int, optional
         The poles ``p``; default ``1 .. len(layers)`` (pytorch-ood's).
     validation_fraction : float, default 0.1
-        Held out for ``E_l``, in ``[0, 1)``.
+        Held out for $E_l$, in ``[0, 1)``.
 
     Examples
     --------
