@@ -15,8 +15,8 @@ machine cancel):
 * ``write``: ``write(rnet, batches, folder, layers=4 blocks)`` into a new
   folder (unshuffled);
 * ``write_shuffled``: the same with ``shuffle_buffer=65536``;
-* ``write_full_pass``: ``write`` with the pass run to its end (only when the
-  engine can stop a pass early, see ``_loop.EARLY_EXIT``);
+* ``write_full_pass``: ``write`` with the pass run to its end
+  (``early_exit=False``; ``write`` stops it after the last stored block);
 * ``hand_memmap``: four forward hooks keeping the blocks' outputs and a
   loop writing the kept tokens (and their row and column) into
   ``np.lib.format.open_memmap`` files sized beforehand.
@@ -96,7 +96,6 @@ from scio_recorder import Recorder  # noqa: E402 (after the path fix)
 from scio_recorder.activations import (  # noqa: E402 (after the path fix)
     ActivationDataset,
     SparseLatents,
-    _loop,  # the early-exit switch
     _shards,  # the checksum switch
     write,
 )
@@ -259,11 +258,7 @@ def writing(
         return write(rnet, batches, folder, layers=names, **options)
 
     def full_pass(folder: Path) -> None:
-        early, _loop.EARLY_EXIT = _loop.EARLY_EXIT, False
-        try:
-            ours(folder)
-        finally:
-            _loop.EARLY_EXIT = early
+        ours(folder, early_exit=False)
 
     def no_checksum(folder: Path) -> None:
         _shards.CHECKSUM = False
@@ -300,8 +295,7 @@ def writing(
         "hand_memmap": Job(lambda f: hand_memmap(model, blocks, batches, f), root),
         "write_no_checksum": Job(no_checksum, root),
     }
-    if _loop.EARLY_EXIT:
-        jobs["write_full_pass"] = Job(full_pass, root)
+    jobs["write_full_pass"] = Job(full_pass, root)
     for job in jobs.values():  # warm-up
         job.run()
     times = paired(jobs, rounds)
@@ -319,7 +313,7 @@ def writing(
     speed = {name: ratio(times, "plain", name) for name in jobs}
     lines.append(
         f"\n{len(batches)} batches, {tokens:,} tokens kept, layers {names}, "
-        f"early exit {'on' if _loop.EARLY_EXIT else 'off'}. Throughput of `write` "
+        "early exit on. Throughput of `write` "
         f"over `plain`: {speed['write']:.3f} (target >= 0.9); over `hand_memmap`: "
         f"{ratio(times, 'hand_memmap', 'write'):.3f} (target >= 1.0). The "
         f"shards' CRC-32 cost a write {ratio(times, 'write', 'write_no_checksum'):.3f}"

@@ -6,9 +6,10 @@ convention that turns an input into the net's positional and keyword
 arguments (:func:`as_arguments`), :func:`move_to` (a device move that keeps
 the nesting) and :func:`first_batch_size`; and the position ids of padded
 batches: :class:`Positions` (``position_ids`` derived from the padding mask,
-as Hugging Face's ``generate`` derives them) and :class:`PaddingWatch` (the
-warning when a direct call sends a left-padded batch to a net with absolute
-positions and no ``position_ids``).
+as Hugging Face's ``generate`` derives them), :func:`padding_hazard` (a
+module, the net or inside it, whose absolute positions a left-padded batch
+shifts) and :class:`PaddingWatch` (the warning when a left-padded batch
+reaches it without ``position_ids``).
 
 Why: :func:`scio_recorder.collect.collect`, the detectors of
 :mod:`scio_recorder.ood` and :mod:`scio_recorder.explain` all take batches
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 __all__ = [
     "POSITION_IDS",
+    "Hazard",
     "PaddingWatch",
     "Positions",
+    "argument",
     "as_arguments",
     "batch_getter",
     "check_position_ids",
@@ -34,8 +37,11 @@ __all__ = [
     "index_getter",
     "key_getter",
     "move_to",
+    "padding_hazard",
     "padding_unwatched",
     "position_scheme",
+    "takes_argument",
+    "watch_padding",
 ]
 
 import contextlib
@@ -43,7 +49,7 @@ import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from torch import Tensor, nn
 
@@ -275,10 +281,18 @@ def position_scheme(net: nn.Module) -> Scheme | None:
     True
 
     """
-    parameters = _parameters(net)
-    names = {p.name for p in parameters or ()}
-    if not {"position_ids", "attention_mask"} <= names:
+    if not {"position_ids", "attention_mask"} <= _names(net):
         return None
+    return _embedding_scheme(net)
+
+
+def _names(net: nn.Module) -> set[str]:
+    """Return the names of the parameters of ``net``'s forward."""
+    return {p.name for p in _parameters(net) or ()}
+
+
+def _embedding_scheme(net: nn.Module) -> Scheme:
+    """Say how ``net`` numbers positions, from its config and its embeddings."""
     config = getattr(net, "config", None)
     if getattr(config, "is_encoder_decoder", False) or (
         getattr(config, "vision_config", None) is not None
@@ -298,12 +312,125 @@ def position_scheme(net: nn.Module) -> Scheme | None:
     return scheme
 
 
-def _tensor_at(
+def takes_argument(net: nn.Module, name: str) -> tuple[bool, int | None]:
+    """Return whether ``net``'s forward takes ``name``, and its positional index.
+
+    Examples
+    --------
+    >>> import transformers
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    >>> takes_argument(transformers.GPT2Model(config), "attention_mask")
+    (True, 2)
+    >>> takes_argument(nn.Linear(2, 2), "attention_mask")
+    (False, None)
+
+    """
+    positional = _positional(net)
+    index = positional.index(name) if name in positional else None
+    return name in _names(net), index
+
+
+def _positional(net: nn.Module) -> list[str]:
+    """Return the names of the parameters of ``net``'s forward taken by position."""
+    return [
+        p.name
+        for p in _parameters(net) or ()
+        if p.kind in {p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD}
+    ]
+
+
+class Hazard(NamedTuple):
+    """A module whose learned absolute positions a left-padded batch shifts.
+
+    ``module`` is the net itself (``name == ""``) or a module inside it
+    (a Hugging Face model in a user's wrapper); ``takes_ids``: whether its
+    forward takes ``position_ids`` (the net's own forward does not pass
+    them on, or it is the net and takes none).
+    """
+
+    module: nn.Module
+    name: str
+    takes_ids: bool
+
+
+def padding_hazard(net: nn.Module) -> Hazard | None:
+    """Return the module of ``net`` a left-padded batch numbers from its padding.
+
+    ``None`` when the net takes ``position_ids`` itself (derived ones reach
+    it: :class:`Positions`) or no module is concerned. Else, when the net's
+    own forward takes no ``position_ids``, a module (the net included)
+    whose forward takes an ``attention_mask`` and that holds a learned
+    absolute position embedding (:func:`position_scheme` ``"absolute"``
+    but for ``position_ids``): the outermost one whose forward takes
+    ``position_ids`` (a Hugging Face model in a wrapper that does not pass
+    them on), else the innermost (a model whose forward takes none,
+    DistilBERT-like). Nothing the library derives reaches it; a
+    left-padded row's activations depend on its padding.
+
+    Examples
+    --------
+    >>> import transformers
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)
+    >>> class Wrap(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.lm = transformers.GPT2Model(config)
+    ...
+    ...     def forward(self, input_ids, attention_mask=None):
+    ...         return self.lm(input_ids, attention_mask=attention_mask)[0]
+    >>> padding_hazard(Wrap())[1:]
+    ('lm', True)
+    >>> padding_hazard(transformers.GPT2Model(config)) is None
+    True
+
+    """
+    if "position_ids" in _names(net):
+        return None
+    embeddings = [
+        name
+        for name, module in net.named_modules()
+        if isinstance(module, nn.Embedding)
+        and name.rsplit(".", 1)[-1] in _POSITION_NAMES
+    ]
+    if not embeddings:
+        return None
+    modules = dict(net.named_modules())
+    found: list[Hazard] = []
+    for embedding in embeddings:
+        parts = embedding.split(".")
+        # the embedding's ancestors, outermost first (the net is "")
+        for name in ["", *(".".join(parts[:i]) for i in range(1, len(parts)))]:
+            module = modules[name]
+            names = _names(module)
+            if "attention_mask" in names and _embedding_scheme(module) == "absolute":
+                found.append(Hazard(module, name, "position_ids" in names))
+    # The outermost module that takes position_ids (a model in a wrapper), else
+    # the innermost that takes the mask (the model whose forward takes none).
+    with_ids = [hazard for hazard in found if hazard.takes_ids]
+    if with_ids:
+        return with_ids[0]
+    return found[-1] if found else None
+
+
+def watch_padding(rnet: nn.Module, kwargs: Mapping[str, Any]) -> None:
+    """Let a recorder's :class:`PaddingWatch` see a call it does not run itself.
+
+    For the passes a detector runs (scores, gradient fits): they reach the
+    net without the recorder's ``__call__``, which watches direct calls.
+    """
+    watch: PaddingWatch = vars(rnet)["_padding"]  # the recorder's watch
+    net = rnet.net
+    if "attention_mask" in kwargs and not watch.done and isinstance(net, nn.Module):
+        watch.see(net, kwargs)
+
+
+def argument(
     name: str,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     index: int | None,
 ) -> Any:
+    """Return the argument ``name`` (positional ``index``) of a call, or ``None``."""
     if name in kwargs:
         return kwargs[name]
     if index is not None and index < len(args):
@@ -350,11 +477,7 @@ class Positions:
         self.positions_index: int | None = None
         self.input_index: int | None = None
         if self.active:
-            positional = [
-                p.name
-                for p in _parameters(net) or ()
-                if p.kind in {p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD}
-            ]
+            positional = _positional(net)
             where = {name: i for i, name in enumerate(positional)}
             self.mask_index = where.get("attention_mask")
             self.positions_index = where.get("position_ids")
@@ -381,9 +504,9 @@ class Positions:
         """Return the net's arguments with ``position_ids`` derived, if needed."""
         if not self.active:
             return args, kwargs
-        if _tensor_at("position_ids", args, kwargs, self.positions_index) is not None:
+        if argument("position_ids", args, kwargs, self.positions_index) is not None:
             return args, kwargs
-        mask = _tensor_at("attention_mask", args, kwargs, self.mask_index)
+        mask = argument("attention_mask", args, kwargs, self.mask_index)
         if not isinstance(mask, Tensor) or mask.dim() != 2:  # noqa: PLR2004 (batch, positions)
             return args, kwargs
         length = _length(args, kwargs, self.input_index)
@@ -427,17 +550,24 @@ class PaddingWatch:
     ``attention_mask`` whose first column pads some row, and no
     ``position_ids``, given to a net with learned absolute positions
     (:func:`position_scheme` ``"absolute"``) numbers that row's tokens from
-    its padding: its activations differ from the row alone. That is worth
-    one :class:`UserWarning` per recorder, naming the fix. Only calls with
-    an ``attention_mask`` keyword are looked at, until the warning is given
-    or the net is found not to be concerned.
+    its padding: its activations differ from the row alone. So does any
+    batch, whatever the library derives, when those positions are a
+    module's the net's forward gives no ``position_ids`` to
+    (:func:`padding_hazard`: a wrapper around a Hugging Face model, a
+    model whose forward takes none). That is worth one
+    :class:`UserWarning` per recorder, naming the module and the fix. Only
+    calls with an ``attention_mask`` keyword are looked at (direct calls;
+    ``write``, ``collect`` and the detectors' passes through
+    :func:`watch_padding` too), until the warning is given or the net is
+    found not to be concerned.
     """
 
-    __slots__ = ("done", "scheme")
+    __slots__ = ("done", "hazard", "scheme")
 
     def __init__(self) -> None:
         self.done = False
         self.scheme: Scheme | Literal["unknown"] | None = "unknown"
+        self.hazard: Hazard | None = None
 
     def see(self, net: nn.Module, kwargs: Mapping[str, Any]) -> None:
         """Look at the keyword arguments of one direct call of ``net``."""
@@ -445,7 +575,9 @@ class PaddingWatch:
             return
         if self.scheme == "unknown":
             self.scheme = position_scheme(net)
-        if self.scheme != "absolute":
+            if self.scheme is None:
+                self.hazard = padding_hazard(net)
+        if self.scheme != "absolute" and self.hazard is None:
             self.done = True
             return
         mask = kwargs["attention_mask"]
@@ -464,7 +596,44 @@ class PaddingWatch:
             "`scio_recorder.collect` / `activations.write`, which derive them "
             "(`position_ids='from_mask'`). Shown once per recorder."
         )
+        if self.hazard is not None:
+            msg = _hazard_message(net, self.hazard)
         warnings.warn(msg, UserWarning, stacklevel=user_stacklevel())
+
+
+def _hazard_message(net: nn.Module, hazard: Hazard) -> str:
+    """Say which module numbers a left-padded row from its padding, and the fix."""
+    inner = type(hazard.module).__name__
+    root = type(net).__name__
+    if not hazard.name:  # the net itself, whose forward takes no position_ids
+        where = (
+            f"{root}, whose positions are learned absolute ones and whose forward "
+            "takes no `position_ids`"
+        )
+        fix = "Pad on the right (`tokenizer.padding_side = 'right'`)."
+    elif hazard.takes_ids:
+        where = (
+            f"`{hazard.name}` ({inner}) inside {root}, whose positions are learned "
+            f"absolute ones and to which {root}'s forward gives no `position_ids`"
+        )
+        fix = (
+            "Pad on the right (`tokenizer.padding_side = 'right'`), or pass "
+            f"`position_ids` through {root}'s forward to `{hazard.name}` (`write`, "
+            "`collect` and the detectors then derive them from the mask)."
+        )
+    else:
+        where = (
+            f"`{hazard.name}` ({inner}) inside {root}, whose positions are learned "
+            "absolute ones and whose forward takes no `position_ids`"
+        )
+        fix = "Pad on the right (`tokenizer.padding_side = 'right'`)."
+    return (
+        "A left-padded batch (its `attention_mask` starts with padding) reached "
+        f"{where}: each padded row's tokens are numbered from its padding, so its "
+        "activations differ from the row run alone, and `write`, `collect` and "
+        f"the detectors cannot derive position ids for it. {fix} Shown once per "
+        "recorder."
+    )
 
 
 @contextlib.contextmanager

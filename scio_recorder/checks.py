@@ -12,8 +12,9 @@ likely cause in words:
   padding removed (a 2-D ``attention_mask`` tells which columns are
   padding): equal up to float rounding. This catches position ids that
   follow the padding, ``BatchNorm`` in train mode and any leak across rows;
-* ``"determinism"``: two passes on the batch: bit-equal (dropout left on,
-  random operations, nondeterministic kernels);
+* ``"determinism"``: two passes on the batch, the second from where the
+  first left the net: bit-equal (dropout left on, random operations, state
+  kept between passes, nondeterministic kernels);
 * ``"dtype"``: the records against those of a copy of the model in a wider
   dtype (float32 for bfloat16 and float16 models, float64 for float32
   ones), as relative error per layer;
@@ -22,6 +23,16 @@ likely cause in words:
   record changed in place that nobody could know in advance;
 * ``"calls"``: each checked call ran as in the reference pass (the call
   plan).
+
+What a check could not compare makes it WARN, never PASS, and its cause
+says what and why: records with no batch dimension (a record's batch
+dimension is told by its shapes, batched and alone), inputs whose dim 0 is
+not the batch (a sequence-first module shows it; ``batch_dim=`` says
+where it is), rows of padding only, rows that raise alone, and models a
+wider copy cannot stand for (quantized, tensor-parallel). Every compared
+pass starts from the buffers the check found, and its records are copies
+taken as it ends, so state kept between passes shows in ``determinism``
+only.
 
 Tolerances. Records computed by different kernels (a batch of 5 rows is
 not blocked as a batch of 1) differ by roundings: up to ``1024 eps`` of the
@@ -39,7 +50,7 @@ recorder's module imports it, not the other way round).
 
 from __future__ import annotations
 
-__all__ = ["CHECKS", "CheckLine", "CheckReport", "check_recorder"]
+__all__ = ["CHECKS", "CheckLine", "CheckReport", "check_net", "check_recorder"]
 
 import contextlib
 import copy
@@ -51,8 +62,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parameter import is_lazy
 
 from ._batches import as_arguments, first_batch_size, position_scheme
+from ._engine.shards import tensor_parallel
 from ._errors import CallPlanError, InPlaceWarning
 from ._preserve import preserved
 from ._render import html_table
@@ -254,6 +267,16 @@ def _arguments(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return as_arguments(batch, spread=True)
 
 
+def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any], dim: int) -> int | None:
+    """Return dim ``dim`` of the first tensor among the arguments that has it."""
+    if dim == 0:
+        return first_batch_size(args, kwargs)
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.dim() > dim:
+            return int(value.shape[dim])
+    return None
+
+
 def _padding(kwargs: Mapping[str, Any], size: int) -> Tensor | None:
     """Return the ``[batch, positions]`` mask of kept tokens, if the batch has one."""
     mask = kwargs.get("attention_mask")
@@ -263,34 +286,42 @@ def _padding(kwargs: Mapping[str, Any], size: int) -> Tensor | None:
 
 
 def _row_alone(
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    row: int,
-    size: int,
-    keep: Tensor | None,
+    run: _Run, row: int, keep: Tensor | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Row ``row`` of the batch alone, its padding (``keep`` false) removed."""
+    """Row ``row`` of the batch alone, its padding (``keep`` false) removed.
+
+    Every input with the batch's size on the batch dimension is cut there;
+    the others (a scalar, a table shared by the rows) go whole.
+    """
+    size, dim = run.size, run.dim
     columns = None if keep is None or bool(keep.all()) else keep
     width = None if keep is None else keep.shape[0]
 
     def take(value: Tensor) -> Tensor:
-        if value.dim() == 0 or value.shape[0] != size:
+        if value.dim() <= dim or value.shape[dim] != size:
             return value
-        value = value[row : row + 1]
+        value = value.narrow(dim, row, 1)
         if columns is not None and value.dim() >= 2 and value.shape[1] == width:  # noqa: PLR2004
             value = value[:, columns.to(value.device)]
         return value
 
-    return map_tensors(take, args), map_tensors(take, kwargs)
+    return map_tensors(take, run.args), map_tensors(take, run.kwargs)
 
 
-def _rows_to_check(size: int, keep: Tensor | None, rows: int) -> list[int]:
-    """Return the rows compared alone: the most padded first, then in order."""
+def _rows_to_check(
+    size: int, keep: Tensor | None, rows: int
+) -> tuple[list[int], list[int]]:
+    """Return the rows compared alone (the most padded first), and the empty ones.
+
+    A row with no real token (all padding) has nothing to run alone: it is
+    returned apart, so that the report says so.
+    """
     if keep is None:
-        return list(range(min(size, rows)))
-    padding = (~keep).sum(1).tolist()
-    order = sorted(range(size), key=lambda r: (-padding[r], r))
-    return sorted(order[:rows])
+        return list(range(min(size, rows))), []
+    real = keep.sum(1).tolist()
+    empty = [r for r in range(size) if not real[r]]
+    order = sorted((r for r in range(size) if real[r]), key=lambda r: (real[r], r))
+    return sorted(order[:rows]), empty
 
 
 # -- what the net is -----------------------------------------------------------
@@ -309,17 +340,110 @@ _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropo
 
 
 def _named(names: list[str]) -> str:
-    shown = ", ".join(f"`{n}`" for n in names[:3])
+    return _named_plain([f"`{name}`" for name in names])
+
+
+def _named_plain(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")  # noqa: PLR2004
 
 
-def _float_dtype(net: nn.Module) -> torch.dtype | None:
-    """Return the dtype the net computes in: its narrowest floating parameter's."""
+def _float_dtype(net: nn.Module, inputs: Any) -> torch.dtype | None:
+    """Return the dtype the net computes in.
+
+    Its narrowest floating parameter's or buffer's; for a net with none,
+    its inputs' narrowest floating dtype.
+    """
     dtypes = {p.dtype for p in net.parameters() if p.is_floating_point()}
     dtypes |= {b.dtype for b in net.buffers() if b.is_floating_point()}
     if not dtypes:
+        dtypes = {t.dtype for t in iter_tensors(inputs) if t.is_floating_point()}
+    if not dtypes:
         return None
     return min(dtypes, key=lambda d: torch.finfo(d).bits)
+
+
+def _quantized(net: nn.Module) -> list[str]:
+    """Return the modules whose weights are quantized, named with the weights' type.
+
+    A quantized weight is an integer tensor (bitsandbytes' ``Int8Params``,
+    ``Params4bit``), a quantized torch tensor, or a tensor subclass other
+    than a ``DTensor`` (torchao's ``Int8Tensor``, which reports float32 but
+    holds int8 values): a copy cast to a wider dtype keeps its values.
+    """
+    found = []
+    for name, module in net.named_modules():
+        for param in module.parameters(recurse=False):
+            kind = type(param)
+            subclass = kind is not Tensor and not issubclass(kind, nn.Parameter)
+            if (
+                param.is_quantized
+                or not (param.is_floating_point() or param.is_complex())
+                or (subclass and kind.__name__ != "DTensor")
+            ):
+                found.append(f"`{name or type(module).__name__}` ({kind.__name__})")
+                break
+    return found
+
+
+_SEQUENCE_FIRST = (nn.RNNBase, nn.MultiheadAttention)
+"""The modules whose batch is dim 1 of their input unless ``batch_first``."""
+
+
+class _State:
+    """The net's buffers as the check found them, put back before each pass.
+
+    A net that keeps state in a buffer (a running sum, a cache) and changes
+    it in place would start each pass from where the previous one left it;
+    every comparison of the check starts from the same state instead, and
+    :meth:`changed` names the buffers that one pass changed (the cause of a
+    determinism failure).
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        with torch.no_grad():
+            self.saved = [
+                (qualified, module, name, buffer, buffer.clone())
+                for qualified, module, name, buffer in _buffers(net)
+            ]
+
+    def restore(self) -> None:
+        """Put every buffer back (the object in its slot and its values)."""
+        with torch.no_grad():
+            for _, module, name, buffer, saved in self.saved:
+                if module._buffers.get(name) is not buffer:  # noqa: SLF001 (reassigned by a pass)
+                    module._buffers[name] = buffer  # noqa: SLF001
+                if not torch.equal(buffer, saved):
+                    with torch.inference_mode(buffer.is_inference()):
+                        buffer.copy_(saved)
+
+    def changed(self) -> list[str]:
+        """Return the buffers a pass changed, but a train-mode BatchNorm's statistics.
+
+        Those statistics change at every pass in train mode, but a pass in
+        train mode does not read them.
+        """
+        return [
+            qualified
+            for qualified, module, name, buffer, saved in self.saved
+            if not (isinstance(module, _NORMS) and module.training)
+            and (
+                module._buffers.get(name) is not buffer  # noqa: SLF001 (reassigned)
+                or not torch.equal(buffer, saved)
+            )
+        ]
+
+
+_NORMS = (nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 (the base of every BatchNorm)
+
+
+def _buffers(net: nn.Module) -> Iterator[tuple[str, nn.Module, str, Tensor]]:
+    """Yield each buffer with its qualified name, its module and its name there."""
+    for prefix, module in net.named_modules():
+        for name, buffer in module._buffers.items():  # noqa: SLF001 (non-persistent ones too)
+            if buffer is not None and not is_lazy(buffer) and not buffer.is_meta:
+                yield (f"{prefix}.{name}" if prefix else name), module, name, buffer
 
 
 # -- the passes -------------------------------------------------------------------
@@ -334,9 +458,21 @@ class _Run:
     labels: list[DepthIdx]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    size: int | None
+    batch_dim: int | None
+    """The batch dimension the user named; ``None``: dim 0, unless the net says not."""
+    state: _State
     output: Any = None
-    """The net's output of the latest pass."""
+    """The net's output of the latest pass (a copy taken as the pass ended)."""
+
+    @property
+    def dim(self) -> int:
+        """The dimension the rows are split on."""
+        return self.batch_dim or 0
+
+    @property
+    def size(self) -> int | None:
+        """The batch size (``None``: no input has the batch dimension)."""
+        return _batch_size(self.args, self.kwargs, self.dim)
 
     def records(
         self,
@@ -344,17 +480,37 @@ class _Run:
         kwargs: dict[str, Any] | None = None,
         *,
         seed: bool,
+        restore: bool = True,
     ) -> dict[DepthIdx, Any]:
-        """Run one recorded pass (from the fixed random state if ``seed``)."""
+        """Run one recorded pass; return copies of its records, taken as it ends.
+
+        From the fixed random state if ``seed``, and from the state the net
+        was found in if ``restore`` (its buffers put back). Copies, because
+        a record may be a tensor that the net changes later (a buffer it
+        returns and updates at the next pass): two passes' records would
+        then be one tensor, always equal to itself.
+        """
         args = self.args if args is None else args
         kwargs = self.kwargs if kwargs is None else kwargs
+        if restore:
+            self.state.restore()
         with _seeded(enabled=seed):
-            self.output = self.rnet(*args, **kwargs)
-        return dict(self.rnet.activations)
+            self.output = _copied(self.rnet(*args, **kwargs))
+        return {label: _copied(value) for label, value in self.rnet.activations.items()}
+
+    def plain(self) -> Any:
+        """Run the net with no hook at all, from the fixed state; return its output."""
+        with self.rnet.selecting():
+            self.records(seed=True)
+        return self.output
 
     def describe(self, label: DepthIdx) -> str:
         row: Layer = self.rnet.table[label]
         return row.describe()
+
+
+def _copied(value: Any) -> Any:
+    return map_tensors(lambda tensor: tensor.clone(), value)
 
 
 @contextlib.contextmanager
@@ -410,9 +566,11 @@ def _inside(net: nn.Module, name: str, kinds: tuple[type[nn.Module], ...]) -> bo
     )
 
 
-def _check_batch(run: _Run, batched: dict[DepthIdx, Any], rows: int) -> CheckLine:
+def _check_batch(
+    run: _Run, batched: dict[DepthIdx, Any], rows: int, unsplit: str | None
+) -> CheckLine:
     size = run.size
-    keep = None if size is None else _padding(run.kwargs, size)
+    keep = None if size is None or run.dim else _padding(run.kwargs, size)
     if size is None or (size == 1 and (keep is None or bool(keep.all()))):
         return CheckLine(
             "batch",
@@ -423,36 +581,17 @@ def _check_batch(run: _Run, batched: dict[DepthIdx, Any], rows: int) -> CheckLin
             "the batch has one row and no padding: nothing to compare batched against "
             "alone; check a batch of several rows",
         )
-    per_layer: dict[str, float] = {}
-    worst = (0.0, torch.float32, "", -1)
-    for row in _rows_to_check(size, keep, rows):
-        row_keep = None if keep is None else keep[row]
-        args, kwargs = _row_alone(run.args, run.kwargs, row, size, row_keep)
-        try:
-            alone = run.records(args, kwargs, seed=True)
-        except Exception as error:  # noqa: BLE001 (what the row alone raised is the finding)
-            cause = _batch_cause(run, row, keep, "FAIL")
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            return CheckLine(
-                "batch",
-                "FAIL",
-                None,
-                "relative",
-                f"row {row}",
-                f"row {row} alone raised {type(error).__name__} ({first}); {cause}",
-            )
-        stripped = row_keep is not None and not bool(row_keep.all())
-        for label in run.labels:
-            diff, dtype = _row_difference(
-                batched[label], alone[label], row, size, row_keep if stripped else None
-            )
-            if diff is None:
-                continue
-            key = run.rnet.table[label].label_str
-            per_layer[key] = max(per_layer.get(key, 0.0), diff)
-            if diff > worst[0]:
-                worst = (diff, dtype, run.describe(label), row)
-    diff, dtype, where, row = worst
+    if unsplit is not None:
+        return CheckLine("batch", "WARN", None, "relative", "", unsplit)
+    checked, empty = _rows_to_check(size, keep, rows)
+    found = _Rows()
+    for row in checked:
+        found.compare(run, batched, row, None if keep is None else keep[row])
+    notes = found.notes(run, empty)
+    diff, dtype, where, row = found.worst
+    per_layer = found.per_layer
+    if not per_layer:  # nothing compared: say why, never PASS
+        return CheckLine("batch", "WARN", None, "relative", "", "; ".join(notes))
     status = _verdict(diff, dtype, exact=False)
     place = f"{where}, row {row}" if where else ""
     if status == "PASS":
@@ -462,37 +601,246 @@ def _check_batch(run: _Run, batched: dict[DepthIdx, Any], rows: int) -> CheckLin
         )
         if diff == 0:
             cause = "each row's records alone equal its records in the batch"
+        if notes:
+            status, cause = "WARN", f"{cause}, where compared"
     else:
         cause = _batch_cause(run, row, keep, status)
-    return CheckLine("batch", status, diff, "relative", place, cause, per_layer)
+    return CheckLine(
+        "batch", status, diff, "relative", place, "; ".join([cause, *notes]), per_layer
+    )
 
 
-def _row_difference(
-    batched: Any, alone: Any, row: int, size: int, keep: Tensor | None
-) -> tuple[float | None, torch.dtype]:
-    """Return the largest relative difference of a row's records, batched, alone."""
-    worst: float | None = None
-    dtype = torch.float32
-    for whole, single in _pairs(batched, alone):
-        if whole.dim() == 0 or whole.shape[0] != size:
-            continue
-        mine = whole[row : row + 1]
-        if keep is not None:
-            if mine.dim() < 2 or mine.shape[1] != keep.shape[0]:  # noqa: PLR2004
+_Kind = Literal["split", "shared", "whole"]
+"""How a record relates to the rows: cut along the batch dimension (its size
+is the batch's), shared by every row (size 1 there, as a broadcast table),
+or of the whole batch (neither: a statistic over it, or rows reshaped into
+another dimension)."""
+
+
+@dataclasses.dataclass
+class _Rows:
+    """What comparing rows alone with the batch found, record by record.
+
+    A record is keyed ``(label, i)``: the ``i``-th tensor of the label's
+    record. A split record must be compared on every row run alone; a
+    shared one (the same tensor for every row) on one row at least, where
+    its shape is the row alone's (a row without padding); a record of the
+    whole batch cannot be compared by row.
+    """
+
+    per_layer: dict[str, float] = dataclasses.field(default_factory=dict)
+    worst: tuple[float, torch.dtype, str, int] = (0.0, torch.float32, "", -1)
+    """The largest difference, its dtype, its layer and its row."""
+    failed: list[str] = dataclasses.field(default_factory=list)
+    """What each row that raised alone raised."""
+    kinds: dict[tuple[DepthIdx, int], _Kind] = dataclasses.field(default_factory=dict)
+    compared: set[tuple[DepthIdx, int]] = dataclasses.field(default_factory=set)
+    unmatched: dict[tuple[DepthIdx, int], list[int]] = dataclasses.field(
+        default_factory=dict
+    )
+    """The split records whose row slice did not match the row alone: the rows."""
+
+    def compare(
+        self,
+        run: _Run,
+        batched: dict[DepthIdx, Any],
+        row: int,
+        keep: Tensor | None,
+    ) -> None:
+        """Run ``row`` alone (its padding, ``keep`` false, removed) and compare."""
+        try:
+            alone = run.records(*_row_alone(run, row, keep), seed=True)
+        except Exception as error:  # noqa: BLE001 (what the row alone raised is the finding)
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.failed.append(
+                f"row {row} alone raised {type(error).__name__} ({first})"
+            )
+            return
+        stripped = keep if keep is not None and not bool(keep.all()) else None
+        for label in run.labels:
+            wholes = list(iter_tensors(batched[label]))
+            singles = list(iter_tensors(alone[label]))
+            if len(wholes) != len(singles):  # another structure: no pairing is sound
+                self.kinds.update({(label, i): "whole" for i in range(len(wholes))})
                 continue
-            mine = mine[:, keep.to(mine.device)]
-        if mine.shape != single.shape:
+            for i, (whole, single) in enumerate(zip(wholes, singles, strict=True)):
+                kind, mine = _row_slice(whole, single, (row, run.size or 0), stripped)
+                self.kinds[label, i] = kind
+                if mine is None:
+                    if kind == "split":
+                        self.unmatched.setdefault((label, i), []).append(row)
+                    continue
+                self.compared.add((label, i))
+                diff = _difference(mine, single)
+                key = run.rnet.table[label].label_str
+                self.per_layer[key] = max(self.per_layer.get(key, 0.0), diff)
+                if diff > self.worst[0]:
+                    self.worst = (diff, single.dtype, run.describe(label), row)
+
+    def notes(self, run: _Run, empty: list[int]) -> list[str]:
+        """Say what could not be compared, and why."""
+        notes = []
+        if empty:
+            rows = ", ".join(map(str, empty))
+            notes.append(
+                f"row{'s' * (len(empty) > 1)} {rows} "
+                f"{'have' if len(empty) > 1 else 'has'} no real token (all padding): "
+                "not run alone"
+            )
+        notes += [f"{text}: not compared" for text in self.failed]
+        whole = _labels_of(k for k, kind in self.kinds.items() if kind == "whole")
+        shared = _labels_of(
+            k
+            for k, kind in self.kinds.items()
+            if kind == "shared" and k not in self.compared
+        )
+        if whole:
+            notes.append(
+                f"not compared: records of {_described(run, whole)} have no batch "
+                f"dimension of size {run.size} (a record of the whole batch, or rows "
+                "reshaped into another dimension)"
+            )
+        norms = _modules(run.rnet.net, _NORMS)
+        if norms and (whole or self.failed):
+            notes.append(
+                f"a BatchNorm in train mode ({_named(norms)}) ties rows together "
+                "whatever the layout: call net.eval()"
+            )
+        if shared:
+            notes.append(
+                f"not compared: records of {_described(run, shared)} are shared by "
+                "every row (batch dimension of size 1), and no checked row alone "
+                "gives them the same shape (its padding cut)"
+            )
+        if self.unmatched:
+            missed = sorted({row for rows in self.unmatched.values() for row in rows})
+            notes.append(
+                f"not compared on row{'s' * (len(missed) > 1)} "
+                f"{', '.join(map(str, missed))}: records of "
+                f"{_described(run, _labels_of(self.unmatched))} do not have the row "
+                "alone's shape once its padding is cut"
+            )
+        return notes
+
+
+def _labels_of(keys: Any) -> list[DepthIdx]:
+    """Return the labels of record keys ``(label, i)``, in order, once each."""
+    return list(dict.fromkeys(label for label, _ in keys))
+
+
+def _described(run: _Run, labels: list[DepthIdx]) -> str:
+    shown = ", ".join(run.describe(label) for label in labels[:3])
+    return shown + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")  # noqa: PLR2004
+
+
+def _row_slice(
+    whole: Tensor, single: Tensor, where: tuple[int, int], keep: Tensor | None
+) -> tuple[_Kind, Tensor | None]:
+    """Return how a record relates to the rows, and row ``row``'s part of it.
+
+    ``where``: the row and the batch size. The record's batch dimension is
+    told by its shapes, batched and alone: the one dimension of the batch's
+    size that is 1 in the row alone, the others equal (a sequence-first
+    layer's ``[T, B, F]`` output and ``[1, B, F]`` state are cut on dim 1).
+    A padded row's part has its padding columns (``keep`` false) cut from
+    dim 1 of a record batched on dim 0. ``None`` as the part: no part of
+    the record has the shape of the row alone's.
+    """
+    size = where[1]
+    if whole.dim() == single.dim():
+        parts = _cuts(whole, single, where, keep)
+        if len(parts) == 1 or (parts and size == 1):  # one way to cut it
+            return "split", parts[0]
+        if parts:  # several dimensions would do: whose rows they are is unknown
+            return "whole", None
+        if any(
+            whole.shape[d] == size and single.shape[d] == 1 for d in range(whole.dim())
+        ):  # a batch dimension, but no cut has the row alone's shape
+            return "split", None
+    if size > 1 and whole.dim() >= 1 and whole.shape[0] == 1:  # broadcast to every row
+        return "shared", whole if whole.shape == single.shape else None
+    return "whole", None
+
+
+def _cuts(
+    whole: Tensor, single: Tensor, where: tuple[int, int], keep: Tensor | None
+) -> list[Tensor]:
+    """Return row ``row``'s part of ``whole`` along each dimension that gives one."""
+    row, size = where
+    parts = []
+    for dim in range(whole.dim()):
+        if whole.shape[dim] != size or single.shape[dim] != 1:
             continue
-        diff = _difference(mine, single)
-        if worst is None or diff > worst:
-            worst, dtype = diff, single.dtype
-    return worst, dtype
+        mine = whole.narrow(dim, row, 1)
+        if dim == 0 and keep is not None and mine.shape[1:2] == keep.shape:
+            mine = mine[:, keep.to(mine.device)]
+        if mine.shape == single.shape:
+            parts.append(mine)
+    return parts
+
+
+def _sequence_first(run: _Run) -> str | None:
+    """Say why the inputs' dim 0 is not the batch, if a sequence-first module shows it.
+
+    ``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and ``nn.MultiheadAttention`` built
+    with ``batch_first=False`` take their batch on dim 1. One plain pass
+    sees what they are given: if dim 1 of it is not the batch size, the
+    inputs' dim 0 is not their batch (it is time); if dims 0 and 1 are both
+    the batch size, which one is cannot be told.
+    """
+    modules = [
+        (name or type(module).__name__, module)
+        for name, module in run.rnet.net.named_modules()
+        if isinstance(module, _SEQUENCE_FIRST) and not module.batch_first
+    ]
+    if not modules or run.size is None:
+        return None
+    seen: dict[str, torch.Size] = {}
+
+    def hook(name: str) -> Any:
+        def see(_module: nn.Module, args: Any, kwargs: Any) -> None:
+            first = next(iter_tensors((args, kwargs)), None)
+            if first is not None:
+                seen.setdefault(name, first.shape)
+
+        return see
+
+    handles = [
+        module.register_forward_pre_hook(hook(name), with_kwargs=True)
+        for name, module in modules
+    ]
+    try:
+        run.plain()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, module in modules:
+        shape = seen.get(name)
+        if shape is None or len(shape) < 3:  # noqa: PLR2004 (not run, or unbatched)
+            continue
+        what = (
+            f"`{name}` ({type(module).__name__}, batch_first=False) takes "
+            f"{list(shape)}, its batch on dim 1"
+        )
+        if shape[1] != run.size:
+            return (
+                f"cannot split the batch: {what}, and the inputs' dim 0 "
+                f"({run.size}) is not that batch (a sequence-first input); pass "
+                "batch_dim=1 if dim 1 of the inputs is their batch"
+            )
+        if shape[0] == run.size:
+            return (
+                f"cannot split the batch: {what}, and dims 0 and 1 are both "
+                f"{run.size}: which one is the batch cannot be told; pass "
+                "batch_dim=0 or 1"
+            )
+    return None
 
 
 def _batch_cause(run: _Run, row: int, keep: Tensor | None, status: Status) -> str:
     net = run.rnet.net
     padded = keep is not None and not bool(keep[row].all())
-    norms = _modules(net, (nn.modules.batchnorm._BatchNorm,))  # noqa: SLF001 (the base of every BatchNorm)
+    norms = _modules(net, _NORMS)
     dropouts = _modules(net, _DROPOUTS)
     if (
         padded
@@ -532,9 +880,14 @@ def _batch_cause(run: _Run, row: int, keep: Tensor | None, status: Status) -> st
             "rounding, but little: a reduction over the batch, or kernels that "
             "depend on the batch size"
         )
+    layout = (
+        ""
+        if run.batch_dim is not None
+        else "; or dim 0 of the inputs is not their batch (pass batch_dim=)"
+    )
     return (
         f"row {row}'s records depend on its batch-mates: an operation mixes rows "
-        "(a statistic over the batch, attention or an index across rows)"
+        f"(a statistic over the batch, attention or an index across rows){layout}"
     )
 
 
@@ -559,11 +912,22 @@ def _compared(
 
 
 def _check_determinism(
-    run: _Run, first: dict[DepthIdx, Any], second: dict[DepthIdx, Any]
-) -> CheckLine:
+    run: _Run,
+    first: dict[DepthIdx, Any],
+    second: dict[DepthIdx, Any],
+    changed: list[str],
+) -> tuple[CheckLine, str | None]:
+    """Compare two passes, the second run from where the first left the net.
+
+    ``changed``: the buffers the first pass changed. Return the line, and
+    what the other checks' differences may come from when the net keeps
+    state between passes that the check cannot put back, or draws random
+    numbers otherwise than by ``nn.Dropout`` (``None``: neither).
+    """
     per_layer, (diff, dtype, where) = _compared(run, second, first)
     status = _verdict(diff, dtype, exact=True)
     dropouts = _modules(run.rnet.net, _DROPOUTS)
+    note = None
     if status == "PASS":
         cause = "two passes on the batch give bit-equal records"
     elif dropouts:
@@ -572,6 +936,24 @@ def _check_determinism(
             f"dropout is active ({_named(dropouts)} in train mode): each pass "
             "draws other masks; call net.eval()"
         )
+    elif changed:
+        status = "FAIL"
+        cause = (
+            f"state kept between passes: a pass changes the buffer {_named(changed)} "
+            "in place and the next pass reads it, so two passes on the same batch "
+            "differ (the other checks start each pass from the state found)"
+        )
+    elif _compared(run, run.records(seed=True), first)[1][0] == 0:
+        status = "FAIL"  # the same random state repeats it: random draws
+        cause = (
+            "two passes on the same batch differ, and two from the same random "
+            "state do not: the forward draws random numbers (a random operation "
+            "other than an nn.Dropout in train mode)"
+        )
+        note = (
+            "the forward draws random numbers (see determinism), and a row alone "
+            "or a copy in another dtype draws others"
+        )
     elif status == "WARN":
         cause = (
             "two passes differ by roundings: nondeterministic kernels (atomic "
@@ -579,33 +961,50 @@ def _check_determinism(
             "them repeat"
         )
     else:
-        cause = (
-            "two passes on the same batch differ: the forward draws random "
-            "numbers, or reads a state that a pass changes"
+        note = (
+            "the net keeps state between passes (see determinism), so the passes "
+            "compared here did not start from the same state"
         )
-    return CheckLine("determinism", status, diff, "relative", where, cause, per_layer)
+        cause = (
+            "two passes on the same batch differ, even from the same random state "
+            "and buffers: the net keeps state between passes outside its buffers "
+            "(an attribute a pass changes)"
+        )
+    line = CheckLine("determinism", status, diff, "relative", where, cause, per_layer)
+    return line, note
+
+
+def _from_passes(line: CheckLine, note: str) -> CheckLine:
+    """Say that a line's difference may come from what ``note`` says of the passes."""
+    if line.status == "PASS" or line.magnitude is None or line.measure != "relative":
+        return line
+    return dataclasses.replace(
+        line, cause=f"{note}: this difference may come from that"
+    )
 
 
 def _check_dtype(
     run: _Run, records: dict[DepthIdx, Any], *, copy_model: bool
 ) -> CheckLine:
-    dtype = _float_dtype(run.rnet.net)
-    if dtype is None or dtype == torch.float64:
-        what = "no floating parameter" if dtype is None else "float64"
+    net = run.rnet.net
+    dtype = _float_dtype(net, (run.args, run.kwargs))
+    if dtype == torch.float64 and not _quantized(net):
         return CheckLine(
-            "dtype", "PASS", None, "relative", "", f"{what}: no wider dtype to compare"
+            "dtype", "PASS", None, "relative", "", "float64: no wider dtype to compare"
         )
+    why = _not_widened(net, dtype, copy_model=copy_model)
+    if why is not None or dtype is None:
+        return _skipped("dtype", why or "no floating parameter, buffer or input")
     wide = torch.float32 if torch.finfo(dtype).bits < 32 else torch.float64  # noqa: PLR2004
-    if not copy_model:
-        return CheckLine(
+    try:
+        wider = _wide_records(run, wide)
+    except Exception as error:  # noqa: BLE001 (the report says it, and goes on)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return _skipped(
             "dtype",
-            "WARN",
-            None,
-            "relative",
-            "",
-            f"not checked (dtype_copy=False): the model computes in {_name(dtype)}",
+            f"a copy of the model in {_name(wide)} raised {type(error).__name__} "
+            f"({first})",
         )
-    wider = _wide_records(run, wide)
     per_layer, (diff, _, where) = _compared(run, records, wider)
     if not math.isfinite(diff):
         status: Status = "FAIL"
@@ -615,6 +1014,32 @@ def _check_dtype(
         status = "PASS" if diff == 0 else "WARN" if diff <= 0.5 else "FAIL"  # noqa: PLR2004
     cause = _dtype_cause(status, diff, dtype, wide)
     return CheckLine("dtype", status, diff, "relative", where, cause, per_layer)
+
+
+def _not_widened(
+    net: nn.Module, dtype: torch.dtype | None, *, copy_model: bool
+) -> str | None:
+    """Say why the records cannot be compared with a wider copy's (``None``: they can).
+
+    Every rank of a tensor-parallel model finds the same reason (the
+    model's structure gives it), so none copies while another waits.
+    """
+    quantized = _quantized(net)
+    if quantized:
+        return (
+            f"quantized weights ({_named_plain(quantized)}): a wider copy keeps "
+            "their quantized values, and the float weights they came from are not "
+            "here; the records carry the quantization's error (measure it against "
+            "the float model: docs/bigmodels.md)"
+        )
+    if dtype is not None and not copy_model:
+        return f"dtype_copy=False; the model computes in {_name(dtype)}"
+    if tensor_parallel(net):
+        return (
+            "a tensor-parallel model (DTensor parameters): a wider copy would copy "
+            "every rank's shards; check the unsharded model"
+        )
+    return None
 
 
 def _dtype_cause(
@@ -650,6 +1075,7 @@ def _name(dtype: torch.dtype) -> str:
 
 def _wide_records(run: _Run, wide: torch.dtype) -> dict[DepthIdx, Any]:
     """Return the records of a copy of the model in ``wide``, on the batch cast."""
+    run.state.restore()  # the copy starts from the state the other passes do
     copied = copy.deepcopy(run.rnet)
     copied.net.to(wide)
 
@@ -747,13 +1173,14 @@ def _labels(rnet: Any, layers: Any) -> list[DepthIdx]:
     return labels
 
 
-def check_recorder(
+def check_recorder(  # noqa: PLR0913 (the recorder, the batch, then the options)
     rnet: Any,
     batch: Any,
     *,
     layers: Any = None,
     rows: int = 8,
     dtype_copy: bool = True,
+    batch_dim: int | None = None,
 ) -> CheckReport:
     """Check a recorder on a batch: see :func:`scio_recorder.check`.
 
@@ -764,9 +1191,17 @@ def check_recorder(
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         msg = f"`rows` must be an int >= 1 (rows compared alone), got {rows!r}"
         raise ValueError(msg)
+    if batch_dim is not None and (
+        isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0
+    ):
+        msg = (
+            "`batch_dim` must be None (dim 0, unless a sequence-first module says "
+            "otherwise) or an int >= 0 (the inputs' batch dimension), got "
+            f"{batch_dim!r}"
+        )
+        raise ValueError(msg)
     args, kwargs = _arguments(batch)
     labels = _labels(rnet, layers)
-    run = _Run(rnet, labels, args, kwargs, first_batch_size(args, kwargs))
     net = rnet.net
     passes = rnet._passes  # noqa: SLF001 (the engine's: options, in-place warnings)
     options = passes.plan.options  # the user's record options
@@ -782,6 +1217,7 @@ def check_recorder(
         ):
             warnings.simplefilter("ignore", InPlaceWarning)
             warnings.filterwarnings("ignore", "A left-padded batch", UserWarning)
+            run = _Run(rnet, labels, args, kwargs, batch_dim, _State(net))
             lines = _checks(run, options, rows=rows, dtype_copy=dtype_copy)
     finally:
         passes.warned.clear()
@@ -790,12 +1226,48 @@ def check_recorder(
     return CheckReport(lines)
 
 
+def check_net(
+    recorder: type[Any],
+    net: nn.Module,
+    batch: Any,
+    options: dict[str, Any],
+    recorder_kwargs: dict[str, Any],
+) -> CheckReport:
+    """Wrap ``net`` in a recorder and check it: see :func:`scio_recorder.check`.
+
+    ``recorder``: the :class:`~scio_recorder.Recorder` class (its module
+    imports this one); ``options``: the keywords of :func:`check_recorder`;
+    ``recorder_kwargs``: those of the recorder.
+
+    A recorder given as ``net`` is checked as it is (``rnet.check``): a
+    recorder wrapped in another would record its hooks' work twice.
+    """
+    if isinstance(net, recorder):
+        if recorder_kwargs:
+            msg = (
+                f"`net` is already a Recorder: the Recorder keywords "
+                f"{', '.join(sorted(recorder_kwargs))} cannot apply to it. Call "
+                "`rnet.check(batch, ...)` on it (it checks its own table and "
+                "selection), or pass the plain model to `check`."
+            )
+            raise TypeError(msg)
+        return check_recorder(net, batch, **options)
+    if not {"input_data", "input_size"} & recorder_kwargs.keys():
+        args, kwargs = _arguments(batch)
+        if args:  # keyword inputs beside positional ones go to the forward
+            recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
+        else:
+            recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
+    rnet = recorder(net, **recorder_kwargs)
+    return check_recorder(rnet, batch, **options)
+
+
 def _checks(
     run: _Run, options: RecordOptions, *, rows: int, dtype_copy: bool
 ) -> list[CheckLine]:
     rnet = run.rnet
-    with rnet.selecting(), _seeded(enabled=True):
-        plain = rnet(*run.args, **run.kwargs)
+    plain = run.plain()
+    unsplit = _sequence_first(run) if run.batch_dim is None else None
     chosen = dataclasses.asdict(options)
     chosen.pop("transforms", None)
     with rnet.selecting(*run.labels, **chosen):
@@ -809,22 +1281,29 @@ def _checks(
                 _check_calls(run, error),
             ]
         recorded = run.output
-        second = run.records(seed=False)
+        changed = run.state.changed()  # by one pass
+        second = run.records(seed=False, restore=False)  # from where `first` left it
+        determinism, note = _check_determinism(run, first, second, changed)
         lines = [
             _check_recording(run, plain, recorded),
-            _check_batch(run, first, rows),
-            _check_determinism(run, first, second),
+            _check_batch(run, first, rows, unsplit),
+            determinism,
             _check_dtype(run, first, copy_model=dtype_copy),
         ]
-    changed: dict[DepthIdx, float] = {}
+    moved: dict[DepthIdx, float] = {}
     if not options.clone:  # the records against copies taken as the calls end
         with rnet.selecting(*run.labels, **{**chosen, "clone": True}):
             copies = run.records(seed=True)
         for label in run.labels:
-            moved = max(
+            most = max(
                 (_difference(a, b) for a, b in _pairs(first[label], copies[label])),
                 default=0.0,
             )
-            if moved > 0:
-                changed[label] = moved
-    return [*lines, _check_inplace(run, changed), _check_calls(run, None)]
+            if most > 0:
+                moved[label] = most
+    lines += [_check_inplace(run, moved), _check_calls(run, None)]
+    if note is not None:
+        lines = [
+            line if line is determinism else _from_passes(line, note) for line in lines
+        ]
+    return lines

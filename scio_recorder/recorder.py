@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
-from ._batches import PaddingWatch, as_arguments
+from ._batches import PaddingWatch
 from ._copies import RecorderCopies
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
 from ._engine.early import check_early_exit
@@ -559,6 +559,7 @@ class Recorder(RecorderCopies):
         layers: Any = None,
         rows: int = 8,
         dtype_copy: bool = True,
+        batch_dim: int | None = None,
     ) -> CheckReport:
         """Check this recording job on ``batch``: see :func:`scio_recorder.check`.
 
@@ -576,9 +577,8 @@ class Recorder(RecorderCopies):
         """
         from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
 
-        return check_recorder(
-            self, batch, layers=layers, rows=rows, dtype_copy=dtype_copy
-        )
+        options = {"layers": layers, "rows": rows, "dtype_copy": dtype_copy}
+        return check_recorder(self, batch, **options, batch_dim=batch_dim)
 
     def generate(
         self,
@@ -865,20 +865,22 @@ class Recorder(RecorderCopies):
         )
 
 
-def check(
+def check(  # noqa: PLR0913 (the net, the batch, then keyword-only options)
     net: nn.Module,
     batch: Any,
     *,
     layers: Any = None,
     rows: int = 8,
     dtype_copy: bool = True,
+    batch_dim: int | None = None,
     **recorder_kwargs: Any,
 ) -> CheckReport:
     """Check a recording job: run ``net`` on ``batch`` a few ways and compare.
 
     Wraps ``net`` in a :class:`Recorder` (``recorder_kwargs``; ``batch`` is
     the reference input unless one is given) and runs the checks of
-    :mod:`scio_recorder.checks` (``docs/trusting.md``).
+    :mod:`scio_recorder.checks` (``docs/trusting.md``). A recorder given as
+    ``net`` is checked as it is (``net.check(batch, ...)``).
 
     Parameters
     ----------
@@ -893,8 +895,11 @@ def check(
         How many rows to run alone (the most padded first).
     dtype_copy : bool, default True
         Compare with a copy of the model in a wider dtype; ``False`` skips it.
+    batch_dim : int, optional
+        The inputs' batch dimension; default: 0, unless a sequence-first
+        module shows otherwise (then the batch check says it cannot split).
     **recorder_kwargs
-        Passed to :class:`Recorder`.
+        Passed to :class:`Recorder` (not with a recorder as ``net``).
 
     Returns
     -------
@@ -914,16 +919,11 @@ def check(
     ('batch',)
 
     """
-    from .checks import check_recorder  # noqa: PLC0415 (loaded when first used)
+    from .checks import check_net  # noqa: PLC0415 (loaded when first used)
 
-    if not {"input_data", "input_size"} & recorder_kwargs.keys():
-        args, kwargs = as_arguments(batch, spread=True)
-        if args:  # keyword inputs beside positional ones go to the forward
-            recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
-        else:
-            recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
-    rnet = Recorder(net, **recorder_kwargs)
-    return check_recorder(rnet, batch, layers=layers, rows=rows, dtype_copy=dtype_copy)
+    options = {"layers": layers, "rows": rows, "dtype_copy": dtype_copy}
+    options |= {"batch_dim": batch_dim}
+    return check_net(Recorder, net, batch, options, recorder_kwargs)
 
 
 _EARLY_EXIT_COMPILED = (

@@ -254,9 +254,10 @@ def test_stored_tokens_equal_a_forward_hook(tmp_path, model_name, side, dtype):
     assert len(ds.manifest["shards"]) == -(-len(ds) // 17)
 
 
-def test_the_pass_stops_after_the_last_stored_layer(tmp_path, monkeypatch):
-    """The layers after the last stored one do not run (early exit), and the
-    set equals the one a full pass writes."""
+def test_the_pass_stops_after_the_last_stored_layer(tmp_path):
+    """The layers after the last stored one do not run (early exit, by
+    default), and the set equals the one a full pass (`early_exit=False`)
+    writes."""
     model = gpt2()
     rnet = recorder(model)
     batches = make_batches("left", 2)
@@ -269,10 +270,36 @@ def test_the_pass_stops_after_the_last_stored_layer(tmp_path, monkeypatch):
     )
     early = write(rnet, batches, tmp_path / "early", layers=["transformer.h.0"])
     assert calls == {"lm_head": 0, "h.1": 0}
-    monkeypatch.setattr(_writer, "EARLY_EXIT", False)
-    full = write(rnet, batches, tmp_path / "full", layers=["transformer.h.0"])
+    full = write(
+        rnet, batches, tmp_path / "full", layers=["transformer.h.0"], early_exit=False
+    )
     assert calls == {"lm_head": 2, "h.1": 2}
     assert_same_set(early, full)
+    forced = write(
+        rnet, batches, tmp_path / "forced", layers=["transformer.h.0"], early_exit=True
+    )
+    assert calls == {"lm_head": 2, "h.1": 2}
+    assert_same_set(early, forced)
+
+
+def test_early_exit_by_default_runs_the_whole_net_when_its_output_is_stored(
+    tmp_path,
+):
+    """`early_exit=None` stops early unless a stored layer is the net's output
+    (depth 0), as `collect`'s; another value is refused, named."""
+    model = gpt2()
+    rnet = recorder(model)
+    calls = {"lm_head": 0}
+    model.lm_head.register_forward_hook(
+        lambda *_: calls.__setitem__("lm_head", calls["lm_head"] + 1)
+    )
+    batches = make_batches("right", 1)
+    write(rnet, batches, tmp_path / "a", layers={"logits": (0, 1)})
+    assert calls == {"lm_head": 1}
+    with pytest.raises(
+        TypeError, match=r"^`early_exit` must be None, True or False, got 1$"
+    ):
+        write(rnet, batches, tmp_path / "b", layers=["transformer.h.0"], early_exit=1)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -1399,6 +1426,66 @@ def test_a_flipped_bit_in_a_shard_is_refused_on_its_first_read(tmp_path, where):
     assert not torch.equal(read_back, truth)  # what verify=False would not see
 
 
+DAMAGED = "The manifest '{}' of the activation set is damaged or was edited: "
+REWRITE = (
+    "Write the set again with `write(..., overwrite=True)`, or restore the folder."
+)
+
+
+def test_a_set_with_checksums_refuses_one_taken_out_naming_the_file(tmp_path):
+    """Format 2 (every shard and the statistics checksummed): a `crc32` or
+    `stats_crc32` taken out of the manifest is refused, naming the file."""
+    # Taking them out turned the checks off: a damaged shard read silently.
+    ds = toy_set(tmp_path, stats=True)
+    assert ds.manifest["format"] == "scio_recorder.activations/2"
+    original = (tmp_path / "manifest.json").read_text()
+    shard = ds.manifest["shards"][2]["file"]
+    flip(tmp_path / shard, (tmp_path / shard).stat().st_size - 2)  # a value
+    edited_manifest(tmp_path, lambda m: m["shards"][2].pop("crc32"))
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + f"the shard '{shard}' has no 'crc32', which every set of format "
+        "'scio_recorder.activations/2' records, so it could not be verified. " + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+    (tmp_path / "manifest.json").write_text(original)
+    edited_manifest(tmp_path, lambda m: m.pop("stats_crc32"))
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + f"the statistics file '{ds.manifest['stats']}' has no 'stats_crc32', "
+        "which every set of format 'scio_recorder.activations/2' records, so it "
+        "could not be verified. " + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+
+
+def test_a_set_written_before_the_checksums_reads_unverified(tmp_path, monkeypatch):
+    """Format 1 (no checksums: before them, or written with them off) reads
+    as it is; an append to it stays format 1 and checks the checksums it has."""
+    monkeypatch.setattr(activations._shards, "CHECKSUM", False)
+    ds = toy_set(tmp_path)
+    assert ds.manifest["format"] == "scio_recorder.activations/1"
+    assert all("crc32" not in entry for entry in ds.manifest["shards"])
+    truth = ds[:]["proj"].clone()
+    monkeypatch.setattr(activations._shards, "CHECKSUM", True)
+    gen = torch.Generator().manual_seed(6)
+    more = [torch.randint(1, VOCAB, (3, 5), generator=gen)]
+    grown = write(
+        toy_recorder(), more, tmp_path, layers=["proj"], mask=None, shard_size=8,
+        append=True,
+    )  # fmt: skip
+    assert grown.manifest["format"] == "scio_recorder.activations/1"
+    new = [entry for entry in grown.manifest["shards"] if entry["part"] == 1]
+    assert new
+    assert all("crc32" in entry for entry in new)
+    assert torch.equal(ActivationDataset(tmp_path)[: len(truth)]["proj"], truth)
+    flip(tmp_path / new[0]["file"], (tmp_path / new[0]["file"]).stat().st_size - 2)
+    with pytest.raises(ValueError, match=r"is damaged: its bytes have the CRC-32 "):
+        ActivationDataset(tmp_path)[len(truth)]
+
+
 def test_verify_must_be_a_bool(tmp_path):
     toy_set(tmp_path)
     with pytest.raises(TypeError, match=r"^`verify` must be True or False, got 1$"):
@@ -1524,7 +1611,8 @@ ACCEPTED = (
     "a batch is token ids: a tensor [batch, positions], or a "
     "mapping of the net's keyword inputs (a tokenizer's output, "
     "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
-    "(e.g. `input=0, mask=1` for (ids, mask) tuples)."
+    "(e.g. `input=lambda b: {'input_ids': b[0], 'attention_mask': b[1]}, mask=1` "
+    "for (ids, mask) tuples)."
 )
 
 
@@ -1547,7 +1635,8 @@ ACCEPTED = (
         (
             (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3)),
             "a tuple",
-            " For (ids, mask) tuples pass `input=0, mask=1`.",
+            (" For (ids, mask) tuples pass `input=lambda b: {'input_ids': b[0], "
+             "'attention_mask': b[1]}, mask=1`: the model needs the mask too."),
         ),
     ],
 )  # fmt: skip
@@ -1566,12 +1655,19 @@ def test_an_ids_mask_tuple_is_a_batch_with_input_and_mask(tmp_path):
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[0, 3:] = 0
     ds = write(
-        toy_recorder(), [(ids, mask)], tmp_path, layers=["proj"], input=0, mask=1
-    )
+        toy_recorder(), [(ids, mask)], tmp_path, layers=["proj"],
+        input=lambda b: {"input_ids": b[0], "attention_mask": b[1]}, mask=1,
+    )  # fmt: skip
     assert len(ds) == 8
     with pytest.raises(TypeError, match=r"^Batch 0 gives the net no tensor"):
         write(toy_recorder(), [(None, mask)], tmp_path / "b", layers=["proj"],
               input=0, mask=1)  # fmt: skip
+    # A net whose forward takes no attention_mask: the mask only chooses tokens.
+    plain = nn.Sequential(nn.Embedding(VOCAB, 3), nn.Linear(3, 3))
+    rnet = Recorder(plain, input_data=torch.ones(1, 3, dtype=torch.long))
+    ds = write(rnet, [(ids, mask)], tmp_path / "c", layers=["1"], input=0, mask=1)
+    with torch.no_grad():
+        assert torch.equal(ds[:]["1"], plain(ids)[mask.bool()])
 
 
 def test_a_mask_of_other_rows_is_refused_before_the_pass(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+import warnings
 
 import hypothesis.strategies as st
 import pytest
@@ -475,3 +476,253 @@ def test_a_direct_call_with_left_padding_warns_once_naming_the_fix():
             quiet(**padded("right"))
             quiet(**Positions(quiet.net).add((), batch)[1])
         Recorder(llama(), input_data={"input_ids": batch["input_ids"][:1]})(**batch)
+
+
+# -- the padding mask reaches the model, or the write is refused -------------
+
+
+def test_an_ids_mask_tuple_reaches_the_model_with_its_mask(tmp_path):
+    """(ids, mask) batches: `input=0, mask=1` would store rows computed with
+    the padding attended to, so it is refused; the form the message names
+    gives the model the mask, and each row is stored as alone."""
+    # It stored left-padded rows 0.076 away from the row alone, silently.
+    from scio_recorder.activations import write  # noqa: PLC0415 (a heavier part)
+
+    model = gpt2()
+    batch = padded("left")
+    tuples = [(batch["input_ids"], batch["attention_mask"])]
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+    layer = "transformer.h.1"
+    msg = (
+        "`mask=1` of batch 0 pads some rows, but the net's inputs give "
+        "GPT2LMHeadModel no `attention_mask`, which its forward takes: the model "
+        "would attend to the padding (and number a left-padded row's tokens from "
+        "it), so a padded row's activations would depend on it. Give the model "
+        "the mask too, e.g. for (ids, mask) tuples `input=lambda b: {'input_ids': "
+        "b[0], 'attention_mask': b[1]}, mask=1` (`write` adds no input to the "
+        "model's but position ids). If the mask's zeros are not padding (a choice "
+        "of the tokens stored), give the model its own `attention_mask`."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        write(rnet, tuples, tmp_path / "refused", layers=[layer], input=0, mask=1)
+    assert not (tmp_path / "refused").exists()
+    ds = write(
+        rnet,
+        tuples,
+        tmp_path / "set",
+        layers=[layer],
+        input=lambda b: {"input_ids": b[0], "attention_mask": b[1]},
+        mask=1,
+    )
+    want = torch.cat([row[layer][0] for row in alone(model, batch, [layer])])
+    assert_rows_close(ds[torch.arange(len(ds))][layer], want)
+
+
+# -- the first and last real tokens of padded rows ---------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), min_size=4, max_size=4), min_size=1, max_size=4)
+)
+def test_cls_and_last_pool_each_rows_first_and_last_kept_token(rows):
+    """token="cls": the first token the mask keeps; "last": the last one."""
+    from scio_recorder.ood._layers import pool_features  # noqa: PLC0415
+
+    mask = torch.tensor(rows, dtype=torch.long)
+    value = torch.arange(mask.numel() * 2.0).reshape(*mask.shape, 2)
+    first = pool_features(value, token="cls", mask=mask)  # noqa: S106 (a token)
+    last = pool_features(value, token="last", mask=mask)  # noqa: S106
+    for row, keep in enumerate(rows):
+        kept = [i for i, k in enumerate(keep) if k] or [0, len(keep) - 1]
+        assert first[row].tolist() == value[row, kept[0]].tolist()
+        assert last[row].tolist() == value[row, kept[-1]].tolist()
+
+
+def _rows_alone(batches):
+    """Each row of (batch, labels) pairs as a batch of its own, unpadded."""
+    out = []
+    for batch, labels in batches:
+        for row, kept in enumerate(batch["attention_mask"].bool()):
+            ids = batch["input_ids"][row, kept][None]
+            one = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            out.append((one, labels[row : row + 1]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("token", "side"),
+    [("cls", "left"), ("cls", "right"), ("last", "left"), ("last", "right")],
+)
+def test_first_and_last_token_detectors_see_each_padded_row_as_alone(token, side):
+    """MahalanobisEnsemble(token="cls" or "last", mask=): fitted on padded
+    batches as on the rows alone, and each padded row scored as alone."""
+    # token="cls" took column 0: a left-padded row's pad (scored 0.0, and
+    # fitted on).
+    from scio_recorder.ood import MahalanobisEnsemble  # noqa: PLC0415
+
+    model = gpt2()
+    rnet = Recorder(model, input_data={"input_ids": padded(side)["input_ids"][:1]})
+    layers = ["transformer.h.0", "transformer.h.1"]
+    fit = [(padded(side, seed), torch.tensor([0, 1, 0])) for seed in range(1, 4)]
+    detectors = [
+        MahalanobisEnsemble(
+            rnet, layers, token=token, mask="attention_mask", shrinkage=0.5
+        ).fit(data, input=lambda b: b[0], target=1)
+        for data in (fit, _rows_alone(fit))
+    ]
+    for batched, single in zip(detectors[0].means, detectors[1].means, strict=True):
+        # means of features equal to float32 rounding (assert_rows_close)
+        assert_rows_close(batched, single)
+    batch = padded(side)
+    scores = detectors[0](**batch)
+    for (one, _), row in zip(_rows_alone([(batch, scores)]), range(3), strict=True):
+        single = detectors[0](**one)
+        # as in test_fitted_detector_scores_each_row_as_alone: the score is a
+        # quadratic form in features equal to float32 rounding
+        tol = 100 * 1024 * EPS32 * float(single.abs().max())
+        torch.testing.assert_close(scores[row : row + 1], single, atol=tol, rtol=0)
+
+
+# -- the gradient fits derive position ids as the other fits do ------------------
+
+
+def _classifier():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=32,
+        num_labels=3, pad_token_id=0,
+    )  # fmt: skip
+    return transformers.GPT2ForSequenceClassification(config).eval()
+
+
+def test_a_gradient_fit_counts_each_padded_row_as_alone():
+    """NAC.fit (its own gradient loop) on a left-padded batch: the histograms
+    of the rows alone; position_ids=None passes the batch as it is."""
+    # Its loop passed the batch as it was: a left-padded row's states were
+    # those of its tokens numbered from the padding.
+    from scio_recorder.ood import NAC  # noqa: PLC0415
+
+    model = _classifier()
+    batch = padded("left")
+    rnet = Recorder(model, input_data={"input_ids": batch["input_ids"][:1]})
+
+    def counts(data, **options):
+        nac = NAC(rnet, ["transformer.h.1"], token="mean", mask="attention_mask")  # noqa: S106 (a token)
+        return nac.fit(data, input=lambda b: b[0], **options).counts[0]
+
+    alone_counts = counts(_rows_alone([(batch, torch.zeros(3))]))
+    # Integer histograms: states equal to float32 rounding fall in the same bins
+    # (none of these lies within 1e-4 of a bin's edge).
+    assert torch.equal(counts([(batch, None)]), alone_counts)
+    with warnings.catch_warnings():  # the batch as it is, as asked: no warning
+        warnings.simplefilter("error")
+        as_is = counts([(batch, None)], position_ids=None)
+    assert not torch.equal(as_is, alone_counts)
+
+
+# -- position embeddings the net's forward does not reach ---------------------
+
+
+class Wrap(torch.nn.Module):
+    """A task head around a Hugging Face model, without `position_ids`."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.m = lm
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class NoIds(torch.nn.Module):
+    """DistilBERT-like: learned absolute positions, no `position_ids` taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.word_embeddings = torch.nn.Embedding(VOCAB, 8)
+        self.position_embeddings = torch.nn.Embedding(16, 8)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask=None):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        return self.proj(x)
+
+
+WRAPPED = (
+    "A left-padded batch (its `attention_mask` starts with padding) reached `m` "
+    "(GPT2LMHeadModel) inside Wrap, whose positions are learned absolute ones "
+    "and to which Wrap's forward gives no `position_ids`: each padded row's "
+    "tokens are numbered from its padding, so its activations differ from the "
+    "row run alone, and `write`, `collect` and the detectors cannot derive "
+    "position ids for it. Pad on the right (`tokenizer.padding_side = 'right'`), "
+    "or pass `position_ids` through Wrap's forward to `m` (`write`, `collect` "
+    "and the detectors then derive them from the mask). Shown once per recorder."
+)
+NO_IDS = (
+    "A left-padded batch (its `attention_mask` starts with padding) reached "
+    "NoIds, whose positions are learned absolute ones and whose forward takes no "
+    "`position_ids`: each padded row's tokens are numbered from its padding, so "
+    "its activations differ from the row run alone, and `write`, `collect` and "
+    "the detectors cannot derive position ids for it. Pad on the right "
+    "(`tokenizer.padding_side = 'right'`). Shown once per recorder."
+)
+
+
+def _run(path, rnet, batch, tmp_path):
+    """Feed ``batch`` to ``rnet`` through one path of the library."""
+    layer = "proj" if isinstance(rnet.net, NoIds) else "m.transformer.h.0.mlp"
+    if path == "direct":
+        rnet(**batch)
+    elif path == "write":
+        from scio_recorder.activations import write  # noqa: PLC0415
+
+        write(rnet, [batch], tmp_path / "set", layers=[layer])
+    elif path == "collect":
+        from scio_recorder import collect  # noqa: PLC0415
+
+        collect(rnet, [batch], {layer: "concat"}, input=lambda b: b)
+    else:  # a detector's fit and its scores
+        from scio_recorder.ood import MahalanobisEnsemble  # noqa: PLC0415
+
+        det = MahalanobisEnsemble(
+            rnet,
+            [layer],
+            token="mean",  # noqa: S106 (not a password)
+            mask="attention_mask",
+            shrinkage=0.5,
+        )
+        det.fit([(batch, torch.tensor([0, 1, 0]))], input=lambda b: b[0], target=1)
+        det.score(**batch)
+
+
+@pytest.mark.parametrize(
+    ("net", "path"),
+    [
+        (net, path)
+        for net in ("wrap", "no_ids")
+        for path in ("direct", "write", "collect", "detector")
+    ],
+)
+def test_absolute_positions_the_net_cannot_give_ids_warn_once(net, path, tmp_path):
+    """A left-padded batch warns once, naming the module and the fix, when the
+    positions are a module's the net gives no `position_ids` (a wrapper around
+    GPT-2, a DistilBERT-like model); right padding does not."""
+    # Neither warned: the wrapped GPT-2's left-padded rows were stored 0.078
+    # away from the row alone, silently.
+    import warnings  # noqa: PLC0415
+
+    model = Wrap(gpt2()).eval() if net == "wrap" else NoIds()
+    message = WRAPPED if net == "wrap" else NO_IDS
+    ids = padded("left")["input_ids"][:1]
+    rnet = Recorder(model, input_data={"input_ids": ids})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run(path, rnet, padded("right"), tmp_path / "right")
+    with pytest.warns(UserWarning, match=f"^{re.escape(message)}$") as caught:
+        _run(path, rnet, padded("left"), tmp_path / "left")
+    assert [str(w.message) for w in caught] == [message]  # once
+    assert caught[0].filename == __file__

@@ -12,6 +12,7 @@ against the same quantity computed here from plain runs of the model.
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -28,6 +29,11 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| over max |b|: the report's measure, computed here."""
     a, b = a.double(), b.double()
     return float((a - b).abs().max() / b.abs().max())
+
+
+def relative32(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The same measure, the difference taken in float32 (as the check's is)."""
+    return float((a - b).abs().max()) / float(b.abs().max())
 
 
 def mlp() -> nn.Module:
@@ -276,3 +282,403 @@ def test_one_row_without_padding_cannot_be_compared():
     report = check(mlp(), torch.randn(1, 4))
     assert report.warned == ("batch",)
     assert report["batch"].cause.startswith("the batch has one row and no padding")
+
+
+# -- what the check cannot compare, it says (never a PASS for nothing) ---------
+
+
+class Flat(nn.Module):
+    """Flattens [B, T, 4] to [B*T, 4] before a BatchNorm: no record has dim 0 B."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.bn(x.reshape(-1, 4)))
+
+
+def test_records_without_a_batch_dimension_are_reported_not_passed():
+    """[B*T, F] records cannot be cut by row without guessing T: WARN, not PASS."""
+    torch.manual_seed(0)
+    net = Flat().train()
+    x = torch.randn(3, 5, 4)
+    with torch.no_grad():  # the rows do mix: row 0 in the batch is not row 0 alone
+        assert relative(net(x)[:5], net(x[:1])) > 0.1
+    line = check(net, x)["batch"]
+    assert line.status == "WARN"
+    assert line.magnitude is None
+    assert line.layers == {}
+    assert line.cause == (
+        "not compared: records of 0-1 (Flat (the whole net)), 1-1 (BatchNorm1d "
+        "`bn`), 1-2 (Linear `lin`) have no batch dimension of size 3 (a record of the "
+        "whole batch, or rows reshaped into another dimension); a BatchNorm in train "
+        "mode (`bn`) ties rows together whatever the layout: call net.eval()"
+    )
+
+
+class Pooled(nn.Module):
+    """A per-row field beside a statistic of the batch (``shared``: keepdim)."""
+
+    def __init__(self, *, keepdim: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.keepdim = keepdim
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.lin(x)
+        return {"h": h, "mean": h.mean(0, keepdim=self.keepdim)}
+
+
+def test_a_field_of_the_whole_batch_is_reported_beside_the_compared_ones():
+    """The per-row field is compared; the mean over the batch is named, not passed."""
+    torch.manual_seed(0)
+    line = check(Pooled(keepdim=False).eval(), torch.randn(5, 4))["batch"]
+    assert line.status == "WARN"
+    assert set(line.layers) == {"0-1", "1-1"}
+    assert line.cause.startswith(
+        "each row's records alone equal its records in the batch"
+    )
+    assert line.cause.endswith(
+        ", where compared; not compared: records of 0-1 (Pooled (the whole net)) "
+        "have no batch dimension of size 5 (a record of the whole batch, or rows "
+        "reshaped into another dimension)"
+    )
+
+
+def test_a_record_shared_by_the_rows_is_compared_with_the_row_alone():
+    """A [1, F] mean over the batch, against the row alone's: it mixes rows."""
+    torch.manual_seed(0)
+    net = Pooled(keepdim=True).eval()
+    x = torch.randn(5, 4)
+    line = check(net, x)["batch"]
+    assert line.status == "FAIL"
+    with torch.no_grad():  # the mean of the batch against each row's own "mean"
+        want = max(
+            relative32(net(x)["mean"], net(x[r : r + 1])["mean"]) for r in range(5)
+        )
+    assert line.magnitude == pytest.approx(want, rel=1e-9)
+    assert line.where.startswith("0-1 (Pooled (the whole net)), row ")
+    assert "records depend on its batch-mates" in line.cause
+
+
+# -- state kept between passes -------------------------------------------------
+
+
+class Stream(nn.Module):
+    """Streaming state in a buffer, changed in place and returned as is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("state", torch.zeros(5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state.add_(self.lin(x))
+        return self.state
+
+
+def test_state_kept_in_a_buffer_fails_determinism_and_nothing_else():
+    """Two passes differ by what the first left in the buffer; the others do not."""
+    torch.manual_seed(0)
+    net = Stream().eval()
+    x = torch.randn(5, 4)
+    report = check(net, x)
+    assert report.failed == ("determinism",)
+    line = report["determinism"]
+    with torch.no_grad():  # two plain passes from the state the check found
+        fresh = Stream().eval()
+        fresh.load_state_dict(net.state_dict())
+        first, second = fresh(x).clone(), fresh(x).clone()
+    assert line.magnitude == pytest.approx(relative(second, first), rel=1e-9)
+    assert line.where == "0-1 (Stream (the whole net))"
+    assert line.cause.startswith(
+        "state kept between passes: a pass changes the buffer `state` in place and "
+        "the next pass reads it"
+    )
+    assert report["recording"].status == "PASS"
+    assert report["dtype"].status == "PASS"
+    assert torch.equal(net.state, torch.zeros(5, 4))  # left as it was
+
+
+class Counter(nn.Module):
+    """State in a plain attribute: the check cannot put it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x) * self.calls
+
+
+def test_state_outside_the_buffers_is_named_on_the_lines_it_moves():
+    """No fused path, no ill-conditioned layer: the passes started elsewhere."""
+    torch.manual_seed(0)
+    report = check(Counter().eval(), torch.randn(5, 4))
+    assert report["determinism"].cause == (
+        "two passes on the same batch differ, even from the same random state and "
+        "buffers: the net keeps state between passes outside its buffers (an "
+        "attribute a pass changes)"
+    )
+    note = (
+        "the net keeps state between passes (see determinism), so the passes "
+        "compared here did not start from the same state: this difference may come "
+        "from that"
+    )
+    for name in ("recording", "batch", "dtype"):
+        assert report[name].status == "FAIL"
+        assert report[name].cause == note
+
+
+class Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + torch.randn_like(x)
+
+
+def test_random_draws_outside_dropout_are_named():
+    torch.manual_seed(0)
+    report = check(Noisy().eval(), torch.randn(5, 4))
+    assert report["determinism"].cause.endswith(
+        "the forward draws random numbers (a random operation other than an "
+        "nn.Dropout in train mode)"
+    )
+    assert report["recording"].status == "PASS"  # the same random state: equal
+    assert report["dtype"].cause.startswith("the forward draws random numbers")
+
+
+# -- the dtype line of models a wider copy cannot stand for -----------------------
+
+
+class Int8Linear(nn.Module):
+    """int8 weights with a scale, dequantized in the forward (bitsandbytes-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        weight = torch.randn(4, 4)
+        scale = weight.abs().amax(1, keepdim=True) / 127
+        self.weight = nn.Parameter(
+            (weight / scale).round().to(torch.int8), requires_grad=False
+        )
+        self.register_buffer("scale", scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ (self.weight.to(x.dtype) * self.scale.to(x.dtype)).T
+
+
+def test_quantized_weights_are_not_passed_by_a_copy_that_keeps_them():
+    """int8 weights stay int8 in a float64 copy: the line says it cannot check."""
+    report = check(Int8Linear().eval(), torch.randn(3, 4))
+    line = report["dtype"]
+    assert line.status == "WARN"
+    assert line.magnitude is None
+    assert line.cause.startswith(
+        "not checked: quantized weights (`Int8Linear` (Parameter)): a wider copy "
+        "keeps their quantized values"
+    )
+
+
+@pytest.mark.parametrize("kind", ["weight-only", "dynamic"])
+def test_torchao_models_warn_dtype_instead_of_passing_or_raising(kind):
+    """Weight-only: the copy was still int8 (a false PASS); dynamic: it raised."""
+    quantization = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    config = {
+        "weight-only": quantization.Int8WeightOnlyConfig,
+        "dynamic": quantization.Int8DynamicActivationInt8WeightConfig,
+    }[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's notes on its kernels
+        quantization.quantize_(net, config)
+    report = check(net, torch.randn(4, 32))
+    assert report["dtype"].status == "WARN"
+    assert report["dtype"].cause.startswith(
+        "not checked: quantized weights (`0` (Int8Tensor), `2` (Int8Tensor)): "
+    )
+
+
+class Float32Only(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            msg = "float32 only"
+            raise TypeError(msg)
+        return self.lin(x)
+
+
+def test_a_wider_copy_that_raises_is_reported_and_the_report_kept():
+    report = check(Float32Only().eval(), torch.randn(3, 4))
+    assert report["dtype"].status == "WARN"
+    assert report["dtype"].cause == (
+        "not checked: a copy of the model in float64 raised TypeError (float32 only)"
+    )
+    assert report.failed == ()
+
+
+def test_a_tensor_parallel_model_skips_the_wider_copy_on_every_rank(tmp_path):
+    """DTensor parameters (a one-rank mesh here): no copy, a WARN saying why.
+
+    The skip is decided by the model's structure, the same on every rank, so
+    no rank copies (and dies) while another waits in a collective.
+    """
+    dist = pytest.importorskip("torch.distributed")
+    parallel = pytest.importorskip("torch.distributed.tensor.parallel")
+    mesh = pytest.importorskip("torch.distributed.device_mesh")
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1
+    )
+    try:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+        parallel.parallelize_module(
+            net,
+            mesh.init_device_mesh("cpu", (1,)),
+            {"0": parallel.ColwiseParallel(), "2": parallel.RowwiseParallel()},
+        )
+        report = check(net, torch.randn(3, 4))
+    finally:
+        dist.destroy_process_group()
+    assert report["dtype"].status == "WARN"
+    assert report["dtype"].cause == (
+        "not checked: a tensor-parallel model (DTensor parameters): a wider copy "
+        "would copy every rank's shards; check the unsharded model"
+    )
+    assert report.failed == ()
+
+
+# -- the batch dimension -----------------------------------------------------------
+
+
+def test_a_sequence_first_lstm_is_not_failed_for_mixing_time_steps():
+    """[T, B, F] into nn.LSTM: dim 0 is time, so the batch cannot be cut there."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 4).eval()
+    x = torch.randn(7, 3, 4)
+    line = check(lstm, x)["batch"]
+    assert line.status == "WARN"
+    assert line.cause == (
+        "cannot split the batch: `LSTM` (LSTM, batch_first=False) takes [7, 3, 4], "
+        "its batch on dim 1, and the inputs' dim 0 (7) is not that batch (a "
+        "sequence-first input); pass batch_dim=1 if dim 1 of the inputs is their batch"
+    )
+    report = check(lstm, x, batch_dim=1)  # each row cut on dim 1, run alone
+    with torch.no_grad():
+        want = max(
+            relative(whole[:, r : r + 1] if whole.dim() == 3 else whole, single)
+            for r in range(3)
+            for whole, single in zip(
+                [lstm(x)[0], *lstm(x)[1]],
+                [lstm(x[:, r : r + 1])[0], *lstm(x[:, r : r + 1])[1]],
+                strict=True,
+            )
+        )
+    assert report["batch"].status == "PASS"
+    assert report["batch"].magnitude == pytest.approx(want, rel=1e-9)
+    with pytest.raises(ValueError, match=r"^`batch_dim` must be None"):
+        check(lstm, x, batch_dim=-1)
+
+
+class Transposing(nn.Module):
+    """Takes [B, T, F] and feeds its sequence-first LSTM [T, B, F]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x.transpose(0, 1))[0].transpose(0, 1)
+
+
+def test_a_net_that_transposes_for_its_lstm_splits_on_dim_0():
+    torch.manual_seed(0)
+    line = check(Transposing().eval(), torch.randn(3, 7, 4))["batch"]
+    assert line.status == "PASS"
+    assert set(line.layers) == {"0-1", "1-1"}
+
+
+# -- rows that cannot run alone ----------------------------------------------------
+
+
+def test_an_all_padding_row_is_skipped_and_the_others_compared():
+    """Row 1 is all padding: said so; rows 0 and 2 are compared, bit-equal."""
+    model = gpt2()
+    mask = torch.tensor([[1] * 8, [0] * 8, [0] * 5 + [1] * 3])
+    batch = {
+        "input_ids": torch.randint(1, 50, (3, 8)) * mask,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+    }
+    line = check(model, batch, layers=["transformer.h.1"])["batch"]
+    assert line.status == "WARN"
+    assert list(line.layers.values()) == [0.0]  # transformer.h.1, bit-equal
+    assert line.cause.endswith(
+        "where compared; row 1 has no real token (all padding): not run alone"
+    )
+    assert "raised" not in line.cause
+
+
+class Picky(nn.Module):
+    """Refuses a batch of one row whose first value is negative."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1 and bool(x[0, 0] < 0):
+            msg = "negative lead"
+            raise ValueError(msg)
+        return self.lin(x)
+
+
+def test_a_row_that_raises_alone_does_not_stop_the_others():
+    torch.manual_seed(0)
+    x = torch.randn(4, 4).abs()
+    x[1, 0] = -1.0
+    line = check(Picky().eval(), x, force_static_flow=False)["batch"]
+    assert line.status == "WARN"
+    assert line.cause.endswith(
+        "; row 1 alone raised ValueError (negative lead): not compared"
+    )
+    assert "padding" not in line.cause
+    assert set(line.layers) == {"0-1", "1-1"}  # rows 0, 2 and 3
+
+
+# -- a recorder given to the function ------------------------------------------------
+
+
+def test_check_of_a_recorder_is_its_own_check():
+    net = conv_bn(inplace=True)
+    rnet = Recorder(net, input_size=(1, 3, 6, 6))
+    batch = torch.randn(4, 3, 6, 6)
+    assert str(check(rnet, batch)) == str(rnet.check(batch))
+    with pytest.raises(
+        TypeError,
+        match=r"^`net` is already a Recorder: the Recorder keywords "
+        r"force_static_flow cannot apply to it\. Call `rnet\.check\(batch, \.\.\.\)`",
+    ):
+        check(rnet, batch, force_static_flow=False)
+
+
+def test_the_padding_warning_points_at_the_line_that_asked_for_the_summary():
+    """A recorder run by torchinfo's pass: the warning names this file."""
+    torchinfo = pytest.importorskip("torchinfo")
+    rnet = Recorder(gpt2(), input_data={"input_ids": torch.ones(1, 4, dtype=int)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torchinfo.summary(rnet, input_data=padded("left"), verbose=0)
+    shown = [w for w in caught if "A left-padded batch" in str(w.message)]
+    assert [w.filename for w in shown] == [__file__]

@@ -176,7 +176,7 @@ def test_nac_refuses_an_unknown_pooling_naming_it():
     rnet = Recorder(demo_model(3), input_size=(1, 3, 32, 32))
     with pytest.raises(
         ValueError,
-        match=r"^NAC: token must be one of \['cls', 'mean', 'sum'\], got 'max'",
+        match=r"^NAC: token must be one of \['cls', 'mean', 'sum', 'last'\], got 'max'",
     ):
         NAC(rnet, ["features.1", "classifier.2"], token=["sum", "max"])
     with pytest.raises(ValueError, match=r"^NAC: token has 3 values for 2 layers"):

@@ -154,6 +154,38 @@ def test_k_below_the_nonzeros_keeps_the_largest_or_refuses(lm, tmp_path):
     assert torch.equal(exact[:]["f"], full)
 
 
+def test_statistics_describe_the_latents_stored_not_every_latent(lm, tmp_path):
+    """`stats=True` on top-k pairs of a ReLU SAE: the statistics of the latents
+    read back (the k kept, zeros elsewhere), not of the SAE's whole output."""
+    # They were of every latent: on a ReLU SAE with many nonzeros, the mean
+    # and the norm of latents the set does not hold.
+    model, rnet, batches = lm
+    sae = random_sae("relu")
+    ds = write(
+        rnet,
+        batches[:2],
+        tmp_path / "set",
+        layers={"f": SparseLatents(sae, BLOCK, k=3)},
+        stats=True,
+        shuffle_buffer=8,
+    )
+    with torch.no_grad():
+        full = torch.cat([sae.encode(rows) for rows in kept_rows(model, batches[:2])])
+    assert int((full != 0).sum(1).max()) > 3  # some latents are not stored
+    x = ds[:]["f"].double()  # float32 values stored as computed: no cast
+    mean = x.sum(0) / x.shape[0]
+    var = ((x - mean) ** 2).sum(0) / x.shape[0]
+    norm = torch.linalg.vector_norm(x, dim=1).sum() / x.shape[0]
+    got = ds.stats["f"]
+    # Chan's merge of per-batch float64 summaries against one two-pass sum
+    # over the same float32 values: a few float64 roundings of O(1) sums.
+    torch.testing.assert_close(got["mean"], mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got["var"], var, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got["norm"], norm, rtol=1e-12, atol=1e-12)
+    assert int(got["count"]) == x.shape[0]
+    assert not torch.allclose(got["mean"], full.double().mean(0))
+
+
 def test_values_in_bfloat16_and_indices_in_int32_for_large_saes(lm, tmp_path):
     """dtype=bfloat16 casts the values; past 32,768 latents indices are int32."""
     model, rnet, batches = lm

@@ -760,13 +760,21 @@ def user_stacklevel() -> int:
     """Return the ``stacklevel`` that points a warning at the user's code.
 
     Counts frames from the caller of this function up to the first one
-    outside this package and outside torch's ``Module.__call__`` machinery.
+    outside this package, torch's ``Module.__call__`` machinery and
+    torchinfo: a pass run by a summary (a recorder's reference pass,
+    ``torchinfo.summary(rnet, ...)``) was asked for by the line that asked
+    for the summary, not by torchinfo's own ``model(**x)``.
     """
+    torchinfo = sys.modules.get("torchinfo")
+    skipped = [_PACKAGE_DIR]
+    if torchinfo is not None and torchinfo.__file__:
+        skipped.append(os.path.normcase(Path(torchinfo.__file__).parent))
+    inside = tuple(skipped)
     level = 1
     frame = sys._getframe(1)  # noqa: SLF001 (the only way to walk the stack)
     while frame is not None:
         filename = os.path.normcase(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR) and filename != _TORCH_MODULE_FILE:
+        if not filename.startswith(inside) and filename != _TORCH_MODULE_FILE:
             return level
         frame = frame.f_back  # type: ignore[assignment]
         level += 1

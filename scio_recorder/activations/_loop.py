@@ -22,7 +22,7 @@ writing the shards did), at the end, and after an error between batches.
 
 from __future__ import annotations
 
-__all__ = ["EARLY_EXIT", "RankWriter", "progress_name", "shard_name"]
+__all__ = ["RankWriter", "progress_name", "shard_name"]
 
 import errno
 import json
@@ -60,15 +60,6 @@ if TYPE_CHECKING:
     from ._tokens import Batches, LayerSpec
 
 logger = logging.getLogger("scio_recorder.activations")
-
-EARLY_EXIT = True
-"""Whether passes stop after the last stored call (``rnet(..., early_exit=True)``).
-
-The layers after it do not run (the final norm and the unembedding of a
-language model, when the last block is the last layer stored); the records
-are those of a full pass. Off only to measure what it saves
-(``benchmarks/activations.py``).
-"""
 
 PROGRESS_FORMAT = "scio_recorder.activations.progress/1"
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -108,8 +99,11 @@ class RankWriter:
         dtype: torch.dtype | None,
         durable: bool,
         expected: dict[str, tuple[torch.dtype, list[int]]] | None = None,
+        early_exit: bool = True,
     ) -> None:
         self.folder = folder
+        self.options = {"early_exit": True} if early_exit else {}
+        """The recorder's own options of every pass (``write(early_exit=)``)."""
         self.specs = specs
         self.part, self.rank = part, rank
         self.fingerprint = fingerprint
@@ -307,17 +301,11 @@ class RankWriter:
 
     def step(self, rnet: Recorder, batch: Any, index: int, source: Batches) -> int:
         """Run one batch and feed its kept tokens; return how many."""
-        args, kwargs = source.arguments(batch, index)
-        source.check_no_padding(args, kwargs, index)
-        mask = source.padding_mask(batch, index)
-        source.check_mask_shape(mask, args, kwargs, index)
+        args, kwargs, mask = source.checked(batch, index)
         digest = source.digest(self.digest, args, kwargs, mask)
         args, kwargs = source.positions.add(*source.move(args, kwargs))
         with torch.no_grad():
-            if EARLY_EXIT:
-                rnet(*args, early_exit=True, **kwargs)
-            else:
-                rnet(*args, **kwargs)
+            rnet(*args, **self.options, **kwargs)
         records, inputs = rnet.activations, rnet.inputs
         values = [
             record_tensor(
@@ -335,10 +323,14 @@ class RankWriter:
         for spec, value in zip(self.specs, values, strict=True):
             if spec.sparse is None:
                 rows, cast = take(value, keep, spec, self.dtype)
-            else:  # the SAE's latents of the rows, and their pairs packed
-                rows, cast = spec.sparse.pack(
-                    take(value, keep, spec, None)[0], spec.name, self.dtype
+            else:  # the SAE's latents stored (for the statistics), packed
+                latents, cast = spec.sparse.pack(
+                    take(value, keep, spec, None)[0],
+                    spec.name,
+                    self.dtype,
+                    kept=bool(self.moments),
                 )
+                rows = cast if latents is None else latents
             recorded[spec.name] = rows
             stored[spec.name] = cast.to("cpu", memory_format=torch.contiguous_format)
         where = keep.nonzero().to("cpu")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
+    "FORMAT_UNCHECKED",
     "MANIFEST",
     "assemble",
     "column_dtypes",
@@ -59,8 +61,18 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 """The manifest file of an activation set."""
 
-FORMAT = "scio_recorder.activations/1"
-"""The format this version writes and reads (the manifest's ``"format"``)."""
+FORMAT = "scio_recorder.activations/2"
+"""The format of a set with checksums (the manifest's ``"format"``): every
+shard's ``crc32``, and ``stats_crc32`` with statistics, are there; a missing
+one is refused, naming the shard (a set that reads as if it had none would
+not be verified)."""
+
+FORMAT_UNCHECKED = "scio_recorder.activations/1"
+"""The format of a set written before the checksums (or with them off): a
+shard's ``crc32``, where present, is checked; a missing one is not noticed."""
+
+FORMATS = (FORMAT_UNCHECKED, FORMAT)
+"""The formats this version reads."""
 
 
 def stats_name(part: int) -> str:
@@ -103,9 +115,15 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
         raise _damaged(path, f"it is not JSON ({error})", fix) from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
         found = data.get("format") if isinstance(data, dict) else None
-        raise _damaged(path, f"its format is {found!r}, not {FORMAT!r}", fix)
+        raise _damaged(
+            path,
+            f"its format is {found!r}, not {FORMAT!r} (or {FORMAT_UNCHECKED!r}, a "
+            "set written before the checksums)",
+            fix,
+        )
+    checked = data["format"] == FORMAT
     layers = data.get("layers")
     if not isinstance(layers, dict) or not layers:
         raise _damaged(path, f"'layers' is {layers!r}", fix)
@@ -131,6 +149,8 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
             or ("crc32" in entry and not is_crc32(entry["crc32"]))
         ):
             raise _damaged(path, f"the shard entry {entry!r} is not valid", fix)
+        if checked and "crc32" not in entry:
+            raise _damaged(path, _missing(f"the shard {entry['file']!r}", "crc32"), fix)
     for field in ("tokens", "rows"):
         if not is_count(data.get(field)):
             raise _damaged(path, f"{field!r} is {data.get(field)!r}", fix)
@@ -153,7 +173,18 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
     crc = data.get("stats_crc32")
     if crc is not None and not is_crc32(crc):
         raise _damaged(path, f"'stats_crc32' is {crc!r}", fix)
+    if checked and stats is not None and crc is None:
+        raise _damaged(
+            path, _missing(f"the statistics file {stats!r}", "stats_crc32"), fix
+        )
     return data
+
+
+def _missing(what: str, key: str) -> str:
+    return (
+        f"{what} has no {key!r}, which every set of format {FORMAT!r} records, "
+        "so it could not be verified"
+    )
 
 
 _SHARD = re.compile(r"shard-p(\d+)-r(\d+)-(\d+)\.safetensors")
@@ -383,8 +414,14 @@ def assemble(  # noqa: PLR0913 (what a part adds)
         stats_crc = checksum(data)
         write_atomic(folder / stats_file, lambda path: path.write_bytes(data))
     tokens_part = sum(int(s["tokens"]) for s in ranks)
+    # Format 2 only when every shard and the statistics have a checksum: an
+    # append to a set written before them (or a write with them off) gives
+    # a set of format 1, whose missing checksums are not noticed.
+    checked = all("crc32" in entry for entry in shards) and (
+        statistics is None or stats_crc is not None
+    )
     manifest: dict[str, Any] = {
-        "format": FORMAT,
+        "format": FORMAT if checked else FORMAT_UNCHECKED,
         "library_version": library_version(),
         "complete": True,
         "tokens": sum(int(entry["tokens"]) for entry in shards),

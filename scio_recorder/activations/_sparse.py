@@ -181,12 +181,15 @@ class SparseLatents:
         return digest
 
     def pack(
-        self, rows: Tensor, name: str, dtype: torch.dtype | None
-    ) -> tuple[Tensor, Tensor]:
-        """Return the latents of ``rows`` (``[tokens, d]``), and their packed pairs.
+        self, rows: Tensor, name: str, dtype: torch.dtype | None, *, kept: bool = False
+    ) -> tuple[Tensor | None, Tensor]:
+        """Return the latents stored of ``rows`` (``[tokens, d]``), and their pairs.
 
         The pairs are ``[tokens, row_bytes]`` ``uint8``: the ``k`` values
-        (cast to ``dtype``, default float32), then their indices.
+        (cast to ``dtype``, default float32), then their indices. With
+        ``kept``, the first is the dense ``[tokens, d_sae]`` latents the pairs
+        hold (the ``k`` stored, the others 0), before the cast: what the set
+        reads back dense, and what ``stats=True`` describes; else ``None``.
         """
         latents = self.sae.encode(rows)
         if not isinstance(latents, Tensor) or list(latents.shape) != [
@@ -231,7 +234,9 @@ class SparseLatents:
             ],
             dim=1,
         )
-        return latents, packed
+        if not kept:
+            return None, packed
+        return torch.zeros_like(latents).scatter_(1, indices, values), packed
 
 
 def sparse_info(entry: Mapping[str, Any]) -> dict[str, Any] | None:

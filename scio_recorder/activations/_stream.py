@@ -63,8 +63,9 @@ def token_batches(  # noqa: PLR0913 (write's options)
     ------
     ValueError, TypeError, KeyError
         As :func:`write` does for a batch: no mask entry, a mask that is
-        not 0 and 1, padding with ``mask=None``; and for ``mask=None`` on
-        a batch without token ids.
+        not 0 and 1 or not of the ids' shape, padding with ``mask=None``,
+        padding the model is given no ``attention_mask`` for; and for
+        ``mask=None`` on a batch without token ids.
 
     Examples
     --------
@@ -92,9 +93,7 @@ def token_batches(  # noqa: PLR0913 (write's options)
         position_ids=position_ids,
     )
     for index, batch in enumerate(batches):
-        args, kwargs = source.arguments(batch, index)
-        source.check_no_padding(args, kwargs, index)
-        padding = source.padding_mask(batch, index)
+        args, kwargs, padding = source.checked(batch, index)
         ids = token_ids(args, kwargs)
         if padding is not None:
             shape = (int(padding.shape[0]), int(padding.shape[1]))

@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import Positions, as_arguments, batch_getter, move_to
+from scio_recorder._batches import (
+    Positions,
+    argument,
+    as_arguments,
+    batch_getter,
+    move_to,
+    takes_argument,
+    watch_padding,
+)
 from scio_recorder._engine.state import pick_argument
 from scio_recorder.collect import InputOf
 from scio_recorder.layers import label_str
@@ -274,11 +282,14 @@ def token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
     return None
 
 
+_TUPLES = "input=lambda b: {'input_ids': b[0], 'attention_mask': b[1]}, mask=1"
+"""The options for ``(ids, mask)`` batches: the model sees the mask too."""
+
 _ACCEPTED = (
     "a batch is token ids: a tensor [batch, positions], or a "
     "mapping of the net's keyword inputs (a tokenizer's output, "
     "`{'input_ids': ..., 'attention_mask': ...}`); other forms with `input=` "
-    "(e.g. `input=0, mask=1` for (ids, mask) tuples)."
+    f"(e.g. `{_TUPLES}` for (ids, mask) tuples)."
 )
 
 
@@ -286,9 +297,10 @@ def check_batch(batch: object, index: int, input: Any) -> None:  # noqa: A002 (t
     """Refuse a batch that is not token ids, naming it and what is accepted.
 
     With ``input=None`` a batch is a tensor or a mapping; lists, strings,
-    ``None``, numpy arrays and tuples (``(ids, mask)``: ``input=0,
-    mask=1``) are named with the fix. With ``input=`` given, ``None`` and
-    strings are refused; the rest is what ``input`` takes from it.
+    ``None``, numpy arrays and tuples (``(ids, mask)``: an ``input=`` that
+    gives the model the mask too, and ``mask=1``) are named with the fix.
+    With ``input=`` given, ``None`` and strings are refused; the rest is what
+    ``input`` takes from it.
     """
     if isinstance(batch, Tensor | Mapping) or (
         input is not None and not isinstance(batch, str | bytes) and batch is not None
@@ -303,7 +315,9 @@ def check_batch(batch: object, index: int, input: Any) -> None:  # noqa: A002 (t
     elif isinstance(batch, list):
         hint = " Make a tensor of the ids (`torch.tensor(ids)`), or tokenize them."
     elif isinstance(batch, tuple):
-        hint = " For (ids, mask) tuples pass `input=0, mask=1`."
+        hint = (
+            f" For (ids, mask) tuples pass `{_TUPLES}`: the model needs the mask too."
+        )
     elif hasattr(batch, "__array__"):
         hint = " Convert it with `torch.as_tensor(batch)`."
     msg = f"Batch {index} is {what}: {_ACCEPTED}{hint}"
@@ -333,6 +347,66 @@ class Batches:
         self.padding_id = _padding_id(rnet)
         self.positions = Positions.of(rnet.net, position_ids)
         """Position ids from the padding mask (``write(position_ids=)``)."""
+        self.rnet = rnet
+        self.takes_mask = takes_argument(rnet.net, "attention_mask")
+        """Whether the net's forward takes ``attention_mask``, and where."""
+
+    def checked(
+        self, batch: Any, index: int
+    ) -> tuple[tuple[Any, ...], dict[str, Any], Tensor | None]:
+        """Return batch ``index``'s arguments and padding mask, every check made.
+
+        What a batch is (:meth:`arguments`), padding without a mask
+        (:meth:`check_no_padding`), the mask's shape against the ids
+        (:meth:`check_mask_shape`), and padding the net cannot see
+        (:meth:`check_mask_seen`), before anything runs.
+        """
+        args, kwargs = self.arguments(batch, index)
+        self.check_no_padding(args, kwargs, index)
+        mask = self.padding_mask(batch, index)
+        self.check_mask_shape(mask, args, kwargs, index)
+        self.check_mask_seen(mask, args, kwargs, index)
+        return args, kwargs, mask
+
+    def check_mask_seen(
+        self,
+        mask: Tensor | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+    ) -> None:
+        """Refuse padding the net cannot see; watch a left-padded mask.
+
+        ``mask`` chooses the tokens stored, and the net sees only what
+        ``input=`` gives it (``write`` adds no input but position ids derived
+        from an ``attention_mask`` the net is given). A mask that pads some
+        row, when the net's forward takes an ``attention_mask`` and the
+        batch gives it none, would let the model attend to the padding and
+        shift the row's positions: refused, naming the fix. Where the net
+        takes no ``attention_mask``, a left-padded mask is shown to the
+        recorder's padding watch (a Hugging Face model inside the net that
+        numbers positions from the padding is warned about once).
+        """
+        if mask is None or bool(mask.all()):
+            return
+        takes, where = self.takes_mask
+        if argument("attention_mask", args, kwargs, where) is not None:
+            return
+        if not takes:
+            watch_padding(self.rnet, {"attention_mask": mask})
+            return
+        net = type(self.rnet.net).__name__
+        msg = (
+            f"`mask={self.mask!r}` of batch {index} pads some rows, but the net's "
+            f"inputs give {net} no `attention_mask`, which its forward takes: the "
+            "model would attend to the padding (and number a left-padded row's "
+            "tokens from it), so a padded row's activations would depend on it. "
+            "Give the model the mask too, e.g. for (ids, mask) tuples "
+            f"`{_TUPLES}` (`write` adds no input to the model's but position "
+            "ids). If the mask's zeros are not padding (a choice of the tokens "
+            "stored), give the model its own `attention_mask`."
+        )
+        raise ValueError(msg)
 
     def arguments(
         self, batch: Any, index: int

@@ -80,6 +80,7 @@ def _check_options(  # noqa: PLR0913 (one check per option)
     progress: object,
     metadata: object,
     mask: object,
+    early_exit: object,
 ) -> None:
     if dtype is not None and dtype not in _FLOATS:
         msg = (
@@ -98,9 +99,10 @@ def _check_options(  # noqa: PLR0913 (one check per option)
             msg = f"`{name}` must be None or a number of tokens >= 1, got {value!r}"
             raise ValueError(msg)
     _check_flags(skip_bos=skip_bos, stats=stats, overwrite=overwrite, append=append)
-    if progress is not None and not isinstance(progress, bool):
-        msg = f"`progress` must be None, True or False, got {progress!r}"
-        raise TypeError(msg)
+    for name, value in (("progress", progress), ("early_exit", early_exit)):
+        if value is not None and not isinstance(value, bool):
+            msg = f"`{name}` must be None, True or False, got {value!r}"
+            raise TypeError(msg)
     if metadata is not None:
         _check_metadata(metadata)
     if mask is not None:
@@ -249,6 +251,7 @@ def write(  # noqa: PLR0913 (the documented options)
     progress: bool | None = None,
     metadata: Any = None,
     position_ids: str | None = POSITION_IDS,
+    early_exit: bool | None = None,
 ) -> ActivationDataset:
     """Write the activations of several layers over a token stream to a folder.
 
@@ -304,7 +307,9 @@ def write(  # noqa: PLR0913 (the documented options)
         the one positional input; the other forms are :func:`collect`'s.
     stats : bool, default False
         Compute each layer's mean, population variance and mean L2 norm per
-        token, in float64 from the values before the cast (``ds.stats``).
+        token, in float64 from the values before the cast (``ds.stats``):
+        those stored, so for :class:`SparseLatents` the latents read back
+        dense (the ``k`` kept, zeros elsewhere).
     overwrite : bool, default False
         Delete the set in ``path`` (its own files only) and write it anew.
     append : bool, default False
@@ -332,6 +337,15 @@ def write(  # noqa: PLR0913 (the documented options)
         rows themselves (RoBERTa's family, OPT, encoder-decoders) are left
         as they are. ``None``: batches are passed as they are (GPT-2 or
         BERT then number a left-padded row's tokens from its padding).
+    early_exit : bool, optional
+        Stop each pass once every stored layer has been recorded (see
+        ``rnet(x, early_exit=True)``): the layers after the last stored one
+        do not run, and the set is that of full passes. ``None`` (the
+        default): stop early unless a stored layer is the net's output (the
+        root row, depth 0). ``True``: always (refused as by the recorder).
+        ``False``: full passes. Layers that do not run have no side effect
+        either (a ``BatchNorm`` after the last stored layer does not update
+        its running statistics in train mode).
 
     Returns
     -------
@@ -402,6 +416,7 @@ def write(  # noqa: PLR0913 (the documented options)
         progress=progress,
         metadata=metadata,
         position_ids=position_ids,
+        early_exit=early_exit,
     )
     with job.holding():
         part = _execute(job, batches)
@@ -432,6 +447,7 @@ class _Job:
     progress: bool | None
     metadata: Any
     position_ids: str | None
+    early_exit: bool
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -487,6 +503,7 @@ def _prepare(  # noqa: PLR0913 (write's options)
     progress: bool | None,
     metadata: Any,
     position_ids: str | None,
+    early_exit: bool | None,
 ) -> _Job:
     """Check the options, resolve the layers, and describe the write."""
     _check_options(
@@ -501,9 +518,12 @@ def _prepare(  # noqa: PLR0913 (write's options)
         progress=progress,
         metadata=metadata,
         mask=mask,
+        early_exit=early_exit,
     )
     check_position_ids(position_ids)
     specs = resolve_layers(rnet, layers)
+    if early_exit is None:  # stop early unless the net's output is stored
+        early_exit = all(spec.of_input or spec.row.label[0] != 0 for spec in specs)
     source = Batches(
         rnet,
         input=input,
@@ -549,6 +569,7 @@ def _prepare(  # noqa: PLR0913 (write's options)
         progress=progress,
         metadata=metadata,
         position_ids=position_ids,
+        early_exit=early_exit,
     )
 
 
@@ -595,6 +616,7 @@ def _execute(job: _Job, batches: Iterable[Any]) -> _Part | None:
         dtype=job.dtype,
         durable=False,
         expected=expected,
+        early_exit=job.early_exit,
     )
     writer.resume()
     bar = make_bar(

@@ -290,11 +290,14 @@ class AdaScale(Detector):
         Its own loop, with a backward pass per batch (``collect`` records
         without gradients): ``input`` as for ``collect``; ``device`` moves
         each batch's input (the net must be there); ``target`` is not used;
-        ``collect``'s other options do not apply and are refused. A fit
+        ``position_ids`` as for ``collect`` (derived from a padded batch's
+        mask by default); ``collect``'s other options do not apply and are
+        refused. A fit
         sample with a NaN or an infinity in the layer's output refuses the
         fit; if it fails, the detector is left as it was.
         """
         inputs = gradient_fit_inputs(
+            self.rnet,
             batches,
             input=input,
             device=device,

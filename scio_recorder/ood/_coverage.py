@@ -144,10 +144,11 @@ class NAC(MultiLayer):
         How a map's output and gradient become one value per channel:
         averaged or summed (OpenOOD's) over ``H, W``; ``None``: every entry
         is a neuron.
-    token : {"cls", "mean", "sum"} or list of them, default "cls"
+    token : {"cls", "mean", "sum", "last"} or list of them, default "cls"
         How a ``[B, T, D]`` sequence's output and gradient become one value
-        per unit: the first token's, or the mean or the sum over the tokens
-        (the padding ``mask`` kept); one value, or one per layer.
+        per unit: the first real token's, the mean or the sum over the real
+        tokens, or the last real token's (the padding ``mask`` kept, see
+        :func:`~._layers.pool_features`); one value, or one per layer.
     mask
         The net's argument holding the padding mask, as for
         :class:`MahalanobisEnsemble`.
@@ -169,7 +170,7 @@ class NAC(MultiLayer):
     needs_fit: ClassVar[bool] = True
     own_passes = True
     POOLS: ClassVar[tuple[str | None, ...]] = ("mean", "sum", None)
-    TOKENS: ClassVar[tuple[str, ...]] = ("cls", "mean", "sum")
+    TOKENS: ClassVar[tuple[str, ...]] = ("cls", "mean", "sum", "last")
 
     def __init__(  # noqa: PLR0913 (pytorch-ood's options and the pooling's)
         self,
@@ -273,12 +274,15 @@ class NAC(MultiLayer):
         Its own loop, with a backward pass per batch (``collect`` records
         without gradients): ``input`` as for ``collect``; ``device`` moves
         each batch's input (the net must be there); ``target`` is not used;
-        ``collect``'s other options (``spill_dir``, ``memory_budget``, ...)
-        do not apply (the histograms are small) and are refused. If the fit
+        ``position_ids`` as for ``collect`` (derived from a padded batch's
+        mask by default); ``collect``'s other options (``spill_dir``,
+        ``memory_budget``, ...) do not apply (the histograms are small) and
+        are refused. If the fit
         fails (e.g. a sample with non-finite states), the detector is left
         as it was.
         """
         found = gradient_fit_inputs(
+            self.rnet,
             batches,
             input=input,
             device=device,

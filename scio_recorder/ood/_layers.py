@@ -11,9 +11,11 @@ the protocol, never another family.
   pytorch-ood re-runs the prefix of the net per layer).
 * Pooling (:func:`pool_features`, :func:`pooled_size`): a ``[B, C, H, W]``
   feature map is averaged over ``H, W`` per channel (``pool="mean"``); a
-  ``[B, T, D]`` token sequence gives its first token (``token="cls"``) or
-  its mean over the tokens the padding mask keeps (``token="mean"``,
-  ``mask=``); ``[B, F]`` is kept; ``pool=None`` flattens every sample. A
+  ``[B, T, D]`` token sequence gives its first real token (``token="cls"``),
+  its last (``token="last"``, a causal language model's summary of the
+  row) or its mean over the tokens the padding mask keeps
+  (``token="mean"``, ``mask=``): a padded row's features are the row's
+  alone; ``[B, F]`` is kept; ``pool=None`` flattens every sample. A
   fit's reducer sees a layer's output through :class:`Mapped` (pooling,
   Gram statistics, ...).
 * ``mask=``: a padding mask is an argument of the net, not a layer's
@@ -83,7 +85,7 @@ MAP_RANK, SEQUENCE_RANK = 4, 3
 """The ranks of a batch of feature maps ``[B, C, H, W]`` and of token sequences
 ``[B, T, D]``."""
 POOLS = ("mean", None)
-TOKENS = ("cls", "mean")
+TOKENS = ("cls", "mean", "last")
 _SUM = "sum"  # NAC's pooling of maps and tokens (OpenOOD's): a sum, not a mean
 
 
@@ -131,13 +133,19 @@ def pool_features(
     """Return one feature vector per sample, ``[B, F]``, in float64.
 
     ``pool="mean"``: a ``[B, C, H, W]`` map is averaged over ``H, W``; a
-    ``[B, T, D]`` sequence gives its first token (``token="cls"``) or the mean
-    of the tokens where ``mask`` (``[B, T]``, nonzero = a real token) is set
-    (``token="mean"``; every token without a mask); other shapes are
-    flattened. ``pool=None`` flattens every sample. ``pool="sum"`` and
-    ``token="sum"`` sum instead of averaging (NAC's option: OpenOOD's
-    pooling). ``detach=False`` keeps the autograd graph (a gradient with
-    respect to the input through the pooled features).
+    ``[B, T, D]`` sequence gives, per row, its first real token
+    (``token="cls"``: the first token ``mask`` keeps, ``[B, T]`` with
+    nonzero = a real token; the first token without a mask), its last real
+    token (``token="last"``: the usual summary of a row for a causal
+    language model, whose first token sees only itself) or the mean of its
+    real tokens (``token="mean"``; every token without a mask): a left- or
+    right-padded row gives the features of the row alone. A row without a
+    real token gives its first (``"cls"``), last (``"last"``) or no token
+    (``"mean"``: zeros). Other shapes are flattened. ``pool=None`` flattens
+    every sample. ``pool="sum"`` and ``token="sum"`` sum instead of
+    averaging (NAC's option: OpenOOD's pooling). ``detach=False`` keeps the
+    autograd graph (a gradient with respect to the input through the pooled
+    features).
 
     Examples
     --------
@@ -147,6 +155,12 @@ def pool_features(
     >>> x = torch.tensor([[[1.0], [3.0], [100.0]]])
     >>> pool_features(x, token="mean", mask=torch.tensor([[1, 1, 0]])).tolist()
     [[2.0]]
+    >>> left = torch.tensor([[0, 1, 1]])  # a left-padded row
+    >>> (
+    ...     pool_features(x, token="cls", mask=left),
+    ...     pool_features(x, token="last", mask=left),
+    ... )
+    (tensor([[3.]], dtype=torch.float64), tensor([[100.]], dtype=torch.float64))
 
     """
     value = (value.detach() if detach else value).to(_F64)
@@ -155,14 +169,36 @@ def pool_features(
     if value.dim() == MAP_RANK:
         return value.sum(dim=(2, 3)) if pool == _SUM else value.mean(dim=(2, 3))
     if value.dim() == SEQUENCE_RANK:
-        if token == "cls":  # noqa: S105 (not a password)
-            return value[:, 0]
+        if token in {"cls", "last"}:
+            last = token == "last"  # noqa: S105 (not a password)
+            return value[_rows(value), _end_token(value, mask, last=last)]
         if mask is None:
             return value.sum(dim=1) if token == _SUM else value.mean(dim=1)
         keep = mask.to(device=value.device, dtype=_F64).reshape(*value.shape[:2], 1)
         total = (value * keep).sum(dim=1)
         return total if token == _SUM else total / keep.sum(dim=1).clamp(min=1.0)
     return value.reshape(value.shape[0], -1)
+
+
+def _rows(value: Tensor) -> Tensor:
+    return torch.arange(value.shape[0], device=value.device)
+
+
+def _end_token(value: Tensor, mask: Tensor | None, *, last: bool) -> Tensor:
+    """Return each row's first (``last``: last) real token's position, ``[B]``.
+
+    Without a mask, the first (last) position. ``argmax`` gives the first
+    of equal maxima, so that of the mask is the first kept token; of the
+    mask reversed, the last.
+    """
+    length = value.shape[1]
+    if mask is None:
+        end = length - 1 if last else 0
+        return torch.full((value.shape[0],), end, device=value.device)
+    keep = mask.to(value.device).reshape(value.shape[0], length) != 0
+    if last:
+        return length - 1 - keep.flip(1).to(torch.int8).argmax(dim=1)
+    return keep.to(torch.int8).argmax(dim=1)
 
 
 def pooled_size(

@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import Positions, as_arguments, batch_getter, move_to
+from scio_recorder._batches import (
+    POSITION_IDS,
+    Positions,
+    as_arguments,
+    batch_getter,
+    move_to,
+    padding_unwatched,
+    watch_padding,
+)
 from scio_recorder._engine.state import pick_argument
 from scio_recorder._errors import NotFittedError
 from scio_recorder._outputs import logits_of
@@ -144,8 +152,11 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     this call, not through ``rnet.activations``: several threads can score
     with detectors of one recorder (one detector too), and each gets the
     scores of its own inputs. The pass runs eagerly, also for a compiled
-    recorder.
+    recorder. A left-padded batch that the net would number from its
+    padding is shown to the recorder's padding watch (one warning per
+    recorder, as for its direct calls).
     """
+    watch_padding(rnet, kwargs)
     labels: list[DepthIdx]
     postproc: Any = None
     if edit is not None:
@@ -226,6 +237,7 @@ def fit_pass(  # noqa: PLR0913 (the data, how to read it, who asks)
 
 
 def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
+    rnet: Recorder,
     batches: Iterable[Any],
     *,
     input: Any,  # noqa: A002 (collect's name)
@@ -238,10 +250,15 @@ def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
 
     For the detectors whose fit needs autograd (NAC, AdaScale), which
     ``collect`` does not give: ``input`` as for ``collect``, ``device`` moves
-    each batch's input, empty batches are skipped. Refused at once (before
-    any batch): ``collect``'s options (``state`` says what the detector
-    keeps instead), and batches given as a tensor or a mapping.
+    each batch's input, empty batches are skipped, and a padded batch gets
+    the position ids ``collect`` gives it (:class:`~scio_recorder._batches.
+    Positions`; ``position_ids=None`` among ``options`` passes the batches
+    as they are, as ``collect``'s). Refused at once (before any batch):
+    ``collect``'s other options (``state`` says what the detector keeps
+    instead), and batches given as a tensor or a mapping.
     """
+    options = dict(options)
+    mode = options.pop("position_ids", POSITION_IDS)
     if options:
         msg = (
             f"{who}.fit runs its own gradient loop and takes no "
@@ -249,18 +266,20 @@ def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
             f"(fit {who} apart from fit_detectors when sharing a spill_dir)."
         )
         raise TypeError(msg)
+    positions = Positions.of(rnet.net, mode)
     check_batches(batches, f"{who}.fit")
     take = batch_getter(input, "input")
     where = None if device is None else torch.device(device)
 
     def inputs() -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
-        for batch in batches:
-            args, kwargs = as_arguments(take(batch), spread=callable(input))
-            if empty_batch(args, kwargs) is not None:
-                continue
-            if where is not None:
-                args, kwargs = move_to(args, where), move_to(kwargs, where)
-            yield args, kwargs
+        with padding_unwatched(rnet, mode):
+            for batch in batches:
+                args, kwargs = as_arguments(take(batch), spread=callable(input))
+                if empty_batch(args, kwargs) is not None:
+                    continue
+                if where is not None:
+                    args, kwargs = move_to(args, where), move_to(kwargs, where)
+                yield positions.add(args, kwargs)
 
     return inputs()
 
