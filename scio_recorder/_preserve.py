@@ -36,7 +36,7 @@ parameters and buffers that the pass materializes stay materialized.
 
 from __future__ import annotations
 
-__all__ = ["placed_by_accelerate", "preserved", "unload_offloaded"]
+__all__ = ["SavedBuffers", "placed_by_accelerate", "preserved", "unload_offloaded"]
 
 import contextlib
 from typing import TYPE_CHECKING, Any
@@ -76,7 +76,7 @@ def preserved(net: nn.Module) -> Iterator[None]:
     True
 
     """
-    restores = [_modes(net), _parameters(net), _hooks(net), _buffers(net)]
+    restores = [_modes(net), _parameters(net), _hooks(net), SavedBuffers(net).restore]
     try:
         yield
     finally:
@@ -114,18 +114,47 @@ def _parameters(net: nn.Module) -> Callable[[], None]:
     return restore
 
 
-def _buffers(net: nn.Module) -> Callable[[], None]:
-    """Snapshot every buffer (the object in its slot and a copy of its values)."""
-    buffers: list[tuple[nn.Module, str, Tensor, Tensor]] = []
-    with torch.no_grad():
-        for module in net.modules():
-            for name, buffer in module._buffers.items():  # noqa: SLF001 (non-persistent ones too)
-                if buffer is None or is_lazy(buffer):
-                    continue
-                buffers.append((module, name, buffer, buffer.clone()))
+class SavedBuffers:
+    """Every buffer of a net as found: the object in its slot and a copy of its values.
 
-    def restore() -> None:
-        for module, name, buffer, saved in buffers:
+    :func:`preserved` puts them back on exit; the self-check
+    (:mod:`scio_recorder.checks`) puts them back before each pass it
+    compares, and asks which ones a pass changed (:meth:`changed`). Lazy
+    buffers are left out (a pass materializes them).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.BatchNorm1d(2))
+    >>> saved = SavedBuffers(net)
+    >>> _ = net(torch.rand(3, 2))
+    >>> [name for name, _ in saved.changed()]
+    ['0.running_mean', '0.running_var', '0.num_batches_tracked']
+    >>> saved.restore()
+    >>> saved.changed()
+    []
+
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        with torch.no_grad():
+            self.saved = [
+                (
+                    f"{prefix}.{name}" if prefix else name,
+                    module,
+                    name,
+                    buffer,
+                    buffer.clone(),
+                )
+                for prefix, module in net.named_modules()
+                for name, buffer in module._buffers.items()  # noqa: SLF001 (non-persistent ones too)
+                if buffer is not None and not is_lazy(buffer)
+            ]
+
+    def restore(self) -> None:
+        """Put every buffer back: the object in its slot, its values copied back."""
+        for _, module, name, buffer, saved in self.saved:
             if module._buffers.get(name) is not buffer:  # noqa: SLF001 (a buffer reassigned in the pass)
                 module._buffers[name] = buffer  # noqa: SLF001
             # Compared, not told by `_version`: the batch norm kernels update
@@ -134,7 +163,22 @@ def _buffers(net: nn.Module) -> Callable[[], None]:
                 with torch.no_grad(), torch.inference_mode(buffer.is_inference()):
                     buffer.copy_(saved)
 
-    return restore
+    def changed(self) -> list[tuple[str, nn.Module]]:
+        """Return the buffers changed since: reassigned, or changed in place.
+
+        Each as its qualified name and its module. A buffer on ``meta``
+        (offloaded: accelerate swaps it in and out at every call) is not
+        looked at.
+        """
+        return [
+            (qualified, module)
+            for qualified, module, name, buffer, saved in self.saved
+            if not buffer.is_meta
+            and (
+                module._buffers.get(name) is not buffer  # noqa: SLF001 (reassigned)
+                or not torch.equal(buffer, saved)
+            )
+        ]
 
 
 def placed_by_accelerate(net: nn.Module) -> bool:

@@ -1,0 +1,170 @@
+"""The ``"dtype"`` check: the records against a copy's in a wider dtype.
+
+A float16 or bfloat16 model is compared with a float32 copy, a float32 one
+with a float64 copy (:func:`_wide_records`: from the same buffers and
+random state, on the batch cast), as relative error per layer. A copy
+cannot stand for a quantized model (the float values its weights came from
+are gone: :func:`_quantized`) nor for a tensor-parallel one (it would copy
+every rank's shards): :func:`_not_widened` says why, and the check warns
+instead.
+"""
+
+from __future__ import annotations
+
+__all__ = ["check_dtype"]
+
+import copy
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from scio_recorder._engine.shards import tensor_parallel
+from scio_recorder._files import dtype_name
+from scio_recorder._tree import iter_tensors, map_tensors
+
+from ._measure import verdict
+from ._passes import compared, seeded
+from ._report import CheckLine, named_plain, raised, skipped
+
+if TYPE_CHECKING:
+    from scio_recorder.layers import DepthIdx
+
+    from ._passes import Run
+    from ._report import Status
+
+
+def check_dtype(
+    run: Run, records: dict[DepthIdx, Any], *, copy_model: bool
+) -> CheckLine:
+    """Compare ``records`` with those of a copy of the model in a wider dtype."""
+    net = run.rnet.net
+    dtype = _float_dtype(net, (run.args, run.kwargs))
+    if dtype == torch.float64 and not _quantized(net):
+        return CheckLine(
+            "dtype", "PASS", None, "relative", "", "float64: no wider dtype to compare"
+        )
+    why = _not_widened(net, dtype, copy_model=copy_model)
+    if why is not None or dtype is None:
+        return skipped("dtype", why or "no floating parameter, buffer or input")
+    wide = torch.float32 if torch.finfo(dtype).bits < 32 else torch.float64  # noqa: PLR2004
+    try:
+        wider = _wide_records(run, wide)
+    except Exception as error:  # noqa: BLE001 (the report says it, and goes on)
+        why = f"a copy of the model in {dtype_name(wide)} raised {raised(error)}"
+        return skipped("dtype", why)
+    per_layer, (diff, _, where) = compared(run, records, wider)
+    if not math.isfinite(diff):
+        status: Status = "FAIL"
+    elif dtype == torch.float32:
+        status = verdict(diff, dtype, exact=False)
+    else:  # 16-bit: its rounding shows, always (WARN), unless beyond 0.5
+        status = "PASS" if diff == 0 else "WARN" if diff <= 0.5 else "FAIL"  # noqa: PLR2004
+    cause = _dtype_cause(status, diff, dtype, wide)
+    return CheckLine("dtype", status, diff, "relative", where, cause, per_layer)
+
+
+def _not_widened(
+    net: nn.Module, dtype: torch.dtype | None, *, copy_model: bool
+) -> str | None:
+    """Say why the records cannot be compared with a wider copy's (``None``: they can).
+
+    Every rank of a tensor-parallel model finds the same reason (the
+    model's structure gives it), so none copies while another waits.
+    """
+    quantized = _quantized(net)
+    if quantized:
+        return (
+            f"quantized weights ({named_plain(quantized)}): a wider copy keeps "
+            "their quantized values, and the float weights they came from are not "
+            "here; the records carry the quantization's error (measure it against "
+            "the float model: docs/bigmodels.md)"
+        )
+    if dtype is not None and not copy_model:
+        return f"dtype_copy=False; the model computes in {dtype_name(dtype)}"
+    if tensor_parallel(net):
+        return (
+            "a tensor-parallel model (DTensor parameters): a wider copy would copy "
+            "every rank's shards; check the unsharded model"
+        )
+    return None
+
+
+def _dtype_cause(
+    status: Status, diff: float, dtype: torch.dtype, wide: torch.dtype
+) -> str:
+    """Say what a difference from the wider copy likely comes from."""
+    name, wider = dtype_name(dtype), dtype_name(wide)
+    if status == "PASS":
+        return f"the {name} records equal a {wider} copy's up to {name} rounding"
+    if not math.isfinite(diff):
+        return (
+            f"a record overflows or is NaN in {name} and not in "
+            f"{wider}: compute in {wider} or bfloat16 (its range)"
+        )
+    if torch.finfo(dtype).bits < 32:  # noqa: PLR2004
+        return (
+            f"the model computes in {name}: its records carry "
+            f"{name} rounding (eps {torch.finfo(dtype).eps:.2g}), up to this "
+            f"relative error against a {wider} copy; record a float32 copy of "
+            "the model if that matters"
+        )
+    return (
+        f"the records differ from a {wider} copy's beyond float32 "
+        "rounding: an ill-conditioned layer (a near-singular normalization, a "
+        "large cancellation)"
+    )
+
+
+def _float_dtype(net: nn.Module, inputs: Any) -> torch.dtype | None:
+    """Return the dtype the net computes in.
+
+    Its narrowest floating parameter's or buffer's; for a net with none,
+    its inputs' narrowest floating dtype.
+    """
+    dtypes = {p.dtype for p in net.parameters() if p.is_floating_point()}
+    dtypes |= {b.dtype for b in net.buffers() if b.is_floating_point()}
+    if not dtypes:
+        dtypes = {t.dtype for t in iter_tensors(inputs) if t.is_floating_point()}
+    if not dtypes:
+        return None
+    return min(dtypes, key=lambda d: torch.finfo(d).bits)
+
+
+def _quantized(net: nn.Module) -> list[str]:
+    """Return the modules whose weights are quantized, named with the weights' type.
+
+    A quantized weight is an integer tensor (bitsandbytes' ``Int8Params``,
+    ``Params4bit``), a quantized torch tensor, or a tensor subclass other
+    than a ``DTensor`` (torchao's ``Int8Tensor``, which reports float32 but
+    holds int8 values): a copy cast to a wider dtype keeps its values.
+    """
+    found = []
+    for name, module in net.named_modules():
+        for param in module.parameters(recurse=False):
+            kind = type(param)
+            subclass = kind is not Tensor and not issubclass(kind, nn.Parameter)
+            if (
+                param.is_quantized
+                or not (param.is_floating_point() or param.is_complex())
+                or (subclass and kind.__name__ != "DTensor")
+            ):
+                found.append(f"`{name or type(module).__name__}` ({kind.__name__})")
+                break
+    return found
+
+
+def _wide_records(run: Run, wide: torch.dtype) -> dict[DepthIdx, Any]:
+    """Return the records of a copy of the model in ``wide``, on the batch cast."""
+    run.state.restore()  # the copy starts from the state the other passes do
+    copied = copy.deepcopy(run.rnet)
+    copied.net.to(wide)
+
+    def cast(value: Tensor) -> Tensor:
+        return value.to(wide) if value.is_floating_point() else value
+
+    args, kwargs = map_tensors(cast, run.args), map_tensors(cast, run.kwargs)
+    with copied.selecting(*run.labels), seeded(enabled=True):
+        copied(*args, **kwargs)
+        return dict(copied.activations)
