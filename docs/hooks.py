@@ -157,13 +157,18 @@ _MATH = re.compile(
 )
 
 
+_UNKNOWN = re.compile(r">(\\[A-Za-z]+|&)<")  # a command, or an "&" outside a table
+
+
 def mathml(output: str) -> str:
     """Return ``output`` with each arithmatex formula replaced by MathML.
 
     Raises
     ------
     ValueError
-        Naming a formula that ``latex2mathml`` cannot read.
+        Naming a formula that ``latex2mathml`` cannot read, or one using a
+        command it does not know, or an ``&`` outside an environment it reads
+        (``array`` and ``matrix``, not ``aligned``): it would print them as text.
     """
     from latex2mathml.converter import convert  # noqa: PLC0415 (the docs extra)
 
@@ -171,10 +176,18 @@ def mathml(output: str) -> str:
         tex = html.unescape(match["tex"])
         display = "block" if match["tag"] == "div" else "inline"
         try:
-            return convert(tex, display=display)
+            made = convert(tex, display=display)
         except Exception as error:  # latex2mathml raises several kinds
             msg = f"the formula {tex!r} is not LaTeX that latex2mathml reads: {error}"
             raise ValueError(msg) from error
+        unknown = _UNKNOWN.findall(made)
+        if unknown:  # latex2mathml prints what it does not know as text
+            msg = (
+                f"the formula {tex!r} uses {sorted(set(unknown))}, which "
+                "latex2mathml does not know (it would show as text)"
+            )
+            raise ValueError(msg)
+        return made
 
     return _MATH.sub(replace, output)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import types
 from pathlib import Path
 
@@ -195,6 +196,74 @@ def test_formulas_become_mathml_and_one_latex2mathml_cannot_read_fails():
     assert "&#x0003C;" in out  # the escaped "<" read as LaTeX's "<"
     with pytest.raises(ValueError, match=r"the formula 'x\^' is not LaTeX"):
         hooks.mathml('<span class="arithmatex">\\(x^\\)</span>')
+    # latex2mathml prints a command it does not know as text: refused
+    with pytest.raises(ValueError, match=r"uses \['\\\\lnorm'\], which latex2mathml"):
+        hooks.mathml('<span class="arithmatex">\\(\\lnorm x\\)</span>')
+    with pytest.raises(ValueError, match=r"uses \['&'\], which latex2mathml"):
+        hooks.mathml(
+            '<div class="arithmatex">\\[\\begin{aligned}a &= b\\end{aligned}\\]</div>'
+        )
+    table = r"\begin{array}{rl} a & = b \\ & = c \end{array}"
+    assert "<mtable>" in hooks.mathml(f'<div class="arithmatex">\\[{table}\\]</div>')
+
+
+# A formula written as code: a subscript (`d_k`, `g_yz`, `MD_0`), a power or a
+# transpose (`^`), a norm (`||f||`), an indexed operator (`sum_l`, `min_c`),
+# a function applied (`log(`, `softmax(`), a product (` * `), a shape (`N x C`).
+ASCII_FORMULA = re.compile(
+    r"\^|\|\||\b(?:sum|mean|min|max|argmax)_(?:[a-z]\b|\{)"
+    r"|\b(?:log|exp|sqrt|sigmoid|softmax|logsumexp|floor)\(| \* |\b[A-Z] x [A-Z]\b"
+    r"|(?<![A-Za-z_.])[A-Za-z]{1,2}_[A-Za-z0-9]{1,3}(?![A-Za-z0-9_(])"
+)
+# Rows of the OoD table whose score is said in words, with no formula.
+PROSE_SCORES = {"ReAct", "ASH", "KNN", "RankFeat", "VRA", "DkNN", "JTLA"}
+
+
+def cells(row: str) -> list[str]:
+    """The cells of a Markdown table row; a ``|`` inside code or math stays."""
+    out, cell, quote = [], "", None
+    for char in row.strip().strip("|"):
+        if char in "`$" and quote in (None, char):
+            quote = None if quote else char
+        if char == "|" and quote is None:
+            out.append(cell.strip())
+            cell = ""
+        else:
+            cell += char
+    return [*out, cell.strip()]
+
+
+def test_the_ood_tables_formulas_are_latex_not_code():
+    """Each score of the detector table is ``$...$`` LaTeX; no formula as code."""
+    text = (DOCS / "ood.md").read_text(encoding="utf-8")
+    table = text.split("| detector | paper | score (higher: OoD) |", 1)[1]
+    lines = table.splitlines()[2:]
+    rows = lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]
+    scores = {cells(row)[0].strip("`"): cells(row)[2] for row in rows}
+    assert len(scores) > 30  # the whole table was read (test_package: every detector)
+    assert set(scores) >= PROSE_SCORES
+    for name, score in scores.items():
+        assert score.count("$") % 2 == 0, f"{name}: an unclosed $ in {score!r}"
+        if name not in PROSE_SCORES:
+            assert "$" in score, f"{name}: its score has no $...$ formula: {score!r}"
+        code = [
+            span
+            for span in re.findall(r"`([^`]+)`", score)
+            if ASCII_FORMULA.search(span)
+        ]
+        assert not code, (
+            f"{name}: formulas written as code, write them as $...$: {code}"
+        )
+    # the pattern finds what it is meant to find, and leaves arguments alone
+    found = [
+        s
+        for s in ["sum_l sum_p", "f^(x)", "||f||_2", "g_yz", "N x C", "log(p)"]
+        if ASCII_FORMULA.search(s)
+    ]
+    assert len(found) == 6
+    assert not any(
+        ASCII_FORMULA.search(s) for s in ["o_star=50", "use_max_logit", "k=10"]
+    )
 
 
 def test_docstring_tables_join_continuation_rows_and_faces_drop_their_private_map():

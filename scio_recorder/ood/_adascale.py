@@ -99,26 +99,27 @@ def perturb_least_sensitive(x: Tensor, grad: Tensor, o: float, step: float) -> T
 
 
 class AdaScale(Detector):
-    """AdaSCALE (Regmi, 2025): SCALE with an adaptive percentile, then energy.
+    r"""AdaSCALE (Regmi, 2025): SCALE with an adaptive percentile, then energy.
 
-    With ``f`` the output of ``layer`` (flattened per sample, ``F`` values),
-    ``x'`` the input moved along the sign of the gradient of the predicted
+    With $f$ the output of ``layer`` (flattened per sample, $F$ values),
+    $x'$ the input moved along the sign of the gradient of the predicted
     logit on the fraction ``o`` of its entries where that gradient is
-    smallest (by ``step``, :func:`perturb_least_sensitive`), and ``f'`` the
-    layer's output on ``x'``:
+    smallest (by ``step``, :func:`perturb_least_sensitive`), and $f'$ the
+    layer's output on $x'$:
 
-    * ``Q'(x) = sum_{j in top-k1(f)} relu(f'_j) + lmbda sum_{j in top-k2(f)}
-      |f_j - f'_j|``, ``top-k(f)`` the indices of the ``k = int(F k)``
-      largest entries of ``f`` (at least one);
-    * ``fit`` keeps ``Q'`` of every fit sample; ``p(x) = p_min + (1 -
-      ECDF(Q'(x))) (p_max - p_min)``, the ECDF of the fit samples' ``Q'``
-      (the fraction of them ``<= Q'(x)``);
-    * ``s(x) = sum relu(f) / (sum of its top F - round(F p(x)) values)``
-      (:func:`ada_scale`);
-    * variant ``"A"``: the rest of the net runs on ``f exp(s)`` (an edit in
-      flight, as :class:`Scale`), ``score = -logsumexp(logits)``; variant
-      ``"L"``: ``score = -logsumexp(logits s^2)``, the net's own logits
-      scaled.
+    * $Q'(x) = \sum_{j \in \mathrm{top}_{k_1}(f)} \mathrm{relu}(f'_j) + \lambda
+      \sum_{j \in \mathrm{top}_{k_2}(f)} |f_j - f'_j|$ ($\lambda$ = ``lmbda``),
+      $\mathrm{top}_k(f)$ the indices of the ``int(F k)`` largest entries
+      of $f$ (at least one);
+    * ``fit`` keeps $Q'$ of every fit sample; $p(x) = p_{\min} + (1 -
+      \mathrm{ECDF}(Q'(x))) (p_{\max} - p_{\min})$, the ECDF of the fit
+      samples' $Q'$ (the fraction of them $\le Q'(x)$);
+    * $s(x) = \sum \mathrm{relu}(f)$ / (the sum of its top
+      $F - \mathrm{round}(F p(x))$ values) (:func:`ada_scale`);
+    * variant ``"A"``: the rest of the net runs on $f e^s$ (an edit in
+      flight, as :class:`Scale`), $\mathrm{score} = -\mathrm{logsumexp}(z)$,
+      $z$ the logits; variant ``"L"``: $\mathrm{score} =
+      -\mathrm{logsumexp}(z s^2)$, the net's own logits scaled.
 
     Where our reading decided, with OpenOOD's ``adascale_a`` and
     ``adascale_l`` (v1.5): the formula, the perturbation (``step`` 0.5 on
@@ -127,11 +128,11 @@ class AdaScale(Detector):
     ``lmbda: 10``, ``o: 0.05``; the same for both variants; its comment:
     ``[80, 85]`` is best on a ResNet-50); OpenOOD fits on a random subset of
     5,000 validation samples, we on every fit sample given; ``int(F k)`` is
-    raised to 1 where OpenOOD's would be 0 (below ``1 / k`` features), and
+    raised to 1 where OpenOOD's would be 0 (below $1 / k$ features), and
     so is a sample's count of top values. ``layer`` is the layer whose
     output is scaled, for a classifier the input of its last ``nn.Linear``
     (the penultimate activation): on such a layer the edit in flight is
-    OpenOOD's ``fc(f exp(s))``. Scoring costs two forward passes and a
+    OpenOOD's $\mathrm{fc}(f e^s)$. Scoring costs two forward passes and a
     backward pass (three forwards for ``"A"``), none shared; the fit keeps
     one number per fit sample.
 

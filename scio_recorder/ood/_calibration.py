@@ -130,25 +130,28 @@ def _check_t(who: str, name: str, t: float) -> None:
 
 
 class TempScale(Detector):
-    """Temperature scaling (Guo et al., ICML 2017): ``-max_c softmax(f(x) / T)_c``.
+    r"""Temperature scaling (Guo et al., ICML 2017).
+
+    $\mathrm{score}(x) = -\max_c \mathrm{softmax}(f(x) / T)_c$.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) finds the
-    ``T`` minimising the mean negative log-likelihood ``NLL(T) = mean_i
-    [logsumexp(z_i / T) - z_{i, y_i} / T]``; with ``t=`` given there is
+    $T$ minimising the mean negative log-likelihood $\mathrm{NLL}(T) =
+    \mathrm{mean}_i [\mathrm{logsumexp}(z_i / T) - z_{i, y_i} / T]$; with ``t=``
+    given there is
     nothing to fit.
 
     Where our reading decided: pytorch-ood 0.4 (``TemperatureScaling``) runs
     50 L-BFGS iterations at learning rate 0.01 from ``T = 1``, which stops
     near the optimum; we find the exact minimiser (bisection on the slope in
-    ``1 / T``, where the NLL is convex; :func:`fit_temperature`), so the two
+    $1 / T$, where the NLL is convex; :func:`fit_temperature`), so the two
     ``T`` differ slightly. Labels are checked as for every detector: class
     indices of the net, ``[0, C)`` (pytorch-ood ignores samples with a
     negative label; drop them from the fit data instead). Fitting keeps the
-    fit data's logits and labels in memory (a bank of ``N x C`` float32,
-    ``C`` the classes), since the optimum needs every logit at every step; a
+    fit data's logits and labels in memory (a bank of $N \times C$ float32,
+    $C$ the classes), since the optimum needs every logit at every step; a
     held-out set of a few thousand samples is what the paper uses. Logits
-    that predict the labels no better than chance give ``T = inf`` (every
-    score ``-1 / C``).
+    that predict the labels no better than chance give $T = \infty$ (every
+    score $-1 / C$).
 
     Parameters
     ----------
@@ -222,13 +225,14 @@ class TempScale(Detector):
 
 
 class ODIN(Detector):
-    """ODIN (Liang et al., ICLR 2018): temperature and input preprocessing.
+    r"""ODIN (Liang et al., ICLR 2018): temperature and input preprocessing.
 
-    With ``S(x; T) = softmax(f(x) / T)`` and ``y^ = argmax_c f(x)_c``, the
-    input moves against the gradient of the cross-entropy of its prediction:
-    ``x^ = x - eps sign(grad_x -log S_{y^}(x; T))`` (each channel's sign
-    divided by ``norm_std[c]`` when given), and ``score(x) = -max_c S_c(x^;
-    T)``. No fitting.
+    With $S(x; T) = \mathrm{softmax}(f(x) / T)$ and $\hat y = \operatorname{argmax}_c
+    f(x)_c$, the input moves against the gradient of the cross-entropy of its
+    prediction: $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x (-\log
+    S_{\hat y}(x; T)))$ ($\epsilon$ = ``eps``; each channel's sign divided by
+    ``norm_std[c]`` when given), and $\mathrm{score}(x) = -\max_c S_c(\hat x;
+    T)$. No fitting.
 
     Where our reading decided, with pytorch-ood 0.4: the perturbed input is
     the net's first positional argument (a floating tensor; other arguments

@@ -84,13 +84,13 @@ class _Head(Detector):
 
 
 class NCI(_Head):
-    """Neural-collapse inspired detector (Liu & Qin, CVPR 2025, arXiv 2311.01479).
+    r"""Neural-collapse inspired detector (Liu & Qin, CVPR 2025, arXiv 2311.01479).
 
-    ``fit`` takes the global mean ``mu_g`` of the in-distribution features
-    (labels unused). With ``c`` the predicted class and ``w_c`` its row of
-    ``W``: ``score(x) = -(f - mu_g) . w_c / ||f - mu_g||_2 - alpha ||f||_1``
-    (the L1 norm, as pytorch-ood's ``NCI``, which this follows; the penalty
-    is off for ``alpha <= 0``).
+    ``fit`` takes the global mean $\mu_g$ of the in-distribution features
+    (labels unused). With $c$ the predicted class and $w_c$ its row of
+    $W$: $\mathrm{score}(x) = -(f - \mu_g) \cdot w_c / \|f - \mu_g\|_2 - \alpha
+    \|f\|_1$ (the L1 norm, as pytorch-ood's ``NCI``, which this follows; the
+    penalty is off for ``alpha <= 0``).
 
     Parameters
     ----------
@@ -159,15 +159,16 @@ class NCI(_Head):
 
 
 class NECO(_Head):
-    """Neural-collapse based OoD detection (Ammar et al., ICLR 2024).
+    r"""Neural-collapse based OoD detection (Ammar et al., ICLR 2024).
 
     ``fit`` standardises the in-distribution features (mean ``m``, standard
-    deviation ``s``, 1 where ``s = 0``, as scikit-learn's ``StandardScaler``
+    deviation $s$, 1 where $s = 0$, as scikit-learn's ``StandardScaler``
     the paper's code uses) and takes the top ``d`` principal directions
-    ``V_d`` of the standardised features (eigenvectors of their covariance,
-    streaming). With ``z = (f - m) / s``: ``NECO(x) = ||V_d^T z|| / ||z||``,
-    times the max logit with ``use_max_logit`` (the paper does it for ViTs
-    and other non-ResNet nets); ``score = -NECO`` (higher: OoD). pytorch-ood
+    $V_d$ of the standardised features (eigenvectors of their covariance,
+    streaming). With $z = (f - m) / s$: $\mathrm{NECO}(x) = \|V_d^\top z\| /
+    \|z\|$, times the max logit with ``use_max_logit`` (the paper does it for
+    ViTs and other non-ResNet nets); $\mathrm{score} = -\mathrm{NECO}$ (higher:
+    OoD). pytorch-ood
     has no NECO; this follows the paper and OpenOOD's ``neco`` postprocessor.
 
     Parameters
@@ -263,11 +264,12 @@ class NECO(_Head):
 
 
 class Residual(_Head):
-    """The Residual score (Wang et al., CVPR 2022, ViM's baseline).
+    r"""The Residual score (Wang et al., CVPR 2022, ViM's baseline).
 
-    With the origin ``u = -W^+ b``, ``fit`` takes the eigenvectors of ``E[(f
-    - u)(f - u)^T]`` over the in-distribution features (streaming moments);
-    ``R`` spans all but the top ``d``. ``score(x) = ||(f - u) R||``: the norm
+    With the origin $u = -W^+ b$, ``fit`` takes the eigenvectors of
+    $\mathbb{E}[(f - u)(f - u)^\top]$ over the in-distribution features
+    (streaming moments); $R$ spans all but the top ``d``. $\mathrm{score}(x) =
+    \|(f - u) R\|$: the norm
     of the feature's part orthogonal to the principal subspace (as ViM
     without the energy; OpenOOD's ``residual`` postprocessor negated).
 

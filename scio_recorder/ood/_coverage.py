@@ -90,17 +90,19 @@ def _with_grad(value: Any) -> Any:
 
 
 class NAC(MultiLayer):
-    """Neuron activation coverage, NAC-UE (Liu et al., ICLR 2024).
+    r"""Neuron activation coverage, NAC-UE (Liu et al., ICLR 2024).
 
-    For each layer ``l`` of ``layers`` and neuron ``n`` (a channel of a map,
+    For each layer $l$ of ``layers`` and neuron $n$ (a channel of a map,
     whose output and gradient are pooled over ``H, W`` separately; a unit
     of a token sequence, pooled over the tokens as ``token=`` says): the
-    state ``s = sigmoid(alpha_l * z_n * g_n)``, ``g = d/dz sum_samples
-    KL(u || softmax(logits))`` (one backward per batch; the samples'
+    state $s = \mathrm{sigmoid}(\alpha_l z_n g_n)$, $g = \partial / \partial z
+    \sum_{\mathrm{samples}} \mathrm{KL}(u \,\|\, \mathrm{softmax}(\mathrm{logits}))$
+    (one backward per batch; the samples'
     gradients do not mix in an ``eval()`` net). ``fit`` counts, per neuron,
     the fit samples whose state falls in each bin of :func:`nac_edges`
-    (OpenOOD's bins). The coverage of a bin is ``min(count / o_star, 1)``;
-    ``score(x) = -mean_l mean_n coverage_ln(bin of s_ln(x))`` (higher = more
+    (OpenOOD's bins). The coverage of a bin is $\min(\mathrm{count} / o_\star,
+    1)$ ($o_\star$ = ``o_star``); $\mathrm{score}(x) = -\mathrm{mean}_l
+    \mathrm{mean}_n \mathrm{coverage}_{ln}(\text{bin of } s_{ln}(x))$ (higher = more
     OoD; OpenOOD's NAC-UE averages the layers too).
 
     **OpenOOD's NAC**, the authors' code (its ``nac`` postprocessor,
@@ -115,12 +117,12 @@ class NAC(MultiLayer):
     ``avgpool``). The tests check our scores against that formula written
     out by hand, on a CNN and a ViT. The default ``pool="mean"`` averages
     instead, so that one ``alpha`` suits layers of any size: it is
-    OpenOOD's NAC with ``sig_alpha = alpha / (H W)^2`` (the tests check
+    OpenOOD's NAC with ``sig_alpha`` $= \alpha / (H W)^2$ (the tests check
     that too). Every fit sample counts (OpenOOD's default state function;
     the paper's variant keeping only correctly classified samples: fit on
     those batches). The defaults of ``m_bins``, ``alpha``, ``o_star`` are
     pytorch-ood 0.4's ``NACUE``; pytorch-ood's formula differs by design:
-    it pools the product ``z * g`` (not ``z`` and ``g`` apart), uses its own
+    it pools the product $z g$ (not $z$ and $g$ apart), uses its own
     geometric bins (``m_bins`` bins, not ``2 (m_bins // 2) - 1``) and sums
     the layers (we average them); on one un-pooled layer the states agree
     and only the bins differ.

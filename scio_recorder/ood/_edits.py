@@ -65,11 +65,12 @@ def remove_rank1(x: Tensor) -> Tensor:
 
 
 class RankFeat(Shaping):
-    """RankFeat (Song et al., NeurIPS 2022): remove the rank-1 part, then energy.
+    r"""RankFeat (Song et al., NeurIPS 2022): remove the rank-1 part, then energy.
 
     The output of ``layer`` (a block's feature map) loses its top singular
     component, sample by sample (:func:`remove_rank1`), in flight; the rest
-    of the net runs on it and ``score = -logsumexp(logits)`` (energy). No
+    of the net runs on it and $\mathrm{score} = -\mathrm{logsumexp}(z)$, $z$ the
+    logits (energy). No
     fitting. Follows pytorch-ood's ``RankFeat`` (exact SVD, not the paper's
     optional power iteration).
 

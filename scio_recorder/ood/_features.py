@@ -57,11 +57,11 @@ _F64 = torch.float64
 def mahalanobis_scores(
     features: Tensor, class_means: Tensor, shared_cov: Tensor
 ) -> Tensor:
-    """Return the Mahalanobis confidence score of each sample (Lee et al. 2018).
+    r"""Return the Mahalanobis confidence score of each sample (Lee et al. 2018).
 
-    ``score(f) = -min_c (f - mu_c)^T S^+ (f - mu_c)``, with ``mu_c`` the class
-    means, ``S`` the covariance shared by the classes and ``S^+`` its
-    pseudo-inverse (the inverse when ``S`` is invertible; the pseudo-inverse,
+    $\mathrm{score}(f) = -\min_c (f - \mu_c)^\top S^+ (f - \mu_c)$, with $\mu_c$
+    the class means, $S$ the covariance shared by the classes and $S^+$ its
+    pseudo-inverse (the inverse when $S$ is invertible; the pseudo-inverse,
     as the reference implementation's ``pinvh``, keeps dead features of a
     ReLU layer, whose variance is zero, from breaking the score). Higher
     means more in-distribution. This is the single-layer detector without
@@ -127,28 +127,30 @@ def mahalanobis_scores(
 
 
 class Mahalanobis(ClassConditional, Features):
-    """Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
+    r"""Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
 
-    ``fit`` computes the per-class means ``mu_c`` and the covariance ``S``
-    shared by the classes (tied, ``W / N``) of the features of labelled
-    in-distribution data, streaming; ``score(x) = min_c (f - mu_c)^T S^+ (f -
-    mu_c)``, ``S^+`` the pseudo-inverse (dead features of a ReLU layer have
+    ``fit`` computes the per-class means $\mu_c$ and the covariance $S$
+    shared by the classes (tied, $W / N$) of the features of labelled
+    in-distribution data, streaming; $\mathrm{score}(x) = \min_c (f -
+    \mu_c)^\top S^+ (f - \mu_c)$, $S^+$ the pseudo-inverse (dead features of a
+    ReLU layer have
     zero variance). The single-layer detector without input preprocessing.
     With ``normalize=True``, **Mahalanobis++** (Müller & Hein, ICML 2025):
-    the same on the L2-normalised features ``f / ||f||_2``, to fit and to
+    the same on the L2-normalised features $f / \|f\|_2$, to fit and to
     score (:func:`l2_rows`), which makes the features closer to the shared
     Gaussian the score assumes.
 
     Class-conditional (:class:`~scio_recorder.ood.ClassConditional`):
-    ``score_classes(x)`` is ``(f - mu_c)^T S^+ (f - mu_c)`` for every class
+    ``score_classes(x)`` is $(f - \mu_c)^\top S^+ (f - \mu_c)$ for every class
     (``inf`` for a class absent from the fit data); ``at="predicted"`` reads
     it at the predicted class, as scio 1.1's ``DeepMahalanobis`` does, whose
-    conformity is minus it times ``(N - 1) / N`` (its covariance divides by
-    ``N - 1``).
+    conformity is minus it times $(N - 1) / N$ (its covariance divides by
+    $N - 1$).
 
     Input preprocessing (``epsilon > 0``; Lee et al.'s, scio's
-    ``epsilon``): with ``c*`` the closest class of ``x``, the input moves to
-    ``x^ = x - epsilon sign(grad_x d_c*(x))`` (gradient entries below the
+    ``epsilon``): with $c^*$ the closest class of $x$, the input moves to
+    $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x d_{c^*}(x))$ (gradient entries
+    below the
     dtype's ``eps`` count as 0, as scio's; its default ``fgm_norm=inf`` is
     this sign step), and every class's score is that of ``x^``; the
     predicted class stays the net's on ``x``. It costs a forward and a
@@ -343,29 +345,29 @@ class Mahalanobis(ClassConditional, Features):
 
 
 class RMDS(Mahalanobis):
-    """Relative Mahalanobis distance (Ren et al., 2021).
+    r"""Relative Mahalanobis distance (Ren et al., 2021).
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) takes the
-    class means ``mu_c`` and tied covariance ``S`` as :class:`Mahalanobis`
+    class means $\mu_c$ and tied covariance $S$ as :class:`Mahalanobis`
     does, and the background Gaussian of all the features, class-agnostic:
-    mean ``mu_0``, covariance ``S_0`` (population, ``/ N``); both streaming,
-    in one pass. With ``MD_c(f) = (f - mu_c)^T S^+ (f - mu_c)`` and ``MD_0(f)
-    = (f - mu_0)^T S_0^+ (f - mu_0)``: ``score(x) = min_c (MD_c(f) -
-    MD_0(f))``.
+    mean $\mu_0$, covariance $S_0$ (population, $/ N$); both streaming,
+    in one pass. With $\mathrm{MD}_c(f) = (f - \mu_c)^\top S^+ (f - \mu_c)$ and
+    $\mathrm{MD}_0(f) = (f - \mu_0)^\top S_0^+ (f - \mu_0)$: $\mathrm{score}(x) =
+    \min_c (\mathrm{MD}_c(f) - \mathrm{MD}_0(f))$.
 
     With ``normalize=True``, **RMDS++** (Müller & Hein, ICML 2025): the same
-    on the L2-normalised features ``f / ||f||_2`` (both Gaussians, and the
+    on the L2-normalised features $f / \|f\|_2$ (both Gaussians, and the
     scored features).
 
     Where our reading decided: pseudo-inverses (dead ReLU features have zero
-    variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by ``N``
-    and adds a ``1e-6`` ridge before inverting, so its scores are ours
-    divided by ``N`` (the same ranking), up to the ridge.
+    variance). pytorch-ood 0.4 (``RMD``) divides neither covariance by $N$
+    and adds a $10^{-6}$ ridge before inverting, so its scores are ours
+    divided by $N$ (the same ranking), up to the ridge.
 
-    Class-conditional: ``score_classes(x)`` is ``MD_c(f) - MD_0(f)`` for
-    every class; scio 1.1's ``RelativeMahalanobis`` reads it at the
-    predicted class (``at="predicted"``), its conformity minus it times
-    ``(N - 1) / N`` (both its covariances divide by ``N - 1``).
+    Class-conditional: ``score_classes(x)`` is $\mathrm{MD}_c(f) -
+    \mathrm{MD}_0(f)$ for every class; scio 1.1's ``RelativeMahalanobis``
+    reads it at the predicted class (``at="predicted"``), its conformity
+    minus it times $(N - 1) / N$ (both its covariances divide by $N - 1$).
 
     Parameters
     ----------
@@ -380,7 +382,8 @@ class RMDS(Mahalanobis):
         Which class's relative distance is the score.
     epsilon : float, default 0.0
         Lee et al.'s input preprocessing, as :class:`Mahalanobis`' (the
-        step lowers the relative distance ``MD_c*(f) - MD_0(f)`` to the
+        step lowers the relative distance $\mathrm{MD}_{c^*}(f) - \mathrm{MD}_0(f)$
+        to the
         closest class, as scio's ``RelativeMahalanobis``).
 
     Examples
@@ -615,15 +618,16 @@ class _ResidualNorms:
 
 
 class ViM(Detector):
-    """Virtual-logit matching (Wang et al., CVPR 2022).
+    r"""Virtual-logit matching (Wang et al., CVPR 2022).
 
-    With ``W``, ``b`` the weight and bias of the classification layer ``fc``
-    and ``f`` its input features: the origin ``u = -W^+ b``; ``fit`` takes the
-    principal subspace of the in-distribution features about ``u`` (the top
-    ``d`` eigenvectors of ``E[(f - u)(f - u)^T]``, from a streaming
-    covariance) and ``alpha = mean(max logit) / mean(||(f - u) R||)``, ``R``
-    spanning the residual (the other eigenvectors), in a second pass.
-    ``score(x) = alpha ||(f - u) R|| - logsumexp(f W^T + b)``.
+    With $W$, $b$ the weight and bias of the classification layer ``fc``
+    and $f$ its input features: the origin $u = -W^+ b$; ``fit`` takes the
+    principal subspace of the in-distribution features about $u$ (the top
+    ``d`` eigenvectors of $\mathbb{E}[(f - u)(f - u)^\top]$, from a streaming
+    covariance) and $\alpha = \mathrm{mean}(\max z) / \mathrm{mean}(\|(f -
+    u) R\|)$, $z$ the logits, $R$ spanning the residual (the other
+    eigenvectors), in a second pass. $\mathrm{score}(x) = \alpha \|(f - u)
+    R\| - \mathrm{logsumexp}(f W^\top + b)$.
 
     Parameters
     ----------

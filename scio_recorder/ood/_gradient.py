@@ -36,7 +36,10 @@ if TYPE_CHECKING:
 
 
 class GradNorm(Detector):
-    """GradNorm: ``-||d KL(u || softmax(z / T)) / dW||_1`` of the last layer.
+    r"""GradNorm (Huang et al., NeurIPS 2021): a gradient norm of the last layer.
+
+    $\mathrm{score}(x) = -\|\partial \mathrm{KL}(u \,\|\, \mathrm{softmax}(z / T)) /
+    \partial W\|_1$, $W$ the last layer's weight.
 
     Parameters
     ----------

@@ -135,17 +135,17 @@ def fit_prototypes(  # noqa: PLR0913 (the data, then scio's hyperparameters)
 
 
 class IsoMax(ClassConditional):
-    """IsoMax, post hoc (Macêdo et al., IEEE TNNLS 2021; scio 1.1's reading).
+    r"""IsoMax, post hoc (Macêdo et al., IEEE TNNLS 2021; scio 1.1's reading).
 
-    The paper trains a net with *isometric* logits, ``-||h - p_c||`` the
-    distance of its features ``h`` to learned class prototypes ``p_c``,
-    through a softmax with an entropic scale ``E_s``. Here, as in scio 1.1,
+    The paper trains a net with *isometric* logits, $-\|h - p_c\|$ the
+    distance of its features $h$ to learned class prototypes $p_c$,
+    through a softmax with an entropic scale $E_s$. Here, as in scio 1.1,
     the net is trained already: the prototypes live in the space of its
-    logits ``z = f(x)``, and ``fit`` (labelled in-distribution data,
+    logits $z = f(x)$, and ``fit`` (labelled in-distribution data,
     ``target=`` needed) optimises them on the fit data's logits
     (:func:`fit_prototypes`: Adam from zeros, ``steps`` steps at ``lr`` on
-    the cross-entropy of ``-E_s ||z - p_c||`` with the labels). Then
-    ``score_classes(x) = -softmax_c(-E_s ||z - p_c||)`` (minus each class's
+    the cross-entropy of $-E_s \|z - p_c\|$ with the labels). Then
+    ``score_classes(x)`` $= -\mathrm{softmax}_c(-E_s \|z - p_c\|)$ (minus each class's
     probability, :func:`isomax_probabilities`) and ``score(x)`` reads it at
     the closest prototype (the largest probability: minus the maximum
     probability, default) or at the predicted class (``at="predicted"``,

@@ -347,30 +347,30 @@ class _Both:
 
 
 class JTLA(Neighbourhoods):
-    """JTLA (Raghuram et al., ICML 2021), as scio 1.1 scores it.
+    r"""JTLA (Raghuram et al., ICML 2021), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
     each layer of ``layers`` (read in one pass), the fit samples' features
     (L2-normalised, scio's ``act_norm=2``), their labels and the classes the
     net predicts. Then, per layer ``l``:
 
-    1. the counts ``n_l(z)``: the classes of the ``k`` nearest fit samples
-       of ``z`` (largest inner products, scio's ``index_metric="ip"``), each
+    1. the counts $n_l(z)$: the classes of the ``k`` nearest fit samples
+       of $z$ (largest inner products, scio's ``index_metric="ip"``), each
        fit sample among the others (leaving itself out);
-    2. per class ``c``, the expected counts: the sum of ``n_l`` over the fit
-       samples of true class ``c``, and over those the net predicts as
-       ``c`` (plus ``prior - 1`` for ``mode="map"``; the Dirichlet
+    2. per class $c$, the expected counts: the sum of $n_l$ over the fit
+       samples of true class $c$, and over those the net predicts as
+       $c$ (plus ``prior - 1`` for ``mode="map"``; the Dirichlet
        parameters for ``"dcm"``);
-    3. the test ``T_lc(z)`` of ``n_l(z)`` against class ``c``
+    3. the test $T_{lc}(z)$ of $n_l(z)$ against class $c$
        (:func:`multinomial_tests`), on every fit sample: the reference.
 
-    ``score_classes(x)``: with ``p_lc(x)`` the fraction of fit samples
-    whose ``T_lc`` is at least ``T_lc(x)``, ``q_c(x)`` the layers' p-values
+    ``score_classes(x)``: with $p_{lc}(x)$ the fraction of fit samples
+    whose $T_{lc}$ is at least $T_{lc}(x)$, $q_c(x)$ the layers' p-values
     combined (``aggregation``, scio's ``layer_aggregation``; ``"fisher"``:
-    ``sum_l log p_lc``), from the predicted-class tests (scio's
+    $\sum_l \log p_{lc}$), from the predicted-class tests (scio's
     ``pred_conditional=True``) or the true-class ones: the conformity is
-    ``q_c`` (``class_aggregation="nat"``) or ``q_c`` of the predicted-class
-    tests over the largest *other* ``q`` of the true-class tests
+    $q_c$ (``class_aggregation="nat"``) or $q_c$ of the predicted-class
+    tests over the largest *other* $q$ of the true-class tests
     (``"adv"``); ``score_classes(x) = -conformity``. ``score(x)`` at the
     closest class (the highest conformity; default) or the predicted one
     (``at="predicted"``, scio's reading).

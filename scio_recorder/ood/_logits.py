@@ -48,9 +48,10 @@ class _FromLogits(Detector):
 
 
 class MSP(_FromLogits):
-    """Maximum softmax probability (Hendrycks & Gimpel, ICLR 2017).
+    r"""Maximum softmax probability (Hendrycks & Gimpel, ICLR 2017).
 
-    ``score(x) = -max_c softmax(f(x))_c`` from the net's logits; no fitting.
+    $\mathrm{score}(x) = -\max_c \mathrm{softmax}(f(x))_c$ from the net's logits; no
+    fitting.
 
     Examples
     --------
@@ -68,7 +69,7 @@ class MSP(_FromLogits):
 
 
 class MaxLogit(_FromLogits):
-    """Maximum logit (Hendrycks et al., ICML 2022): ``-max_c f(x)_c``; no fitting.
+    r"""Maximum logit (Hendrycks et al., ICML 2022): $-\max_c f(x)_c$; no fitting.
 
     Examples
     --------
@@ -86,7 +87,7 @@ class MaxLogit(_FromLogits):
 
 
 class Energy(_FromLogits):
-    """Energy score (Liu et al., NeurIPS 2020): ``-t logsumexp(f(x) / t)``.
+    r"""Energy score (Liu et al., NeurIPS 2020): $-t \log \sum_c e^{f(x)_c / t}$.
 
     Parameters
     ----------
@@ -123,7 +124,7 @@ class Energy(_FromLogits):
 
 
 class Entropy(_FromLogits):
-    """Entropy of the predicted distribution: ``-sum_c p_c log p_c``; no fitting.
+    r"""Entropy of the predicted distribution: $-\sum_c p_c \log p_c$; no fitting.
 
     Examples
     --------
@@ -141,12 +142,12 @@ class Entropy(_FromLogits):
 
 
 class JointEnergy(_FromLogits):
-    """Joint energy (Wang et al., NeurIPS 2021): ``-sum_c log(1 + exp(f(x)_c))``.
+    r"""Joint energy (Wang et al., NeurIPS 2021): $-\sum_c \log(1 + e^{f(x)_c})$.
 
     The paper's score for multi-label nets (*Can multi-label classification
     networks know what they don't know?*): each logit is read as the energy
     of its own "class against the rest" decision and the classes' free
-    energies ``log(1 + exp(f_c))`` are summed; higher means more
+    energies $\log(1 + e^{f_c})$ are summed; higher means more
     in-distribution, and the score is minus it. No fitting. scio 1.1's
     ``JointEnergy`` conformity is the sum itself: ``score = -conformity``
     (the same number in every class, so every reading of scio's agrees).

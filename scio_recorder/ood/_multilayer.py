@@ -76,31 +76,32 @@ def shrunk(cov: Tensor, shrinkage: float) -> Tensor:
 
 
 class MahalanobisEnsemble(ClassConditional, MultiLayer):
-    """Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
+    r"""Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
 
-    For each layer ``l`` of ``layers``: features ``f_l`` pooled per channel
-    (:func:`~._layers.pool_features`), class means ``mu_lc`` and the covariance ``S_l``
-    shared by the classes (``W / N``, streaming); ``M_l(x) = min_c (f_l -
-    mu_lc)^T S_l^+ (f_l - mu_lc)``; ``score(x) = sum_l w_l M_l(x)``.
+    For each layer $l$ of ``layers``: features $f_l$ pooled per channel
+    (:func:`~._layers.pool_features`), class means $\mu_{lc}$ and the covariance $S_l$
+    shared by the classes ($W / N$, streaming); $M_l(x) = \min_c (f_l -
+    \mu_{lc})^\top S_l^+ (f_l - \mu_{lc})$; $\mathrm{score}(x) = \sum_l w_l
+    M_l(x)$.
 
     Where our reading decided: the paper fits ``w_l`` by logistic regression
-    on validation OoD data; we need no OoD data: equal weights ``1`` (as
+    on validation OoD data; we need no OoD data: equal weights $w_l = 1$ (as
     pytorch-ood's ``MultiMahalanobis``), or ``weights=``. The paper's input
     preprocessing (a step of size eps against the gradient) is ``epsilon=``,
-    default 0 (none; pytorch-ood does none). ``S^+`` is the pseudo-inverse of the
+    default 0 (none; pytorch-ood does none). $S_l^+$ is the pseudo-inverse of the
     covariance shrunk by ``shrinkage`` (:func:`shrunk`) for near-singular
-    covariances. pytorch-ood's ``MultiMahalanobis`` scores ``0.5 M_l`` with
-    ``S_l = W`` (not divided by ``N``) plus ``1e-6 I``: its scores are ours
-    times ``1 / (2 N)`` (the tests check it). With ``normalize=True``, the
+    covariances. pytorch-ood's ``MultiMahalanobis`` scores $0.5 M_l$ with
+    $S_l = W$ (not divided by $N$) plus $10^{-6} I$: its scores are ours
+    times $1 / (2 N)$ (the tests check it). With ``normalize=True``, the
     Mahalanobis++ of each layer (Müller & Hein, ICML 2025): the pooled
-    features L2-normalised (``f_l / ||f_l||_2``) to fit and to score.
+    features L2-normalised ($f_l / \|f_l\|_2$) to fit and to score.
 
-    Class-conditional: ``score_classes(x)`` is ``sum_l w_l M_lc(x)``, ``M_lc``
-    the distance to class ``c``'s mean at layer ``l`` (``inf`` for a class
+    Class-conditional: ``score_classes(x)`` is $\sum_l w_l M_{lc}(x)$, $M_{lc}$
+    the distance to class $c$'s mean at layer $l$ (``inf`` for a class
     absent from the fit data); ``at="predicted"`` reads it at the predicted
     class, as scio 1.1's ``DeepMahalanobis`` does (its conformity is minus
-    it times ``(N - 1) / N``). ``at="closest"`` (default) takes the closest
-    class **of each layer**, as above: ``sum_l w_l min_c M_lc``.
+    it times $(N - 1) / N$). ``at="closest"`` (default) takes the closest
+    class **of each layer**, as above: $\sum_l w_l \min_c M_{lc}$.
 
     ``aggregation=<name>`` combines p-values instead of summing distances
     (:mod:`~scio_recorder.ood._pvalues`): ``p_lc(x)`` is the fraction of fit
@@ -647,28 +648,29 @@ def _held_out_deviation(held: Mapping[int, Tensor], lo: Tensor, hi: Tensor) -> T
 
 
 class Gram(MultiLayer):
-    """Gram-matrix deviations (Sastry & Oore, ICML 2020), in one pass of the net.
+    r"""Gram-matrix deviations (Sastry & Oore, ICML 2020), in one pass of the net.
 
-    For each layer ``l`` and pole ``p`` of ``num_poles_list``: ``g_lp(x)``,
-    the row sums of ``(F^p)(F^p)^T`` with their signed ``p``-th root
-    (:func:`gram_vector`; ``F`` the layer's ``C x HW`` map, no pooling).
-    ``fit`` keeps per class the entry-wise min and max of ``g_lp`` over the
+    For each layer $l$ and pole $p$ of ``num_poles_list``: $g_{lp}(x)$,
+    the row sums of $(F^p)(F^p)^\top$ with their signed $p$-th root
+    (:func:`gram_vector`; $F$ the layer's $C \times HW$ map, no pooling).
+    ``fit`` keeps per class the entry-wise min and max of $g_{lp}$ over the
     fit data (streaming, :class:`~scio_recorder.reduce.MinMax` per class)
     and, in the same pass, the Gram vectors of the held-out samples (a
-    fraction of the data, ``P C`` values each), whose mean deviation
-    against the bounds of their true class is ``E_l``. ``score(x) = sum_l
-    (sum_p dev(g_lp(x), min_lpc, max_lpc)) / E_l``, ``c`` the predicted
-    class, ``dev`` :func:`gram_deviation`. Follows pytorch-ood's ``Gram``;
-    one pass over the fit data (pytorch-ood: one per layer, then the
-    held-out deviations), shared by :func:`~scio_recorder.ood.fit_detectors`.
+    fraction of the data, $P C$ values each), whose mean deviation
+    against the bounds of their true class is $E_l$. $\mathrm{score}(x) =
+    \sum_l (\sum_p \mathrm{dev}(g_{lp}(x), \mathrm{min}_{lpc},
+    \mathrm{max}_{lpc})) / E_l$, $c$ the predicted class, $\mathrm{dev}$
+    :func:`gram_deviation`. Follows pytorch-ood's ``Gram``; one pass over the
+    fit data (pytorch-ood: one per layer, then the held-out deviations),
+    shared by :func:`~scio_recorder.ood.fit_detectors`.
 
     Where our reading decided: the held-out samples are a fraction of each
     class, as pytorch-ood's, but chosen deterministically (:func:`held_out`:
     the ``j``-th sample of a class in the stream when ``floor((j + 1) f) >
     floor(j f)``, ``f = validation_fraction``) rather than by a random
     permutation; with ``validation_fraction=0`` nothing is held out
-    and every ``E_l = 1`` (as pytorch-ood when a class has < 10 samples).
-    ``E_l = 1`` also when the held-out deviation is 0. Every class from 0 to
+    and every $E_l = 1$ (as pytorch-ood when a class has < 10 samples).
+    $E_l = 1$ also when the held-out deviation is 0. Every class from 0 to
     the largest label must be in the fit data outside the held-out samples
     (pytorch-ood's requirement too).
 
@@ -681,7 +683,7 @@ class Gram(MultiLayer):
     num_poles_list : list of int, optional
         The poles ``p``; default ``1 .. len(layers)`` (pytorch-ood's).
     validation_fraction : float, default 0.1
-        Held out for ``E_l``, in ``[0, 1)``.
+        Held out for $E_l$, in ``[0, 1)``.
 
     Examples
     --------

@@ -78,9 +78,9 @@ def lid_estimate(squared: Tensor) -> Tensor:
 
 
 class LID(Features):
-    """Local intrinsic dimensionality (Ma et al., ICLR 2018), as scio 1.1 scores it.
+    r"""Local intrinsic dimensionality (Ma et al., ICLR 2018), as scio 1.1 scores it.
 
-    ``fit`` keeps the features of the fit data (a bank of ``N x F`` float32,
+    ``fit`` keeps the features of the fit data (a bank of $N \times F$ float32,
     spilled to disk by ``collect`` beyond a ``memory_budget``; no labels).
     ``score(x)`` is the maximum-likelihood estimate of the local intrinsic
     dimensionality at ``x`` from its ``k`` nearest bank features,
@@ -210,19 +210,20 @@ def trust_scores(distances: Tensor) -> Tensor:
 
 
 class Trust(ClassConditional, Features):
-    """Trust score (Jiang et al., NeurIPS 2018), as scio 1.1 computes it.
+    r"""Trust score (Jiang et al., NeurIPS 2018), as scio 1.1 computes it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, per
     class, the **alpha-high-density set** of its fit features: the class's
     samples without the fraction ``alpha`` whose ``k``-th nearest neighbour
     within the class (leaving the sample itself out) is farthest
-    (``floor(alpha n_c)`` removed; among equal distances the earlier sample
-    first). With ``d_c(x)`` the Euclidean distance of ``x``'s features to
-    the nearest point of class ``c``'s set: ``trust_c(x) = min_{c' != c}
-    d_c'(x) / d_c(x)`` (:func:`trust_scores`), and ``score_classes(x) =
-    -trust_c(x)``. ``score(x) = -trust``: at the closest class (default; its
-    trust is the ratio of the two smallest distances, at least 1) or at the
-    predicted one (``at="predicted"``, the paper's and scio's reading).
+    ($\lfloor \alpha n_c \rfloor$ removed; among equal distances the earlier
+    sample first). With $d_c(x)$ the Euclidean distance of $x$'s features to
+    the nearest point of class $c$'s set: $\mathrm{trust}_c(x) = \min_{c' \ne c}
+    d_{c'}(x) / d_c(x)$ (:func:`trust_scores`), and ``score_classes(x)`` $=
+    -\mathrm{trust}_c(x)$. ``score(x)`` $= -\mathrm{trust}$: at the closest class
+    (default; its trust is the ratio of the two smallest distances, at least
+    1) or at the predicted one (``at="predicted"``, the paper's and scio's
+    reading).
 
     A class without fit samples is at distance ``inf``. Features are not
     normalised (scio's ``act_norm=None``).
@@ -405,7 +406,7 @@ class Trust(ClassConditional, Features):
 
 
 class DkNN(Neighbourhoods):
-    """Deep k-nearest neighbours (Papernot & McDaniel, 2018), as scio 1.1 scores it.
+    r"""Deep k-nearest neighbours (Papernot & McDaniel, 2018), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
     each layer of ``layers`` (read in one pass), the fit samples' features
@@ -414,11 +415,11 @@ class DkNN(Neighbourhoods):
     features, layer by layer:
 
     * ``aggregation=None`` (scio's default): the counts summed over the
-      layers, ``sum_l n_lc(x)``;
+      layers, $\sum_l n_{lc}(x)$;
     * ``aggregation=<name>`` (scio's ``per_layer=True``): each layer's count
       becomes a p-value against the fit samples' own counts, *leaving each
-      sample out of its own neighbours* (``p_lc = #{i: a_li < n_lc(x)} /
-      N``, ``a_li`` the neighbours of fit sample ``i`` of its class: fewer
+      sample out of its own neighbours* ($p_{lc} = \#\{i : a_{li} < n_{lc}(x)\}
+      / N$, $a_{li}$ the neighbours of fit sample $i$ of its class: fewer
       agreeing neighbours than ``x`` has), and the layers' p-values are
       combined by the named rule (:func:`~._pvalues.combine`: ``"fisher"``
       sums their logs, ...).

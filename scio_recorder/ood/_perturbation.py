@@ -183,11 +183,11 @@ def _check_aggregation(who: str, aggregation: Any) -> str | float:
 
 
 class FeatureSqueezing(Detector):
-    """Feature squeezing (Xu et al., NDSS 2018), as scio 1.1 scores it.
+    r"""Feature squeezing (Xu et al., NDSS 2018), as scio 1.1 scores it.
 
-    Each squeezer ``s`` maps the input to a coarser one (fewer bits per
-    value, a median filter); with ``p(x) = softmax(f(x))``, the distance of
-    each squeezer is ``d_s(x) = ||p(x) - p(s(x))||`` (the L1 norm by
+    Each squeezer $s$ maps the input to a coarser one (fewer bits per
+    value, a median filter); with $p(x) = \mathrm{softmax}(f(x))$, the distance of
+    each squeezer is $d_s(x) = \|p(x) - p(s(x))\|$ (the L1 norm by
     default, the paper's), and ``score(x)`` combines them over the
     squeezers (their maximum by default, the paper's joint detector): an
     input the net reads differently once squeezed is more likely OoD (the
@@ -196,9 +196,9 @@ class FeatureSqueezing(Detector):
 
     scio 1.1's ``FeatureSqueezing`` conformity is minus the score (the same
     in every class). The squeezers follow scio's: ``"bits:n"`` is
-    ``(round(x 2^n) + 1/2) / 2^n`` (:func:`bits_squeeze`, for inputs in
-    ``[0, 1]``), ``"median:s"`` a median filter of size ``s`` (x ``s``)
-    over each sample (per channel for ``C x H x W``; :func:`median_squeeze`,
+    $(\mathrm{round}(x 2^n) + 1/2) / 2^n$ (:func:`bits_squeeze`, for inputs in
+    $[0, 1]$), ``"median:s"`` a median filter of size $s \times s$
+    over each sample (per channel for $C \times H \times W$; :func:`median_squeeze`,
     SciPy's windows and edges). The input squeezed is the net's first
     positional argument, a floating tensor (:func:`floating_input`).
 
@@ -327,19 +327,20 @@ Z_AGGREGATIONS = ("sum", "detect", "rectify")
 
 
 class Odds(ClassConditional):
-    """The odds are odd (Roth, Kilcher & Hofmann, ICML 2019), as scio 1.1 scores it.
+    r"""The odds are odd (Roth, Kilcher & Hofmann, ICML 2019), as scio 1.1 scores it.
 
-    With ``f_{y,z}(x) = f_z(x) - f_y(x)`` the preference of class ``z`` over
-    ``y`` and ``x + n`` the input with uniform noise ``n`` in ``[-epsilon,
-    epsilon]`` per value, the noise-induced shift ``g_{y,z}(x) = E_n[f_{y,z}(x
-    + n)] - f_{y,z}(x)`` (``noise_samples`` draws). ``fit`` (labelled
-    in-distribution data, ``target=`` needed) takes, for each class ``y``,
-    the mean ``mu_{y,z}`` and the standard deviation ``sigma_{y,z}`` of the
-    shifts ``f_{y,z}(x + n) - f_{y,z}(x)`` over its fit samples and their
-    draws. A class's score is its z-scores ``(g_{y,z}(x) - mu_{y,z}) /
-    sigma_{y,z}`` combined over the other classes ``z`` (``z_aggregation``:
+    With $f_{y,z}(x) = f_z(x) - f_y(x)$ the preference of class $z$ over
+    $y$ and $x + n$ the input with uniform noise $n$ in $[-\epsilon,
+    \epsilon]$ per value ($\epsilon$ = ``epsilon``), the noise-induced shift
+    $g_{y,z}(x) = \mathbb{E}_n[f_{y,z}(x + n)] - f_{y,z}(x)$ (``noise_samples``
+    draws). ``fit`` (labelled in-distribution data, ``target=`` needed)
+    takes, for each class $y$, the mean $\mu_{y,z}$ and the standard
+    deviation $\sigma_{y,z}$ of the shifts $f_{y,z}(x + n) - f_{y,z}(x)$ over
+    its fit samples and their draws. A class's score is its z-scores
+    $(g_{y,z}(x) - \mu_{y,z}) / \sigma_{y,z}$ combined over the other classes
+    $z$ (``z_aggregation``:
     their sum by default, scio's; ``"detect"`` the largest, the paper's
-    test for a sample predicted ``y``; ``"rectify"`` the smallest):
+    test for a sample predicted $y$; ``"rectify"`` the smallest):
     ``score_classes(x)`` ``[batch, classes]``, higher = the logits move under
     noise as they do not for that class's data. ``score(x)`` reads it at
     the predicted class (the paper's and scio's reading, the default), or
@@ -355,7 +356,7 @@ class Odds(ClassConditional):
     scio 1.1's ``Odds`` conformity is ``-score_classes(x)`` for its own
     noise draws (a generator seeded once at ``fit``, drawn in batch order),
     but with **one difference of definition**: scio divides by the
-    variance ``sigma^2``, not by ``sigma`` as the paper's z-scores; ``scale=
+    variance $\sigma^2$, not by $\sigma$ as the paper's z-scores; ``scale=
     "variance"`` reproduces it. A class without fit samples scores ``+inf``
     (scio: conformity ``-inf``), as does a z-score that is ``0 / 0``.
 

@@ -55,10 +55,11 @@ def gen_score(logits: Tensor, gamma: float = 0.1, m: int | None = None) -> Tenso
 
 
 class GEN(Detector):
-    """GEN, generalised entropy (Liu et al., CVPR 2023); no fitting.
+    r"""GEN, generalised entropy (Liu et al., CVPR 2023); no fitting.
 
-    ``score(x) = (1/M) sum_{j in top-M} p_j^gamma (1 - p_j)^gamma`` with ``p
-    = softmax(f(x))`` clamped to ``[1e-7, 1 - 1e-7]``: small for a peaked
+    $\mathrm{score}(x) = \frac{1}{M} \sum_{j \in \mathrm{top}_M} p_j^\gamma (1 -
+    p_j)^\gamma$ with $p = \mathrm{softmax}(f(x))$ clamped to $[10^{-7}, 1 -
+    10^{-7}]$ ($\gamma$ = ``gamma``): small for a peaked
     posterior (in-distribution), large for a flat one.
 
     Where our reading decided, with pytorch-ood 0.4: the terms are averaged
@@ -164,21 +165,23 @@ def kl_to_closest(p: Tensor, typical: Tensor) -> Tensor:
 
 
 class KLMatching(ClassConditional, Detector):
-    """KL matching (Hendrycks et al., ICML 2022): KL to the closest typical posterior.
+    r"""KL matching (Hendrycks et al., ICML 2022): KL to the closest typical posterior.
 
-    ``fit`` takes, for each class ``k`` the net predicts on the fit data, the
-    typical posterior ``d_k``: the mean of ``softmax(f(x))`` over the fit
-    samples predicted as ``k`` (no labels needed), streaming.
-    ``score(x) = min_k KL(softmax(f(x)) || d_k)`` over those classes.
+    ``fit`` takes, for each class $k$ the net predicts on the fit data, the
+    typical posterior $d_k$: the mean of $\mathrm{softmax}(f(x))$ over the fit
+    samples predicted as $k$ (no labels needed), streaming.
+    $\mathrm{score}(x) = \min_k \mathrm{KL}(\mathrm{softmax}(f(x)) \,\|\, d_k)$ over
+    those classes.
 
     Where our reading decided, with pytorch-ood 0.4: the minimum runs over
     the classes predicted at least once on the fit data (the paper does not
     say what to do with the others); labels are not used (pytorch-ood uses
-    them only to drop OoD samples: give in-distribution data only); ``log
-    d_k = -inf`` is replaced by the lowest finite float, so the score stays
+    them only to drop OoD samples: give in-distribution data only); $\log
+    d_k = -\infty$ is replaced by the lowest finite float, so the score stays
     finite. Sums and the divergence are in float64.
 
-    Class-conditional: ``score_classes(x)`` is ``KL(softmax(f(x)) || d_k)``
+    Class-conditional: ``score_classes(x)`` is $\mathrm{KL}(\mathrm{softmax}(f(x))
+    \,\|\, d_k)$
     for every class (``inf`` for a class never predicted on the fit data);
     ``at="predicted"`` reads it at the class predicted for ``x``.
 

@@ -112,13 +112,14 @@ class _LastLayer(Detector):
 
 # ----------------------------------------------------------------- DICE
 class DICE(_LastLayer):
-    """DICE, directed sparsification (Sun & Li, ECCV 2022).
+    r"""DICE, directed sparsification (Sun & Li, ECCV 2022).
 
-    ``fit`` takes the mean ``m`` of ``fc``'s input features on
-    in-distribution data (streaming) and the contributions ``V = m^T * W``
-    (``V_cj = m_j W_cj``); the weights whose contribution is not above the
-    ``p`` quantile of ``V`` are masked out: ``W~ = W * [V > q_p(V)]``.
-    ``score(x) = detector(f W~^T + b)``, the energy by default.
+    ``fit`` takes the mean $m$ of ``fc``'s input features on
+    in-distribution data (streaming) and the contributions $V = m^\top \odot W$
+    ($V_{cj} = m_j W_{cj}$); the weights whose contribution is not above the
+    $p$ quantile of $V$ are masked out: $\tilde W = W \odot [V > q_p(V)]$.
+    $\mathrm{score}(x) = \mathrm{detector}(f \tilde W^\top + b)$, the energy by
+    default.
 
     Where our reading decided, with pytorch-ood 0.4: ``p`` is the fraction
     of weights dropped, the quantile interpolated linearly over all ``C x
@@ -246,14 +247,15 @@ class _CorrectMeans(ClassSums):
 
 
 class SHE(ClassConditional, _LastLayer):
-    """SHE, simplified Hopfield energy (Zhang et al., ICLR 2023).
+    r"""SHE, simplified Hopfield energy (Zhang et al., ICLR 2023).
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) stores one
-    pattern per class, ``S_c``: the mean of ``fc``'s input features over the
-    fit samples of class ``c`` that the net classifies correctly (streaming,
-    float64). ``score(x) = -<f, S_{y^}>``, ``y^`` the class ``fc`` predicts
-    for ``x`` (``at="predicted"``, the paper's reading and the default);
-    ``score_classes(x)`` is ``-<f, S_c>`` for every class, and
+    pattern per class, $S_c$: the mean of ``fc``'s input features over the
+    fit samples of class $c$ that the net classifies correctly (streaming,
+    float64). $\mathrm{score}(x) = -\langle f, S_{\hat y} \rangle$, $\hat y$ the
+    class ``fc`` predicts for $x$ (``at="predicted"``, the paper's reading
+    and the default); ``score_classes(x)`` is $-\langle f, S_c \rangle$ for every
+    class, and
     ``at="closest"`` reads the class of the largest inner product.
 
     Where our reading decided, with pytorch-ood 0.4: predictions are
@@ -347,11 +349,12 @@ class SHE(ClassConditional, _LastLayer):
 
 # ----------------------------------------------------------------- NNGuide
 class NNGuide(_LastLayer):
-    """NNGuide, nearest-neighbour guidance (Park et al., ICCV 2023).
+    r"""NNGuide, nearest-neighbour guidance (Park et al., ICCV 2023).
 
-    With ``E(x) = logsumexp(fc(f(x)))`` and ``f^ = f / ||f||``: ``fit`` keeps
-    the bank of the fit samples' guides ``E(z) f^(z)``; ``score(x) = -E(x)
-    * (1/k) sum of the k largest <f^(x), E(z) f^(z)>`` over the bank.
+    With $E(x) = \mathrm{logsumexp}(\mathrm{fc}(f(x)))$ and $\hat f = f / \|f\|$:
+    ``fit`` keeps the bank of the fit samples' guides $E(z) \hat f(z)$;
+    $\mathrm{score}(x) = -E(x) \cdot \frac{1}{k} \sum$ of the $k$ largest
+    $\langle \hat f(x), E(z) \hat f(z) \rangle$ over the bank.
 
     Where our reading decided, with pytorch-ood 0.4: the neighbours are the
     ``k`` largest inner products with the energy-scaled guides (not the
@@ -456,17 +459,17 @@ class NNGuide(_LastLayer):
 
 # ----------------------------------------------------------------- RMDS
 class fDBD(_LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
-    """fDBD, fast decision-boundary distance (Liu & Qin, ICML 2024).
+    r"""fDBD, fast decision-boundary distance (Liu & Qin, ICML 2024).
 
-    With ``y^`` the class ``fc`` predicts, ``z = W f + b`` its logits and
-    ``mu`` the mean of ``fc``'s input on the fit data (streaming, float64):
-    ``score(x) = -1/(C - 1) sum_{c != y^} |z_{y^} - z_c| / ||w_{y^} - w_c||
-    / ||f - mu||`` (the distances to the decision boundaries, relative to
-    the distance to the mean).
+    With $\hat y$ the class ``fc`` predicts, $z = W f + b$ its logits and
+    $\mu$ the mean of ``fc``'s input on the fit data (streaming, float64):
+    $\mathrm{score}(x) = -\frac{1}{C - 1} \sum_{c \ne \hat y} |z_{\hat y} - z_c| /
+    \|w_{\hat y} - w_c\| / \|f - \mu\|$ (the distances to the decision
+    boundaries, relative to the distance to the mean).
 
     Where our reading decided, with pytorch-ood 0.4: the prediction is
     ``fc``'s (the net's own operation, in the features' dtype), the
-    distances are float64; ``||f - mu||`` is clamped to ``1e-8``; two
+    distances are float64; $\|f - \mu\|$ is clamped to $10^{-8}$; two
     classes with equal weight vectors divide by zero (as in the paper).
 
     Parameters

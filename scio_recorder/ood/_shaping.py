@@ -345,8 +345,8 @@ class ASH(Shaping):
 
     Prunes each sample's activations of ``layer`` below its ``percentile``
     (the largest ``1 - percentile`` are kept), then, by ``variant``:
-    ``"ash-p"`` keeps them, ``"ash-b"`` sets them all to ``s1 / k``, ``"ash-s"``
-    scales them by ``exp(s1 / s2)`` (``s1``, ``s2``: the sums before and after
+    ``"ash-p"`` keeps them, ``"ash-b"`` sets them all to $s_1 / k$, ``"ash-s"``
+    scales them by $e^{s_1 / s_2}$ ($s_1$, $s_2$: the sums before and after
     pruning); the rest of the net runs on the result, scored by energy.
 
     Parameters
@@ -415,8 +415,8 @@ class ASH(Shaping):
 class Scale(Shaping):
     """SCALE (Xu et al., ICLR 2024): scale ``layer``'s activations, then score.
 
-    Each sample's activations are multiplied by ``exp(s1 / s2)``, ``s1`` their
-    sum and ``s2`` the sum of the largest ``1 - percentile`` of them; none is
+    Each sample's activations are multiplied by $e^{s_1 / s_2}$, $s_1$ their
+    sum and $s_2$ the sum of the largest ``1 - percentile`` of them; none is
     pruned (unlike ASH-S). No fitting; energy score by default.
 
     Parameters

@@ -179,9 +179,10 @@ def auroc(id_scores: Scores, ood_scores: Scores) -> float:
 
 
 def average_precision(positives: Scores, negatives: Scores) -> float:
-    """Return the average precision of ``positives`` ranked above ``negatives``.
+    r"""Return the average precision of ``positives`` ranked above ``negatives``.
 
-    ``sum_n (R_n - R_{n-1}) P_n`` over the distinct thresholds, as
+    $\sum_n (R_n - R_{n-1}) P_n$ over the distinct thresholds ($R_n$, $P_n$
+    the recall and precision at the $n$-th), as
     scikit-learn's ``average_precision_score``.
 
     Examples
