@@ -151,6 +151,20 @@ def test_ci_runs_the_readmes_test_command_and_the_slow_tests():
     assert lines.index(command) < lines.index(f"{command} -m slow")
 
 
+def test_the_changelogs_links_are_absolute():
+    """CHANGELOG.md is read at the root and, included, as docs/changelog.md.
+
+    A relative link resolves in one place only (``docs/x.md`` is a missing
+    page on the site, where ``mkdocs build --strict`` fails on it): the
+    changelog links to full URLs and names pages in words.
+    """
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert targets, "the changelog's links were not found"
+    relative = [t for t in targets if not re.match(r"https?://", t)]
+    assert not relative, f"relative links in CHANGELOG.md: {relative}"
+
+
 @dataclasses.dataclass
 class Block:
     """A fenced block of a page, with the output shown right after it."""

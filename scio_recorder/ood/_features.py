@@ -382,9 +382,9 @@ class RMDS(Mahalanobis):
         Which class's relative distance is the score.
     epsilon : float, default 0.0
         Lee et al.'s input preprocessing, as :class:`Mahalanobis`' (the
-        step lowers the relative distance $\mathrm{MD}_{c^*}(f) - \mathrm{MD}_0(f)$
-        to the
-        closest class, as scio's ``RelativeMahalanobis``).
+        step lowers the relative distance to the closest class,
+        $\mathrm{MD}_{c^*}(f) - \mathrm{MD}_0(f)$, as scio's
+        ``RelativeMahalanobis``).
 
     Examples
     --------
