@@ -16,7 +16,13 @@ the pass itself) holds that pass's state.
 
 from __future__ import annotations
 
-__all__ = ["CLIError", "CallPlanError", "InPlaceWarning", "NotFittedError"]
+__all__ = [
+    "CLIError",
+    "CallPlanError",
+    "InPlaceWarning",
+    "NotFittedError",
+    "first_line",
+]
 
 
 class CallPlanError(RuntimeError):
@@ -50,3 +56,20 @@ class NotFittedError(RuntimeError):
 
 class CLIError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""
+
+
+def first_line(error: BaseException) -> str:
+    r"""Return the first line of an error's message (``""`` for none).
+
+    For messages that quote another library's error in one line.
+
+    Examples
+    --------
+    >>> first_line(ValueError("\nshape mismatch\nmore detail"))
+    'shape mismatch'
+    >>> first_line(KeyError())
+    ''
+
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""

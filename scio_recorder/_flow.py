@@ -108,6 +108,7 @@ from torch._subclasses.fake_tensor import (
 from torch.nn.parameter import is_lazy
 
 from ._engine.passes import is_recorder
+from ._errors import first_line
 from ._preserve import preserved
 from ._watch import (
     DataRead,
@@ -442,7 +443,7 @@ def fake_table(
 def _root(error: BaseException) -> str:
     while error.__cause__ is not None:
         error = error.__cause__
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def _assert_real(net: nn.Module) -> None:

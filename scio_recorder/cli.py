@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from scio_recorder import CallInputs, Recorder
-from scio_recorder._errors import CLIError
+from scio_recorder._errors import CLIError, first_line
 from scio_recorder._files import library_version
 from scio_recorder._render import text_table
 from scio_recorder.layers import example_inputs
@@ -523,8 +523,7 @@ def _load_weights(net: nn.Module, path: str) -> None:
     try:
         net.load_state_dict(load_file(path))
     except Exception as error:
-        first = str(error).strip().splitlines()[0]
-        msg = f"cannot load {path!r} into the model: {first}"
+        msg = f"cannot load {path!r} into the model: {first_line(error)}"
         raise CLIError(msg) from error
 
 
@@ -676,9 +675,10 @@ _TOKEN_IDS = re.compile(r"embedding|'indices'|Long, Int|token", re.IGNORECASE)
 def _forward_error(error: BaseException, given: _Inputs, where: str = "") -> CLIError:
     """Say which argument to fix when the model's forward raised on ``given``."""
     cause = error.__cause__ or error
-    text = str(cause).strip()
-    first = text.splitlines()[0] if text else ""
-    raised = f"the model's forward raised {type(cause).__name__}{where}: {first}"
+    text = str(cause)
+    raised = (
+        f"the model's forward raised {type(cause).__name__}{where}: {first_line(cause)}"
+    )
     if given.option in {"--input-size", "default"} and _TOKEN_IDS.search(text):
         hint = (
             f"it was given {given.described}; if it takes token ids, use "

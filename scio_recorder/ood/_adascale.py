@@ -28,11 +28,11 @@ from torch import Tensor
 
 from ._checks import (
     check_finite_samples,
-    first_float_input,
     one_label,
     one_tensor,
     rows_not_finite,
 )
+from ._inputs import floating_input
 from ._outputs import as_logits, energy_score
 from ._passes import all_or_nothing
 from ._protocol import Detector, Pass, gradient_fit_inputs, run_pass
@@ -235,7 +235,7 @@ class AdaScale(Detector):
         with respect to the input; no ``.grad`` of the net is touched), then
         a forward pass on the moved input.
         """
-        x = first_float_input(args, "AdaScale")
+        x = floating_input(args, "AdaScale")
         with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
             found = run_pass(

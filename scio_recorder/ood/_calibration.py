@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._checks import first_float_input
+from ._inputs import floating_input
 from ._outputs import as_logits, output_label
 from ._protocol import Detector, run_pass
 from ._saving import StateEntry
@@ -288,7 +288,7 @@ class ODIN(Detector):
 
     def perturb(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
-        x = first_float_input(args, "ODIN")
+        x = floating_input(args, "ODIN")
         with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()
             out = run_pass(

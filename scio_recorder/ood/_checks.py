@@ -35,7 +35,6 @@ __all__ = [
     "checked_targets",
     "count_non_finite",
     "feature_count",
-    "first_float_input",
     "last_linear",
     "net_classes",
     "one_label",
@@ -516,22 +515,6 @@ def net_classes(rnet: Recorder) -> int | None:
         if row.recordable and isinstance(row.module, nn.Linear)
     ]
     return int(linears[-1].out_features) if linears else None
-
-
-def first_float_input(args: tuple[Any, ...], who: str) -> Tensor:
-    """Return the net's first positional argument, refused unless a floating tensor.
-
-    For the detectors that move the input along a gradient (ODIN, AdaScale).
-    """
-    x = args[0] if args else None
-    if not (isinstance(x, Tensor) and x.is_floating_point()):
-        got = type(x).__name__ if not isinstance(x, Tensor) else f"a {x.dtype} tensor"
-        msg = (
-            f"{who} perturbs the net's first positional input, which must be a "
-            f"floating tensor; got {got}. Pass the input first, as a tensor."
-        )
-        raise TypeError(msg)
-    return x
 
 
 def one_tensor(value: Any, rnet: Recorder, label: DepthIdx, who: str) -> Tensor:
