@@ -254,7 +254,7 @@ def _fake_forward(net: nn.Module, summary_kwargs: dict[str, Any]) -> DataRead | 
     """Run one fake pass of ``net``; return where it read a value, if it did."""
     train = str(summary_kwargs.get("mode", "eval")) == "train"
     try:
-        with preserved(net), fake_pass(net):
+        with preserved(net, writes=False), fake_pass(net):
             args, kwargs = example_inputs(net, summary_kwargs)
             net.train(train)
             net(*args, **kwargs)
@@ -277,7 +277,7 @@ def _fx_traces(net: nn.Module) -> BaseException | None:
             return is_recorder(m) or super().is_leaf_module(m, module_qualified_name)
 
     try:
-        with preserved(net):  # accelerate's hooks run in a trace too
+        with preserved(net, writes=False):  # accelerate's hooks run in a trace too
             _Tracer().trace(net)
     except Exception as error:  # noqa: BLE001 (any failure is the answer)
         return error

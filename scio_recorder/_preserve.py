@@ -14,8 +14,15 @@ snapshots what such a pass can change and puts it back exactly, in
   copied back where the pass changed them in place (BatchNorm running
   statistics and ``num_batches_tracked`` in train mode). This costs a copy
   of the buffers for the duration of the pass;
-* every parameter: the same object stays registered. A forward pass does
-  not write parameters, but hooks may swap them: accelerate's
+* every parameter: the same object stays registered, with its values. A
+  forward may write a parameter in place (a data-dependent initialization,
+  Glow's ``ActNorm``: ``if not self.initialized: self.loc.data.copy_(...)``,
+  which the static-flow check's forced branches run): a dispatch mode
+  (:class:`ParameterWrites`) copies a parameter just before the first
+  operator that writes its memory (through the parameter, ``.data`` or a
+  view), and its values are copied back at the end; a parameter whose
+  ``.data`` the pass rebinds gets its old tensor back. Only what is written
+  is copied. Hooks may also swap parameters: accelerate's
   ``AlignDevicesHook`` (:func:`accelerate.cpu_offload`,
   :func:`accelerate.disk_offload`, :func:`accelerate.dispatch_model`) loads
   an offloaded module's weights from its ``weights_map`` before the module
@@ -42,8 +49,10 @@ snapshots what such a pass can change and puts it back exactly, in
   which a train-mode pass updates). The hooks are found by attribute, so
   accelerate is never imported.
 
-Parameters are not copied (a forward pass does not write them); lazy
-parameters and buffers that the pass materializes stay materialized.
+Parameters are copied only when written; lazy parameters and buffers that
+the pass materializes stay materialized. Passes that cannot write real
+memory (a fake-tensor pass, a symbolic trace, ``torch.export``) run without
+the dispatch mode (``preserved(net, writes=False)``).
 
 What cannot be put back, because it lies outside the net's modules or is
 not Python data: globals and module-level state (a counter in the net's
@@ -52,15 +61,22 @@ cache), files written and anything printed or logged, the state of other
 objects a module holds (a logger, a tokenizer, a class instance that is not
 a dataclass: the attribute gets the object back, not the object's
 attributes), the values of tensors held as plain attributes or in
-containers and written in place, the class of a module (``__class__``),
-submodules registered or replaced by the pass, and random states other
-than torch's (Python's ``random``, numpy's; the static-flow check restores
-torch's, :mod:`scio_recorder._watch`).
+containers and written in place, parameter memory written from outside
+torch's operators (``numpy()`` views, a C extension), the class of a
+module (``__class__``), submodules registered or replaced by the pass, and
+random states other than torch's (Python's ``random``, numpy's; the
+static-flow check restores torch's, :mod:`scio_recorder._watch`).
 """
 
 from __future__ import annotations
 
-__all__ = ["SavedBuffers", "placed_by_accelerate", "preserved", "unload_offloaded"]
+__all__ = [
+    "ParameterWrites",
+    "SavedBuffers",
+    "placed_by_accelerate",
+    "preserved",
+    "unload_offloaded",
+]
 
 import collections
 import contextlib
@@ -70,24 +86,30 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parameter import is_lazy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
 
     from torch import Tensor, nn
 
 
 @contextlib.contextmanager
-def preserved(net: nn.Module) -> Iterator[None]:
+def preserved(net: nn.Module, *, writes: bool = True) -> Iterator[None]:
     """Restore the modes, parameters, buffers and accelerate hooks of ``net`` on exit.
 
     Parameters
     ----------
     net : torch.nn.Module
         The net whose submodules' ``training`` flags, parameters (the objects
-        in their slots and their ``requires_grad``), buffers, plain
-        attributes (and the containers they hold) and accelerate hooks'
-        state are put back as they were on entry.
+        in their slots, their values and their ``requires_grad``), buffers,
+        plain attributes (and the containers they hold) and accelerate
+        hooks' state are put back as they were on entry.
+    writes : bool, default True
+        Watch the block's operators for writes to the parameters' memory
+        (:class:`ParameterWrites`) and put the values back. ``False`` for
+        blocks that write no real memory (fake tensors, tracing, export),
+        where parameters keep only their objects and ``requires_grad``.
 
     Examples
     --------
@@ -111,11 +133,15 @@ def preserved(net: nn.Module) -> Iterator[None]:
         _hooks(net),
         SavedBuffers(net).restore,
     ]
+    guard = ParameterWrites(net) if writes else None
     try:
-        yield
+        with guard if guard is not None else contextlib.nullcontext():
+            yield
     finally:
         for restore in restores:
             restore()
+        if guard is not None:
+            guard.restore()
 
 
 def _modes(net: nn.Module) -> Callable[[], None]:
@@ -130,22 +156,163 @@ def _modes(net: nn.Module) -> Callable[[], None]:
 
 
 def _parameters(net: nn.Module) -> Callable[[], None]:
-    """Snapshot which parameter sits in each slot, and its ``requires_grad``."""
+    """Snapshot each slot's parameter, its ``requires_grad`` and its ``.data``.
+
+    ``.data`` is kept as an alias (no copy): a pass that rebinds it
+    (``param.data = other``) gets the old tensor back.
+    """
     params = [
-        (module, name, param, param.requires_grad)
+        (module, name, param, param.requires_grad, param.data)
         for module in net.modules()
         for name, param in module._parameters.items()  # noqa: SLF001 (the slots themselves)
         if param is not None and not is_lazy(param)
     ]
 
     def restore() -> None:
-        for module, name, param, requires_grad in params:
+        for module, name, param, requires_grad, data in params:
             if module._parameters.get(name) is not param:  # noqa: SLF001 (swapped in the pass)
                 module._parameters[name] = param  # noqa: SLF001
+            if not _same_tensor(param, data):
+                param.data = data
             if param.requires_grad != requires_grad:
                 param.requires_grad_(requires_grad)
 
     return restore
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` still views ``b``'s memory the way it did (else it was rebound)."""
+    if a.is_meta or b.is_meta:
+        return a.is_meta == b.is_meta and a.shape == b.shape
+    try:
+        return (
+            a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.shape == b.shape
+            and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset()
+            and a.dtype == b.dtype
+        )
+    except (RuntimeError, NotImplementedError):  # no storage (a tensor subclass)
+        return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+_WRITTEN: dict[Any, tuple[int, ...]] = {}
+"""The positions of the arguments each operator seen so far writes (its schema's)."""
+
+
+def _written_arguments(func: Any) -> tuple[int, ...]:
+    known = _WRITTEN.get(func)
+    if known is None:
+        schema = func._schema  # noqa: SLF001 (the operator's declared aliasing)
+        known = _WRITTEN[func] = tuple(
+            index
+            for index, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+    return known
+
+
+def _storage_key(tensor: Tensor) -> int | None:
+    """Return the address of a tensor's memory, ``None`` where it has none here.
+
+    Only plain tensors and parameters have one: a fake, functional or other
+    subclass tensor (a fake pass's, torchao's) is not asked.
+    """
+    if type(tensor) not in _PLAIN or tensor.is_meta:
+        return None
+    try:
+        key = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # fake, functional, subclass
+        return None
+    return key or None
+
+
+class ParameterWrites(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Copy each parameter of a net before the first operator that writes it.
+
+    A dispatch mode, entered for a pass of the library's own
+    (:func:`preserved`): every operator whose schema writes an argument
+    (``copy_``, ``add_``, ``fill_``, an ``out=``, foreach in-place ops) is
+    checked for an argument sharing a parameter's memory, whether passed as
+    the parameter, its ``.data`` or a view; that parameter's values are
+    copied once, before the write. :meth:`restore` copies them back. Costs
+    one Python call per operator; copies only what is written.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Linear(2, 2)
+    >>> before = net.weight.detach().clone()
+    >>> guard = ParameterWrites(net)
+    >>> with guard, torch.no_grad():
+    ...     _ = net.weight.data.mul_(0)  # a write through .data
+    >>> guard.written()
+    ['weight']
+    >>> guard.restore()
+    >>> torch.equal(net.weight, before)
+    True
+
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.owners: dict[int, list[tuple[str, Tensor]]] = {}
+        for name, param in net.named_parameters(remove_duplicate=True):
+            key = None if is_lazy(param) else _storage_key(param)
+            if key is not None:
+                self.owners.setdefault(key, []).append((name, param))
+        self.saved: dict[int, tuple[str, Tensor, Tensor]] = {}
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Copy the parameters ``func`` is about to write, then call it."""
+        kwargs = kwargs or {}
+        positions = _written_arguments(func) if self.owners else ()
+        if positions:
+            names = [a.name for a in func._schema.arguments]  # noqa: SLF001
+            for index in positions:
+                value = args[index] if index < len(args) else kwargs.get(names[index])
+                for tensor in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(tensor, torch.Tensor):
+                        self._save(tensor)
+        return func(*args, **kwargs)
+
+    def _save(self, tensor: Tensor) -> None:
+        key = _storage_key(tensor)
+        for name, param in self.owners.get(key, []) if key is not None else []:
+            if id(param) not in self.saved:
+                with torch.no_grad():
+                    copy = param.detach().clone()
+                self.saved[id(param)] = (name, param, copy)
+
+    def written(self) -> list[str]:
+        """Return the names of the parameters written so far, in order."""
+        return [name for name, _, _ in self.saved.values()]
+
+    def restore(self) -> None:
+        """Copy the values of every parameter written back into it."""
+        for _, param, copy in self.saved.values():
+            with torch.inference_mode(param.is_inference()), torch.no_grad():
+                if not torch.equal(param, copy):
+                    param.copy_(copy)
+        self.saved.clear()
+
+
+# torch wraps a mode's `__torch_dispatch__` in `torch._disable_dynamo`, which
+# imports Dynamo on its first call (about a second): a pass of the library's
+# own is never traced by Dynamo, so the function is put back as written (as
+# for `_watch.Watch`).
+ParameterWrites.__torch_dispatch__ = vars(ParameterWrites)[  # type: ignore[method-assign]
+    "__torch_dispatch__"
+].__wrapped__
 
 
 _MODULE_OWN: frozenset[str] | None = None
@@ -208,7 +375,8 @@ class _Contents:
 
     Walks lists, deques, dicts (plain, ordered, default), sets, tuples and
     frozensets (which hold no state of their own but may hold containers),
-    and the ``__dict__`` of ``SimpleNamespace`` and dataclass instances;
+    and the ``__dict__`` of ``SimpleNamespace`` and dataclass instances (the
+    fields of a dataclass with ``slots=True``, which has none);
     everything else is an atom, kept by identity. Each container is noted
     once (shared and cyclic ones too), with its items as a list of the very
     objects it held: :meth:`restore` puts them back in place where they
@@ -219,6 +387,7 @@ class _Contents:
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.saved: list[tuple[Any, list[Any]]] = []
+        self.slotted: list[tuple[Any, list[tuple[str, Any]]]] = []
 
     def take(self, value: Any) -> None:
         """Note the containers reachable from ``value`` and their items."""
@@ -231,11 +400,18 @@ class _Contents:
                     self.seen.add(id(item))
                     stack.extend(item)
                 continue
-            if kind is types.SimpleNamespace or (
-                dataclasses.is_dataclass(item)
-                and not isinstance(item, type)
-                and hasattr(item, "__dict__")
-            ):
+            instance = dataclasses.is_dataclass(item) and not isinstance(item, type)
+            if instance and not hasattr(item, "__dict__"):  # slots=True
+                if id(item) not in self.seen:
+                    self.seen.add(id(item))
+                    fields = [
+                        (f.name, getattr(item, f.name, _MISSING))
+                        for f in dataclasses.fields(item)
+                    ]
+                    self.slotted.append((item, fields))
+                    stack.extend(value for _, value in fields)
+                continue
+            if kind is types.SimpleNamespace or instance:
                 item, kind = vars(item), dict
             elif kind not in _CONTAINERS:
                 continue
@@ -264,6 +440,14 @@ class _Contents:
                 container.update(items)
             else:
                 container.extend(items)
+        for instance, fields in self.slotted:
+            for name, value in fields:
+                if getattr(instance, name, _MISSING) is value:
+                    continue
+                if value is _MISSING:
+                    object.__delattr__(instance, name)
+                else:  # frozen ones too
+                    object.__setattr__(instance, name, value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -319,7 +503,7 @@ class SavedBuffers:
             # Compared, not told by `_version`: the batch norm kernels update
             # running statistics without bumping it.
             if not buffer.is_meta and not torch.equal(buffer, saved):
-                with torch.no_grad(), torch.inference_mode(buffer.is_inference()):
+                with torch.inference_mode(buffer.is_inference()), torch.no_grad():
                     buffer.copy_(saved)
 
     def changed(self) -> list[tuple[str, nn.Module]]:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
-from scio_recorder._preserve import preserved
+from scio_recorder._preserve import ParameterWrites, preserved
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -307,6 +307,128 @@ def test_plain_attributes_and_their_containers_are_put_back() -> None:
     assert state.history[0][1] == {3}
     assert cyclic == [cyclic]
     assert net[0].in_features == 2  # Linear(2, 2)
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedConfig:
+    """A dataclass without ``__dict__``: its fields are slots."""
+
+    calls: int = 0
+    seen: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrozenSlotted:
+    """Frozen: the pass can change it only through ``object.__setattr__``."""
+
+    tag: str = "a"
+
+
+def test_slotted_dataclasses_are_put_back() -> None:
+    """``slots=True`` dataclasses (no ``__dict__``): fields and containers put back."""
+    net = nn.Sequential(nn.Linear(2, 2))
+    config, frozen = SlottedConfig(), FrozenSlotted()
+    seen = config.seen
+    net[0].config = config
+    net[0].frozen = frozen
+    with preserved(net):
+        config.calls += 1
+        config.seen.append(1)
+        object.__setattr__(frozen, "tag", "b")
+    assert net[0].config is config
+    assert config.calls == 0
+    assert config.seen is seen
+    assert seen == []
+    assert frozen.tag == "a"
+
+
+class ActNorm(nn.Module):
+    """Glow's ActNorm: a data-dependent initialization on its first forward.
+
+    Once trained, ``initialized`` is true and the branch never runs; the
+    static-flow check forces it (a yes/no read of a buffer).
+    """
+
+    def __init__(self, channels: int, write: str) -> None:
+        super().__init__()
+        self.loc = nn.Parameter(torch.zeros(channels))
+        self.scale = nn.Parameter(torch.ones(channels))
+        self.register_buffer("initialized", torch.tensor(data=False))
+        self.write = write
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:  # a branch on the rank: no fx trace
+            x = x.flatten(0, 1)
+        if not self.initialized:
+            with torch.no_grad():
+                loc, scale = -x.mean(0), 1 / (x.std(0) + 1e-6)
+                if self.write == "copy_":
+                    self.loc.copy_(loc)
+                    self.scale.copy_(scale)
+                elif self.write == ".data":
+                    self.loc.data.copy_(loc)
+                    self.scale.data.mul_(scale)
+                elif self.write == "view":
+                    self.loc[:2] = loc[:2]
+                    torch.mul(self.scale, scale, out=self.scale)
+                else:  # rebind .data: no operator writes the old memory
+                    self.loc.data = loc.clone()
+                    self.scale.data = scale.clone()
+                self.initialized.fill_(True)
+        return (x + self.loc) * self.scale
+
+
+@pytest.mark.parametrize("write", ["copy_", ".data", "view", "rebind"])
+@pytest.mark.parametrize("force_static_flow", [True, False])
+def test_parameters_written_by_a_pass_are_put_back(
+    write: str, force_static_flow: bool
+) -> None:
+    """A forced branch initializing parameters: refused or not, the net is as it was.
+
+    Before the fix, the refused construction left ``loc`` and ``scale`` from
+    its random input (the net's output off by 5.7), and the one built with
+    ``force_static_flow=False`` kept them too.
+    """
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), ActNorm(4, write), nn.Linear(4, 2)).eval()
+    with torch.no_grad():  # trained: initialized, loc and scale learned
+        net[1].loc.copy_(torch.tensor([0.5, -0.5, 1.0, 2.0]))
+        net[1].scale.copy_(torch.tensor([2.0, 3.0, 0.5, 1.5]))
+        net[1].initialized.fill_(True)
+    loc, scale = net[1].loc, net[1].scale
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        before = net(x)
+    if force_static_flow:
+        with pytest.raises(RuntimeError, match="control flow of the input network"):
+            Recorder(net, input_size=(3, 4))
+    else:
+        Recorder(net, input_size=(3, 4), force_static_flow=False)
+    assert net[1].loc is loc
+    assert net[1].scale is scale
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    with torch.no_grad():
+        assert torch.equal(net(x), before)
+
+
+def test_a_pass_s_own_parameter_writes_are_put_back_and_named() -> None:
+    """Through the parameter, ``.data``, a view, ``out=``, a foreach op: copied once."""
+    net = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3, bias=False))
+    net[1].weight = net[0].weight  # tied: one parameter, one copy
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    guard = ParameterWrites(net)
+    with guard, torch.no_grad():
+        net[0].weight.data[0].fill_(7.0)
+        torch.add(net[0].bias, 1, out=net[0].bias)
+        torch._foreach_mul_([net[0].weight, net[0].bias], 2.0)
+        _ = net(torch.ones(1, 3))  # reads write nothing
+    assert guard.written() == ["0.weight", "0.bias"]
+    guard.restore()
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert guard.written() == []
 
 
 def test_a_lazy_module_keeps_what_its_materialization_set() -> None:

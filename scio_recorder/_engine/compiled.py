@@ -641,7 +641,7 @@ def export_records(  # noqa: PLR0913 (the options of torch.export.export)
         raise ValueError(msg)
     args, kwargs, dynamic_shapes = _positional(net, args, kwargs, dynamic_shapes)
     root = _ExportRoot(recorder, postproc)
-    with preserved(recorder), warnings.catch_warnings():
+    with preserved(recorder, writes=False), warnings.catch_warnings():
         # Strict export lists the records it stores as "side effects".
         warnings.filterwarnings(
             "ignore", message="While compiling, we found certain side effects"
