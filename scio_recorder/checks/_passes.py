@@ -16,10 +16,10 @@ causes name, are found here too (:func:`in_train_mode`).
 from __future__ import annotations
 
 __all__ = [
-    "DROPOUTS",
     "NORMS",
     "Run",
     "compared",
+    "dropping",
     "in_train_mode",
     "seeded",
 ]
@@ -176,7 +176,21 @@ def in_train_mode(net: nn.Module, kinds: tuple[type[nn.Module], ...]) -> list[st
     ]
 
 
-DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+def dropping(net: nn.Module) -> list[str]:
+    """Return the qualified names of the dropout modules that drop: train mode, p > 0.
+
+    Every torch dropout module (``nn.Dropout``, ``nn.Dropout1d`` to ``3d``,
+    ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``) derives from
+    ``_DropoutNd``.
+    """
+    return [
+        name or type(module).__name__
+        for name, module in net.named_modules()
+        if isinstance(module, _DROPOUTS) and module.training and module.p > 0
+    ]
+
+
+_DROPOUTS = (nn.modules.dropout._DropoutNd,)  # noqa: SLF001 (the base of every dropout)
 
 
 NORMS = (nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 (the base of every BatchNorm)
