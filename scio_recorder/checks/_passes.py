@@ -9,8 +9,9 @@ ends. So state kept between passes shows in ``determinism`` only
 (:meth:`Run.changed` names the buffers a pass changed), and a record that
 is a buffer the next pass updates is never compared with itself.
 :func:`compared` measures two passes layer by layer. The modules that make
-a net's passes differ in train mode (dropouts, batch norms), which the
-causes name, are found here too (:func:`in_train_mode`).
+a net's passes differ in train mode, which the causes name, are found here
+too: batch norms (:func:`in_train_mode`) and dropouts that drop
+(:func:`dropping`: ``p > 0``).
 """
 
 from __future__ import annotations
