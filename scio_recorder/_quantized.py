@@ -33,25 +33,68 @@ model that has them is refused instead of given wrong gradients:
 
 GradNorm is not among them: it scores from the closed form of the last
 layer's weight gradient, computed from that layer's recorded input and
-output, with no gradient through the net. The layers are found by their
-weights' attributes (torchao's tensors carry ``act_quant_kwargs``), so
-torchao is never imported.
+output, with no gradient through the net.
+
+How a layer is found to cut the gradient, without importing torchao: its
+weight says so (torchao's ``Int8Tensor.act_quant_kwargs``,
+``IntxUnpackedToInt8Tensor.activation_quantization``), or, for any other
+weight of one of torchao's tensor classes (its configurations are many and
+change), the layer is asked: its ``forward`` (no hooks) on a small input
+that requires a gradient, and whether one reaches that input. The answer is
+kept per weight.
 """
 
 from __future__ import annotations
 
 __all__ = ["gradient_cuts", "refuse_gradients"]
 
-from typing import TYPE_CHECKING
+import torch
+from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
-if TYPE_CHECKING:
-    from torch import nn
+_MARKS = ("act_quant_kwargs", "activation_quantization")
+"""Attributes by which torchao's weights say that their layer quantizes its input."""
+
+_ASKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""What the layer of each torchao weight (a key by identity) answered."""
 
 
 def _cuts(module: nn.Module) -> bool:
     """Whether ``module`` quantizes its input, so that it passes it no gradient."""
     weight = module._parameters.get("weight")  # noqa: SLF001 (its own weight)
-    return getattr(weight, "act_quant_kwargs", None) is not None
+    if weight is None:
+        return False
+    if any(getattr(weight, mark, None) is not None for mark in _MARKS):
+        return True
+    if not type(weight).__module__.startswith("torchao."):
+        return False
+    if weight not in _ASKED:
+        _ASKED[weight] = _passes_no_gradient(module, weight)
+    return bool(_ASKED[weight])
+
+
+def _passes_no_gradient(module: nn.Module, weight: Tensor) -> bool:
+    """Ask a layer with a torchao weight whether a gradient reaches its input.
+
+    Its own ``forward`` (no hooks run) on ones of shape ``[2, in_features]``
+    (no random draw) in the weight's dtype and device. A layer that cannot be
+    asked so (a weight that is not ``[out, in]``, on ``meta``, or a forward
+    that refuses the input) is not said to cut the gradient.
+    """
+    if weight.dim() != 2 or weight.is_meta:  # noqa: PLR2004 (a linear layer's weight)
+        return False
+    try:
+        with torch.enable_grad():
+            x = torch.ones(
+                2, weight.shape[1], dtype=weight.dtype, device=weight.device
+            ).requires_grad_()
+            out = module.forward(x)
+            if not (isinstance(out, Tensor) and out.requires_grad):
+                return True
+            (grad,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+    except Exception:  # noqa: BLE001 (a layer that cannot be asked so)
+        return False
+    return grad is None
 
 
 def gradient_cuts(net: nn.Module) -> list[str]:

@@ -18,7 +18,7 @@ import transformers
 from torch import Tensor, nn
 
 from scio_recorder import Recorder
-from scio_recorder._quantized import gradient_cuts
+from scio_recorder._quantized import _passes_no_gradient, gradient_cuts
 from scio_recorder.data import train_classifier
 from scio_recorder.explain import attribution_patch
 from scio_recorder.explain import grad_cam as cam
@@ -232,23 +232,27 @@ def test_attribution_patch_refuses_instead_of_dropping_the_quantized_paths():
     assert rnet.recording == ()
 
 
-def small_cnn() -> nn.Module:
+DYNAMIC = {
+    "int8": "Int8DynamicActivationInt8WeightConfig",
+    "intx": "Int8DynamicActivationIntxWeightConfig",  # its weights: another class
+}
+
+
+def small_cnn(dynamic: str = "int8") -> nn.Module:
     """A classifier whose two last layers torchao quantizes dynamically."""
     torch.manual_seed(0)
     net = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
+        nn.Conv2d(3, 32, 3, padding=1),  # 32 features: Intx's groups of 32
         nn.ReLU(),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
-        nn.Linear(4, 16),
+        nn.Linear(32, 32),
         nn.ReLU(),
-        nn.Linear(16, 3),
+        nn.Linear(32, 3),
     ).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchao's notes on its kernels
-        quantization.quantize_(
-            net, quantization.Int8DynamicActivationInt8WeightConfig()
-        )
+        quantization.quantize_(net, getattr(quantization, DYNAMIC[dynamic])())
     return net
 
 
@@ -298,14 +302,64 @@ def adascale_fit(rnet: Recorder) -> object:
     ],
     ids=["record", "grad_cam", "ODIN", "gradient_step", "NAC", "AdaScale", "train"],
 )
-def test_every_gradient_path_refuses_with_the_same_message(who, run):
-    """Explanations and detectors that differentiate the net: one check, one message."""
-    net = small_cnn()
+@pytest.mark.parametrize(
+    "dynamic", ["int8", pytest.param("intx", marks=pytest.mark.slow)]
+)
+def test_every_gradient_path_refuses_with_the_same_message(who, run, dynamic):
+    """Explanations and detectors that differentiate the net: one check, one message.
+
+    For each of torchao's dynamic int8 configurations (whose weights are of
+    other classes, saying it by other attributes).
+    """
+    net = small_cnn(dynamic)
     cuts = gradient_cuts(net)
     assert cuts == ["4", "6"]
     rnet = Recorder(net, input_size=(1, 3, 8, 8))
     with pytest.raises(ValueError, match=f"^{re.escape(refusal(who, cuts))}$"):
         run(rnet)
+
+
+@pytest.mark.parametrize(
+    ("config", "cuts"),
+    [
+        ("Int8DynamicActivationInt8WeightConfig", True),
+        ("Int8DynamicActivationIntxWeightConfig", True),
+        ("Int8WeightOnlyConfig", False),
+        ("IntxWeightOnlyConfig", False),
+    ],
+)
+def test_a_torchao_layer_is_asked_whether_a_gradient_reaches_its_input(config, cuts):
+    """Whatever attribute its weight carries: the layer's own answer.
+
+    The oracle: the dequantized float layer's input gradient, which a layer
+    that passes one equals (weight-only), and which one that cuts it lacks.
+    """
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's notes on its kernels
+        quantization.quantize_(layer, getattr(quantization, config)())
+    rng = torch.get_rng_state()
+    assert _passes_no_gradient(layer, layer.weight) is cuts  # the marks not read
+    assert torch.equal(torch.get_rng_state(), rng)  # asked without a random draw
+    x = torch.randn(4, 32, requires_grad=True)
+    out = layer(x)
+    if cuts:
+        assert not out.requires_grad or x.grad is None
+        assert gradient_cuts(nn.Sequential(layer)) == ["0"]
+        return
+    out.square().sum().backward()
+    float_layer = nn.Linear(32, 8)
+    with torch.no_grad():
+        float_layer.weight.copy_(layer.weight.dequantize())
+        float_layer.bias.copy_(layer.bias)
+    plain = x.detach().clone().requires_grad_()
+    float_layer(plain).square().sum().backward()
+    # the same dequantized weights, computed by other kernels: float32 rounding
+    # of sums of 32 products of magnitude ~1, a few ulps of the largest
+    scale = float(plain.grad.abs().max())
+    torch.testing.assert_close(x.grad, plain.grad, rtol=1e-5, atol=1e-5 * scale)
+    assert gradient_cuts(nn.Sequential(layer)) == []
 
 
 @pytest.mark.slow
