@@ -11,16 +11,21 @@ against the same quantity computed here from plain runs of the model.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import CheckReport, Recorder, check
 from scio_recorder._batches import Positions
 from scio_recorder.checks import CHECKS
+from scio_recorder.checks._measure import difference
 from tests.lms import bert, gpt2, llama, padded
 from tests.nets import LoopNet
 
@@ -143,9 +148,60 @@ def test_dropout_left_on_fails_determinism():
     assert "determinism" in report.failed
     assert report["determinism"].cause == (
         "dropout is active (`1` in train mode): each pass draws other masks; "
-        "call net.eval()"
+        "call net.eval(), or keep it if you want random records (MC dropout)"
     )
     assert check(net.eval(), torch.randn(5, 4)).failed == ()
+
+
+def test_dropout_in_train_mode_warns_even_when_the_passes_drop_nothing():
+    """p = 0.001 on a few values: the compared passes draw no zero, yet the
+    records are scaled by 1/(1-p), not the eval-mode ones. The modules tell."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Linear(4, 8),
+        nn.Dropout(0.001),
+        nn.Linear(8, 8),
+        nn.AlphaDropout(0.001),
+        nn.FeatureAlphaDropout(0.001),
+        nn.Dropout1d(0.001),
+        nn.Dropout(0.0),  # drops nothing: not named
+    )
+    batch = torch.randn(6, 4)
+    with torch.no_grad():  # the records when nothing is dropped: scaled
+        hidden = net[0](batch)
+        kept = net[1](hidden)
+    # the kept values are x * (1 / (1 - p)): two float32 roundings against the
+    # one of x / (1 - p), so at most 2 eps relative each
+    eps = torch.finfo(torch.float32).eps
+    assert bool((kept == 0).any()) or torch.allclose(
+        kept, hidden / (1 - 0.001), rtol=2 * eps, atol=0
+    )
+    assert not torch.allclose(hidden, hidden / (1 - 0.001), rtol=100 * eps, atol=0)
+    line = check(net, batch)["determinism"]
+    assert line.status in {"WARN", "FAIL"}  # WARN when the draws agreed
+    assert line.cause.startswith("dropout is active (`1`, `3`, `4` and 1 more in ")
+    assert line.cause.endswith(
+        "call net.eval(), or keep it if you want random records (MC dropout)"
+    )
+    small = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.001), nn.Linear(8, 2))
+    line = check(small, batch)["determinism"]
+    assert line.status == "WARN"  # 16 values, p = 0.001: these draws keep all
+    assert line.magnitude == 0
+    assert line.cause.startswith(
+        "dropout is active (`1` in train mode, p > 0): the two passes gave "
+        "bit-equal records here"
+    )
+
+
+@pytest.mark.parametrize("mode", ["eval", "p=0"])
+def test_dropout_that_drops_nothing_is_not_named(mode):
+    torch.manual_seed(0)
+    p = 0.0 if mode == "p=0" else 0.5
+    net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(p), nn.Linear(8, 2))
+    report = check(net.eval() if mode == "eval" else net.train(), torch.randn(5, 4))
+    assert report.failed == ()
+    assert report.warned == ()
+    assert "dropout" not in str(report)
 
 
 def test_bfloat16_model_warns_dtype_with_its_relative_error():
@@ -452,6 +508,140 @@ def test_random_draws_outside_dropout_are_named():
     )
     assert report["recording"].status == "PASS"  # the same random state: equal
     assert report["dtype"].cause.startswith("the forward draws random numbers")
+
+
+# -- NaN and infinities in the records ------------------------------------------
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+def test_nan_the_net_computes_on_every_pass_is_named_not_failed():
+    """log of negatives: the same NaN on every pass, and in float64 too. The
+    comparing lines pass; recording warns, naming where the NaN appear."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), Log(), nn.Linear(8, 2)).eval()
+    batch = torch.randn(6, 4)
+    with torch.no_grad():
+        logged = torch.log(net[0](batch))
+    nan = int(logged.isnan().sum())
+    assert 0 < nan < logged.numel()
+    report = check(net, batch)
+    assert report.failed == ()
+    assert report.warned == ("recording",)
+    for name in ("batch", "determinism", "dtype", "inplace", "calls"):
+        assert report[name].status == "PASS", name
+    line = report["recording"]
+    assert line.magnitude == 0  # the outputs are bit-equal, NaN and all
+    assert line.where == "1-2 (Log `1`)"  # Linear `0` ends first, without NaN
+    assert (
+        f"but the records hold NaN: first in 1-2 (Log `1`) ({nan} of its "
+        f"{logged.numel()} values), and 2 calls after it;"
+    ) in line.cause
+    assert "NaN" not in report["dtype"].cause
+
+
+class NanThatMoves(Counter):
+    """NaN in column ``calls % 4``: at other places on each pass (state kept
+    outside the buffers)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x).index_fill(1, torch.tensor([self.calls % 4]), math.nan)
+
+
+def test_nan_at_other_places_on_another_pass_still_fails():
+    report = check(NanThatMoves().eval(), torch.randn(5, 4))
+    line = report["determinism"]
+    assert line.status == "FAIL"
+    assert line.magnitude == math.inf
+    assert "outside its buffers" in line.cause
+
+
+class Overflow(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(100 * x)
+
+
+class Cancel(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x
+
+
+def test_dtype_names_the_side_whose_nan_or_inf_the_other_lacks():
+    """exp(100 x) overflows float32 (inf) and not float64; inf - inf is NaN in
+    float32 only. The dtype line names the first: the overflow."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), Overflow(), Cancel()).eval()
+    batch = torch.randn(5, 4)
+    with torch.no_grad():
+        assert bool(net(batch).isnan().any())
+        assert not bool(net.double()(batch.double()).isnan().any())
+    net.float()
+    report = check(net, batch)
+    line = report["dtype"]
+    assert line.status == "FAIL"
+    assert line.where == "1-2 (Overflow `1`)"
+    assert line.cause == (
+        "the record holds inf in float32 where the float64 copy does not: float32 "
+        "overflows; compute in float64"
+    )
+    line = check(net, batch, layers=["2"])["dtype"]
+    assert line.cause == (
+        "the record holds NaN in float32 where the float64 copy does not: the "
+        "float32 computation makes NaN that the float64 one does not"
+    )
+    recording = report["recording"]
+    assert recording.status == "WARN"
+    assert "but the records hold inf: first in 1-2 (Overflow `1`) (" in recording.cause
+
+
+_SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0])
+
+
+def _oracle(a: list[float], b: list[float], dtype: torch.dtype) -> float:
+    """difference by hand: equal iff the same NaN and equal elsewhere; else
+    max |a - b| over max |b| on the values finite on both sides (the
+    subtraction rounded to ``dtype``, as a tensor's is), inf for a NaN or an
+    infinity on one side only."""
+    if [math.isnan(x) for x in a] != [math.isnan(y) for y in b]:
+        return math.inf
+    kept = [(x, y) for x, y in zip(a, b, strict=True) if not math.isnan(x)]
+    if any(x != y for x, y in kept if math.isinf(x) or math.isinf(y)):
+        return math.inf
+    finite = [(x, y) for x, y in kept if math.isfinite(x) and math.isfinite(y)]
+    cast = np.float32 if dtype == torch.float32 else np.float64
+    diff = max((abs(float(cast(x) - cast(y))) for x, y in finite), default=0.0)
+    scale = max((abs(y) for _, y in finite), default=0.0)
+    if scale == 0:
+        return math.inf if diff > 0 else 0.0
+    return diff / scale
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    size=st.integers(1, 6),
+)
+def test_difference_counts_nan_at_the_same_places_as_equal(data, dtype, size):
+    value = st.one_of(st.floats(-(2.0**100), 2.0**100, width=32), _SPECIAL)
+    a = data.draw(st.lists(value, min_size=size, max_size=size))
+    edits = data.draw(st.lists(st.tuples(st.integers(0, size - 1), value)))
+    b = list(a)
+    for i, v in edits:
+        b[i] = v
+    got = difference(torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype))
+    assert got == _oracle(a, b, dtype)
+
+
+def test_difference_compares_a_complex_record_part_by_part():
+    a = torch.tensor([complex(math.nan, 1.0), complex(2.0, 2.0)])
+    assert difference(a, a.clone()) == 0
+    b = torch.tensor([complex(1.0, math.nan), complex(2.0, 2.0)])
+    assert difference(a, b) == math.inf  # NaN in another part
 
 
 # -- the dtype line of models a wider copy cannot stand for -----------------------

@@ -7,14 +7,16 @@ each, PASS, WARN or FAIL, with the largest difference, where it is, and its
 likely cause in words:
 
 * ``"recording"``: the net's outputs with the recorder and without it
-  (no hook at all), same random state: bit-equal;
+  (no hook at all), same random state: bit-equal; and the records hold no
+  NaN or inf (else WARN, naming the first call that has them);
 * ``"batch"``: each row's records batched against the row run alone, its
   padding removed (a 2-D ``attention_mask`` tells which columns are
   padding): equal up to float rounding. This catches position ids that
   follow the padding, ``BatchNorm`` in train mode and any leak across rows;
 * ``"determinism"``: two passes on the batch, the second from where the
   first left the net: bit-equal (dropout left on, random operations, state
-  kept between passes, nondeterministic kernels);
+  kept between passes, nondeterministic kernels); a dropout module in train
+  mode with ``p > 0`` warns even when the two passes agree;
 * ``"dtype"``: the records against those of a copy of the model in a wider
   dtype (float32 for bfloat16 and float16 models, float64 for float32
   ones), as relative error per layer;
@@ -39,7 +41,9 @@ not blocked as a batch of 1) differ by roundings: up to ``1024 eps`` of the
 record's dtype, relative to the record's largest magnitude, is rounding
 (PASS); beyond ``100`` times that, or beyond 0.5, it is not (FAIL); in
 between, WARN. Bit-equal checks (recording, determinism) pass only when
-equal; a difference within the rounding tolerance warns.
+equal; a difference within the rounding tolerance warns. A NaN equals a
+NaN at the same place; a NaN or an infinity on one side only is an
+infinite difference.
 
 Why a package of its own: the checks run the recorder and its net many
 times and compare what they give, which no pass of the engine does; it is

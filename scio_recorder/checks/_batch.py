@@ -23,7 +23,7 @@ from scio_recorder._batches import position_scheme
 from scio_recorder._tree import iter_tensors
 
 from ._measure import verdict
-from ._passes import DROPOUTS, NORMS, in_train_mode
+from ._passes import NORMS, dropping, in_train_mode
 from ._report import CheckLine, named
 from ._rows import Rows, padding, rows_to_check
 
@@ -149,7 +149,7 @@ def _batch_cause(run: Run, row: int, keep: Tensor | None, status: Status) -> str
     net = run.rnet.net
     padded = keep is not None and not bool(keep[row].all())
     norms = in_train_mode(net, NORMS)
-    dropouts = in_train_mode(net, DROPOUTS)
+    dropouts = dropping(net)
     if (
         padded
         and run.kwargs.get("position_ids") is None

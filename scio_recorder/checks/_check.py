@@ -167,7 +167,7 @@ def _run_checks(
         second = run.records(seed=False, restore=False)  # from where `first` left it
         determinism, note = check_determinism(run, first, second, changed)
         lines = [
-            check_recording(run, plain, recorded),
+            check_recording(run, plain, recorded, first),
             check_batch(run, first, rows, unsplit),
             determinism,
             check_dtype(run, first, copy_model=dtype_copy),

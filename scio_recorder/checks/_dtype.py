@@ -24,7 +24,7 @@ from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._files import dtype_name
 from scio_recorder._tree import iter_tensors, map_tensors
 
-from ._measure import verdict
+from ._measure import difference, pairs, unmatched, verdict
 from ._passes import compared, seeded
 from ._report import CheckLine, named_plain, raised, skipped
 
@@ -56,13 +56,72 @@ def check_dtype(
         return skipped("dtype", why)
     per_layer, (diff, _, where) = compared(run, records, wider)
     if not math.isfinite(diff):
-        status: Status = "FAIL"
-    elif dtype == torch.float32:
+        where, cause = _apart(run, records, wider, (dtype, wide))
+        return CheckLine("dtype", "FAIL", diff, "relative", where, cause, per_layer)
+    status: Status
+    if dtype == torch.float32:
         status = verdict(diff, dtype, exact=False)
     else:  # 16-bit: its rounding shows, always (WARN), unless beyond 0.5
         status = "PASS" if diff == 0 else "WARN" if diff <= 0.5 else "FAIL"  # noqa: PLR2004
-    cause = _dtype_cause(status, diff, dtype, wide)
+    cause = _dtype_cause(status, dtype, wide)
     return CheckLine("dtype", status, diff, "relative", where, cause, per_layer)
+
+
+def _apart(
+    run: Run,
+    records: dict[DepthIdx, Any],
+    wider: dict[DepthIdx, Any],
+    dtypes: tuple[torch.dtype, torch.dtype],
+) -> tuple[str, str]:
+    """Say where and why the records and the wider copy's are not comparable.
+
+    The first call, in the order the calls ended, whose record is NaN or
+    infinite on one side only, or another shape, or (an integer record)
+    differs. NaN at the same places on both sides are no difference.
+    """
+    name, wider_name = (dtype_name(dtype) for dtype in dtypes)
+    for label, record in records.items():
+        for a, b in pairs(record, wider.get(label)):
+            if math.isfinite(difference(a, b)):
+                continue
+            where = run.describe(label)
+            if a.shape != b.shape:
+                return where, (
+                    f"the record has shape {list(a.shape)} in {name} and "
+                    f"{list(b.shape)} in the {wider_name} copy: the model takes "
+                    "another path in another dtype"
+                )
+            if not (a.is_floating_point() or a.is_complex()):
+                return where, (
+                    f"the record ({dtype_name(a.dtype)}) differs from the "
+                    f"{wider_name} copy's: integers computed from values that "
+                    f"differ by {name} rounding (an argmax, a threshold)"
+                )
+            return where, _one_sided(unmatched(a, b), unmatched(b, a), dtypes)
+    return "", "a record is not comparable with the wider copy's"  # pragma: no cover
+
+
+def _one_sided(
+    narrow: set[str], wide: set[str], dtypes: tuple[torch.dtype, torch.dtype]
+) -> str:
+    """Say which side's NaN or infinities make a record not comparable."""
+    name, wider = (dtype_name(dtype) for dtype in dtypes)
+    said = [
+        f"{' and '.join(sorted(kinds))} in {mine} where {other} does not"
+        for kinds, mine, other in (
+            (narrow, name, f"the {wider} copy"),
+            (wide, f"the {wider} copy", f"the {name} model"),
+        )
+        if kinds
+    ]
+    if "inf" in narrow:
+        range_ = " or bfloat16 (its range)" if torch.finfo(dtypes[0]).bits < 32 else ""  # noqa: PLR2004
+        fix = f"{name} overflows; compute in {wider}{range_}"
+    elif narrow:
+        fix = f"the {name} computation makes NaN that the {wider} one does not"
+    else:
+        fix = f"the {wider} copy makes NaN or inf that the {name} model does not"
+    return f"the record holds {', and '.join(said)}: {fix}"
 
 
 def _not_widened(
@@ -91,18 +150,11 @@ def _not_widened(
     return None
 
 
-def _dtype_cause(
-    status: Status, diff: float, dtype: torch.dtype, wide: torch.dtype
-) -> str:
-    """Say what a difference from the wider copy likely comes from."""
+def _dtype_cause(status: Status, dtype: torch.dtype, wide: torch.dtype) -> str:
+    """Say what a finite difference from the wider copy likely comes from."""
     name, wider = dtype_name(dtype), dtype_name(wide)
     if status == "PASS":
         return f"the {name} records equal a {wider} copy's up to {name} rounding"
-    if not math.isfinite(diff):
-        return (
-            f"a record overflows or is NaN in {name} and not in "
-            f"{wider}: compute in {wider} or bfloat16 (its range)"
-        )
     if torch.finfo(dtype).bits < 32:  # noqa: PLR2004
         return (
             f"the model computes in {name}: its records carry "

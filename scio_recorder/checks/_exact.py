@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ._measure import difference, pairs, verdict
-from ._passes import DROPOUTS, compared, in_train_mode
+from scio_recorder._tree import iter_tensors
+
+from ._measure import difference, nonfinite, pairs, verdict
+from ._passes import compared, dropping
 from ._report import CheckLine, named
 
 if TYPE_CHECKING:
@@ -30,14 +32,23 @@ if TYPE_CHECKING:
     from ._passes import Run
 
 
-def check_recording(run: Run, plain: Any, recorded: Any) -> CheckLine:
-    """Compare the net's output ``recorded`` with its output ``plain`` (no hook)."""
+def check_recording(
+    run: Run, plain: Any, recorded: Any, records: dict[DepthIdx, Any]
+) -> CheckLine:
+    """Compare the net's output ``recorded`` with its output ``plain`` (no hook).
+
+    ``records``: the recorded pass's, in the order the calls ended. If any
+    holds NaN or an infinity, the line says so, naming the first (WARN, if
+    nothing worse): the comparing checks count NaN at the same places as
+    equal, so this line is where they show.
+    """
     worst, dtype = 0.0, torch.float32
     for a, b in pairs(recorded, plain):
         diff = difference(a, b)
         if diff > worst:
             worst, dtype = diff, b.dtype
     status = verdict(worst, dtype, exact=True)
+    where = "the net's output"
     if status == "PASS":
         cause = "the outputs with and without the recorder are bit-equal"
     else:
@@ -55,7 +66,44 @@ def check_recording(run: Run, plain: Any, recorded: Any) -> CheckLine:
             "another way when a hook is on it or on a submodule (a fused fast path, "
             "as torch's TransformerEncoderLayer has)"
         )
-    return CheckLine("recording", status, worst, "relative", "the net's output", cause)
+    held = _not_numbers(run, records)
+    if held is not None:
+        first, said = held
+        if status == "PASS":
+            status, where = "WARN", first
+            cause = f"{cause}, but {said}"
+        else:
+            cause = f"{cause}; and {said}"
+    return CheckLine("recording", status, worst, "relative", where, cause)
+
+
+def _not_numbers(run: Run, records: dict[DepthIdx, Any]) -> tuple[str, str] | None:
+    """Say which records hold NaN or infinities: the first call's, and how many more.
+
+    ``records`` are in the order the calls ended, so the first named is
+    where the NaN appear (the calls around it end later). ``None``: every
+    value is a number.
+    """
+    held: list[tuple[DepthIdx, int, int, int]] = []
+    for label, record in records.items():
+        counts = [(*nonfinite(t), t.numel()) for t in iter_tensors(record)]
+        nan, inf = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        if nan or inf:
+            held.append((label, nan, inf, sum(c[2] for c in counts)))
+    if not held:
+        return None
+    label, nan, inf, size = held[0]
+    kinds = " and ".join(kind for kind, n in (("NaN", nan), ("inf", inf)) if n)
+    first = run.describe(label)
+    later = len(held) - 1
+    more = f", and {later} call{'s' * (later > 1)} after it" if later else ""
+    said = (
+        f"the records hold {kinds}: first in {first} ({nan + inf} of its {size} "
+        f"values){more}; the net computes them (a log or sqrt of a negative, 0/0, "
+        "an overflow), and scores from these records carry them. The other checks "
+        "count NaN at the same places as equal"
+    )
+    return first, said
 
 
 _FUSED = (nn.TransformerEncoderLayer, nn.MultiheadAttention)
@@ -86,15 +134,24 @@ def check_determinism(
     """
     per_layer, (diff, dtype, where) = compared(run, second, first)
     status = verdict(diff, dtype, exact=True)
-    dropouts = in_train_mode(run.rnet.net, DROPOUTS)
+    dropouts = dropping(run.rnet.net)
     note = None
-    if status == "PASS":
+    keep = "call net.eval(), or keep it if you want random records (MC dropout)"
+    if status == "PASS" and dropouts:
+        status = "WARN"  # the passes drew alike here; the records are still random
+        cause = (
+            f"dropout is active ({named(dropouts)} in train mode, p > 0): the two "
+            "passes gave bit-equal records here, but each pass draws its own masks "
+            "and scales what it keeps by 1/(1-p), so the records are not the "
+            f"eval-mode ones; {keep}"
+        )
+    elif status == "PASS":
         cause = "two passes on the batch give bit-equal records"
     elif dropouts:
         status = "FAIL"
         cause = (
             f"dropout is active ({named(dropouts)} in train mode): each pass "
-            "draws other masks; call net.eval()"
+            f"draws other masks; {keep}"
         )
     elif changed:
         status = "FAIL"
@@ -136,7 +193,7 @@ def check_determinism(
 
 def from_passes(line: CheckLine, note: str) -> CheckLine:
     """Say that a line's difference may come from what ``note`` says of the passes."""
-    if line.status == "PASS" or line.magnitude is None or line.measure != "relative":
+    if line.status == "PASS" or not line.magnitude or line.measure != "relative":
         return line
     return dataclasses.replace(
         line, cause=f"{note}: this difference may come from that"

@@ -9,17 +9,18 @@ ends. So state kept between passes shows in ``determinism`` only
 (:meth:`Run.changed` names the buffers a pass changed), and a record that
 is a buffer the next pass updates is never compared with itself.
 :func:`compared` measures two passes layer by layer. The modules that make
-a net's passes differ in train mode (dropouts, batch norms), which the
-causes name, are found here too (:func:`in_train_mode`).
+a net's passes differ in train mode, which the causes name, are found here
+too: batch norms (:func:`in_train_mode`) and dropouts that drop
+(:func:`dropping`: ``p > 0``).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "DROPOUTS",
     "NORMS",
     "Run",
     "compared",
+    "dropping",
     "in_train_mode",
     "seeded",
 ]
@@ -176,7 +177,21 @@ def in_train_mode(net: nn.Module, kinds: tuple[type[nn.Module], ...]) -> list[st
     ]
 
 
-DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+def dropping(net: nn.Module) -> list[str]:
+    """Return the qualified names of the dropout modules that drop: train mode, p > 0.
+
+    Every torch dropout module (``nn.Dropout``, ``nn.Dropout1d`` to ``3d``,
+    ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``) derives from
+    ``_DropoutNd``.
+    """
+    return [
+        name or type(module).__name__
+        for name, module in net.named_modules()
+        if isinstance(module, _DROPOUTS) and module.training and module.p > 0
+    ]
+
+
+_DROPOUTS = (nn.modules.dropout._DropoutNd,)  # noqa: SLF001 (the base of every dropout)
 
 
 NORMS = (nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 (the base of every BatchNorm)
