@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 import tempfile
 import warnings
@@ -124,7 +125,10 @@ def gradients(model: nn.Module, plain: nn.Module, ids: torch.Tensor) -> str:
     try:
         rnet.record(grads=["model.layers.0"])
     except ValueError as error:
-        return f"refused ({str(error).split(' (')[0]})"
+        # the message's first clause: "... but 15 of its layers (...) quantize
+        # their input to int8" without the names, up to its first colon
+        said = re.sub(r" \(`[^)]*\)", "", str(error)).split(":")[0]
+        return f"refused ({said})"
     embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
     rnet(inputs_embeds=embeds).logits.square().sum().backward()
     reference = dequantized(model, plain)

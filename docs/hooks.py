@@ -159,16 +159,32 @@ _MATH = re.compile(
 
 _UNKNOWN = re.compile(r">(\\[A-Za-z]+|&)<")  # a command, or an "&" outside a table
 
+# Glyphs a browser draws by a math font's stretchy variants: without one (a
+# Linux desktop with DejaVu alone) \hat's "^" became a tall open triangle and
+# the norm bars shrank below the line. Drawn as plain characters instead.
+_FONT_SAFE = (
+    ("<mo>&#x0005E;</mo>", '<mo stretchy="false">&#x002C6;</mo>'),  # \hat
+    ("<mo>&#x02016;</mo>", '<mo stretchy="false">&#x02016;</mo>'),  # \lVert \rVert
+)
+
+# A "$" beside a formula's MathML: arithmatex took the inner part of a
+# display (a "$$" block whose indentation left it out of its list item).
+_STRAY_DOLLAR = re.compile(r"\$\s*<math |</math>\s*\$")
+
 
 def mathml(output: str) -> str:
     """Return ``output`` with each arithmatex formula replaced by MathML.
+
+    Hats and norm bars are drawn as plain characters (``stretchy="false"``),
+    the same with or without a math font.
 
     Raises
     ------
     ValueError
         Naming a formula that ``latex2mathml`` cannot read, or one using a
         command it does not know, or an ``&`` outside an environment it reads
-        (``array`` and ``matrix``, not ``aligned``): it would print them as text.
+        (``array`` and ``matrix``, not ``aligned``): it would print them as
+        text. Or a ``$`` left beside a formula.
     """
     from latex2mathml.converter import convert  # noqa: PLC0415 (the docs extra)
 
@@ -187,9 +203,23 @@ def mathml(output: str) -> str:
                 "latex2mathml does not know (it would show as text)"
             )
             raise ValueError(msg)
+        for plain, safe in _FONT_SAFE:
+            made = made.replace(plain, safe)
         return made
 
-    return _MATH.sub(replace, output)
+    out = _MATH.sub(replace, output)
+    stray = _STRAY_DOLLAR.search(out)
+    if stray is not None:
+        around = re.sub(
+            r"<[^>]+>", "", out[max(0, stray.start() - 80) : stray.end() + 200]
+        )
+        msg = (
+            f"a '$' stands beside a formula, near {around[:120]!r}: a display "
+            "($$...$$) inside a list item must be indented as the item's text "
+            "(4 spaces)"
+        )
+        raise ValueError(msg)
+    return out
 
 
 def on_page_content(content: str, **_: Any) -> str:

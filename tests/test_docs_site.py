@@ -205,6 +205,16 @@ def test_formulas_become_mathml_and_one_latex2mathml_cannot_read_fails():
         )
     table = r"\begin{array}{rl} a & = b \\ & = c \end{array}"
     assert "<mtable>" in hooks.mathml(f'<div class="arithmatex">\\[{table}\\]</div>')
+    # hats and norm bars as plain characters, whatever fonts the reader has
+    normed = hooks.mathml(
+        '<span class="arithmatex">\\(\\hat R \\lVert f \\rVert\\)</span>'
+    )
+    assert '<mo stretchy="false">&#x002C6;</mo>' in normed
+    assert normed.count('<mo stretchy="false">&#x02016;</mo>') == 2
+    assert "&#x0005E;" not in normed
+    # a display left out of its list item: arithmatex took its inner part
+    with pytest.raises(ValueError, match=r"a '\$' stands beside a formula"):
+        hooks.mathml('<p>$<span class="arithmatex">\\(M(f)\\)</span>$</p>')
 
 
 # A formula written as code: a subscript (`d_k`, `g_yz`, `MD_0`), a power or a

@@ -45,3 +45,22 @@ def test_every_notebook_is_in_the_docs_navigation_or_offered_by_its_page():
             assert f"notebooks/{name}.ipynb" not in nav
         else:
             assert f"notebooks/{name}.ipynb" in nav
+
+
+@pytest.mark.parametrize("name", sorted(run.SOURCES))
+def test_notebook_headings_hold_no_code(name):
+    """The notebook pages' table of contents drops a heading's code span.
+
+    Its link then names an anchor the page does not have ("Steering during
+    `generate`" linked to ``#steering-during``): headings are plain words.
+    """
+    notebook = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    headings = [
+        line
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "markdown"
+        for line in "".join(cell["source"]).splitlines()
+        if line.startswith("#")
+    ]
+    assert headings
+    assert [line for line in headings if "`" in line] == []

@@ -57,7 +57,8 @@ class CheckLine:
         nothing was measured.
     measure : str
         What ``magnitude`` is, e.g. ``"relative"`` (the largest absolute
-        difference over the record's largest magnitude) or ``"max |diff|"``.
+        difference over the record's largest magnitude), ``"max |diff|"``,
+        or ``"count"`` (of layers: the in-place check's, shown ``"1 layer"``).
     where : str
         Where the largest difference is: the layer, and the row.
     cause : str
@@ -83,10 +84,11 @@ def _shown(line: CheckLine) -> str:
     """Return a line's magnitude as the tables show it."""
     if line.magnitude is None:
         return "-"
+    if line.measure == "count":  # of layers (the in-place check's)
+        count = int(line.magnitude)
+        return f"{count} layer" if count == 1 else f"{count} layers"
     if line.magnitude == 0:
-        return "bit-equal" if line.measure != "count" else "0"
-    if line.measure == "count":
-        return str(int(line.magnitude))
+        return "bit-equal"
     return f"{line.magnitude:.3g} {line.measure}"
 
 
