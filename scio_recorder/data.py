@@ -61,12 +61,13 @@ _PATTERNS: tuple[str, ...] = ("blob", "square", "noise")
 
 
 def class_colours(num_classes: int) -> Tensor:
-    """Return the colour of each class: evenly spaced hues, zero-mean RGB.
+    r"""Return the colour of each class: evenly spaced hues, zero-mean RGB.
 
-    Class ``c`` has the hue angle ``theta = 2 pi c / num_classes`` and the
-    colour ``(cos theta, cos(theta - 2 pi / 3), cos(theta + 2 pi / 3))``: its
-    channels sum to zero and its norm is ``sqrt(3 / 2)`` for every class, so
-    that classes differ by hue only, not by brightness.
+    Class $c$ has the hue angle $\theta = 2 \pi c / C$ ($C$ =
+    ``num_classes``) and the colour $(\cos \theta, \cos(\theta - 2 \pi / 3),
+    \cos(\theta + 2 \pi / 3))$: its channels sum to zero and its norm is
+    $\sqrt{3 / 2}$ for every class, so that classes differ by hue only, not
+    by brightness.
 
     Parameters
     ----------

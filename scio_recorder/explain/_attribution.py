@@ -45,13 +45,14 @@ def attribution_patch(  # noqa: PLR0913 (keyword-only options)
     *,
     positions: Iterable[int] | None = None,
 ) -> Tensor:
-    """Return attribution patching's estimate of the patching grid's effects.
+    r"""Return attribution patching's estimate of the patching grid's effects.
 
-    Cell ``[i, j]`` is ``sum((clean_act - corrupted_act) * d metric / d act)``
-    at layer ``i`` and position ``j``, summed over the batch and every
-    dimension after the position (the hidden one), the gradient taken on the
+    Cell ``[i, j]`` is $\sum (a_\mathrm{clean} - a_\mathrm{corrupted}) \,
+    \partial m / \partial a$, $a$ the activation at layer ``i`` and position
+    ``j`` and $m$ the metric, summed over the batch and every dimension
+    after the position (the hidden one), the gradient taken on the
     corrupted run (Nanda 2023, "Attribution patching"): the first-order
-    estimate of ``patched metric - corrupted metric`` of
+    estimate of $m_\mathrm{patched} - m_\mathrm{corrupted}$ of
     :func:`patch_sweep`. One forward and one backward on ``corrupted``, one
     forward on ``clean``; the gradient is :func:`torch.autograd.grad` with
     respect to the activations (the parameters' ``.grad`` are untouched).

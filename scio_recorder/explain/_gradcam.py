@@ -31,13 +31,14 @@ def grad_cam(
     *,
     upsample: bool = True,
 ) -> Tensor:
-    """Return Grad-CAM heatmaps of ``layer`` for the class ``target``.
+    r"""Return Grad-CAM heatmaps of ``layer`` for the class ``target``.
 
-    ``cam = ReLU(sum_k alpha_k A_k)``, ``A`` the layer's feature maps and
-    ``alpha_k`` the spatial mean of ``d logit_target / d A_k`` (Selvaraju et
-    al., ICCV 2017); each map is scaled to ``[0, 1]`` (a map of zeros stays
-    zero). Gradients are taken with :func:`torch.autograd.grad` with respect
-    to the recorded activation: the parameters' ``.grad`` are untouched.
+    $\operatorname{ReLU}(\sum_k \alpha_k A_k)$, $A_k$ the layer's feature
+    maps and $\alpha_k$ the spatial mean of $\partial z_t / \partial A_k$,
+    $z_t$ the logit of the target (Selvaraju et al., ICCV 2017); each map
+    is scaled to ``[0, 1]`` (a map of zeros stays zero). Gradients are taken
+    with :func:`torch.autograd.grad` with respect to the recorded
+    activation: the parameters' ``.grad`` are untouched.
 
     Parameters
     ----------

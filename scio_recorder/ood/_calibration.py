@@ -240,7 +240,7 @@ class ODIN(Detector):
     (the sign per sample is the same as for its own loss when samples do not
     interact: call ``net.eval()``); only the input's gradient is computed
     (no parameter's ``.grad`` is touched). Costs three passes (forward and
-    backward with autograd, then forward on ``x^``) that no other detector
+    backward with autograd, then forward on $\hat x$) that no other detector
     shares; ``evaluate`` runs them on their own. pytorch-ood's ``criterion``
     is not offered (the cross-entropy, the paper's).
 
@@ -287,7 +287,10 @@ class ODIN(Detector):
         self.norm_std = None if norm_std is None else [float(s) for s in norm_std]
 
     def perturb(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
-        """Return ``x^``, the first positional input moved by ``-eps sign(grad)``."""
+        r"""Return $\hat x$, the first positional input moved against the gradient.
+
+        $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x (-\log S_{\hat y}(x; T)))$.
+        """
         x = floating_input(args, "ODIN")
         with torch.inference_mode(mode=False), torch.enable_grad():
             leaf = x.detach().clone().requires_grad_()

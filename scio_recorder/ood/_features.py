@@ -132,13 +132,12 @@ class Mahalanobis(ClassConditional, Features):
     ``fit`` computes the per-class means $\mu_c$ and the covariance $S$
     shared by the classes (tied, $W / N$) of the features of labelled
     in-distribution data, streaming; $\mathrm{score}(x) = \min_c (f -
-    \mu_c)^\top S^+ (f - \mu_c)$, $S^+$ the pseudo-inverse (dead features of a
-    ReLU layer have
-    zero variance). The single-layer detector without input preprocessing.
-    With ``normalize=True``, **Mahalanobis++** (Müller & Hein, ICML 2025):
-    the same on the L2-normalised features $f / \|f\|_2$, to fit and to
-    score (:func:`l2_rows`), which makes the features closer to the shared
-    Gaussian the score assumes.
+    \mu_c)^\top S^+ (f - \mu_c)$, $S^+$ the pseudo-inverse (dead features of
+    a ReLU layer have zero variance). The single-layer detector without
+    input preprocessing. With ``normalize=True``, **Mahalanobis++** (Müller &
+    Hein, ICML 2025): the same on the L2-normalised features
+    $f / \|f\|_2$, to fit and to score (:func:`l2_rows`), which makes the
+    features closer to the shared Gaussian the score assumes.
 
     Class-conditional (:class:`~scio_recorder.ood.ClassConditional`):
     ``score_classes(x)`` is $(f - \mu_c)^\top S^+ (f - \mu_c)$ for every class
@@ -149,14 +148,13 @@ class Mahalanobis(ClassConditional, Features):
 
     Input preprocessing (``epsilon > 0``; Lee et al.'s, scio's
     ``epsilon``): with $c^*$ the closest class of $x$, the input moves to
-    $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x d_{c^*}(x))$ (gradient entries
-    below the
-    dtype's ``eps`` count as 0, as scio's; its default ``fgm_norm=inf`` is
-    this sign step), and every class's score is that of ``x^``; the
-    predicted class stays the net's on ``x``. It costs a forward and a
-    backward pass with autograd on the input, then a forward on ``x^``: the
-    detector's own passes (:attr:`~Detector.own_passes`), as ODIN's. The
-    fit is unchanged.
+    $\hat x = x - \epsilon \, \mathrm{sign}(\nabla_x d_{c^*}(x))$ (gradient
+    entries below the dtype's ``eps`` count as 0, as scio's; its default
+    ``fgm_norm=inf`` is this sign step), and every class's score is that of
+    $\hat x$; the predicted class stays the net's on $x$. It costs a forward
+    and a backward pass with autograd on the input, then a forward on
+    $\hat x$: the detector's own passes (:attr:`~Detector.own_passes`), as
+    ODIN's. The fit is unchanged.
 
     Parameters
     ----------
@@ -177,8 +175,8 @@ class Mahalanobis(ClassConditional, Features):
         Which class's distance is the score.
     epsilon : float, default 0.0
         Lee et al.'s input preprocessing (0: none, today's scores bit for
-        bit): the input moves by ``-epsilon sign(grad_x d(x))``, ``d`` the
-        distance to the closest class, and is scored moved
+        bit): the input moves by $-\epsilon \, \mathrm{sign}(\nabla_x d(x))$,
+        $d$ the distance to the closest class, and is scored moved
         (:meth:`class_scores_inputs`).
 
     Examples

@@ -104,14 +104,15 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
     class **of each layer**, as above: $\sum_l w_l \min_c M_{lc}$.
 
     ``aggregation=<name>`` combines p-values instead of summing distances
-    (:mod:`~scio_recorder.ood._pvalues`): ``p_lc(x)`` is the fraction of fit
-    samples whose distance to their own class's mean at layer ``l`` is at
-    least ``M_lc(x)`` (calibrated on the fit data themselves, which the
-    means include), ``conformity_c = combine_l p_lc`` (``"fisher"``: ``sum_l
-    log p_lc``), ``score_classes(x) = -conformity_c``, and ``score(x)`` at
-    the class of the highest conformity (``at="closest"``) or the predicted
-    one. The fit then keeps every fit sample's pooled features (``N x sum_l
-    F_l`` float64) until the distances are computed.
+    (:mod:`~scio_recorder.ood._pvalues`): $p_{lc}(x)$ is the fraction of fit
+    samples whose distance to their own class's mean at layer $l$ is at
+    least $M_{lc}(x)$ (calibrated on the fit data themselves, which the
+    means include), the conformity $\mathrm{conf}_c(x)$ combines the
+    $p_{lc}(x)$ over the layers (``"fisher"``: $\sum_l \log p_{lc}(x)$),
+    ``score_classes(x)`` is $-\mathrm{conf}_c(x)$, and ``score(x)`` reads
+    it at the class of the highest conformity (``at="closest"``) or the
+    predicted one. The fit then keeps every fit sample's pooled features
+    ($N \times \sum_l F_l$ float64) until the distances are computed.
 
     Parameters
     ----------
@@ -136,8 +137,8 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
         ``weights`` with it).
     epsilon : float, default 0.0
         Lee et al.'s input preprocessing, per layer (0: none, today's
-        scores bit for bit): layer ``l`` reads ``x^_l = x - epsilon
-        sign(grad_x M_l(x))``, the step towards its own closest class, as
+        scores bit for bit): layer $l$ reads $\hat x_l = x - \epsilon \,
+        \mathrm{sign}(\nabla_x M_l(x))$, the step towards its own closest class, as
         the paper and scio's ``DeepMahalanobis`` do (a backward pass and a
         forward pass per layer, the detector's own; not with an
         ``aggregation``, whose p-values are calibrated on unmoved inputs).
@@ -332,11 +333,13 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
     def moved_distances(
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> tuple[Tensor, Pass]:
-        """Return ``M_lc(x^_l)`` ``[L, B, C']`` and the pass of ``x`` (``epsilon > 0``).
+        r"""Return $M_{lc}(\hat x_l)$, ``[L, B, C']``, and the pass of $x$.
+
+        For ``epsilon > 0``.
 
         Each layer's own preprocessing, as scio's: one pass with autograd
         on, a backward pass per layer (the gradient of the distance to that
-        layer's closest class), then a pass of each moved input ``x^_l``.
+        layer's closest class), then a pass of each moved input $\hat x_l$.
         """
         moved, clean = gradient_step(
             self.rnet,
@@ -657,9 +660,12 @@ class Gram(MultiLayer):
     fit data (streaming, :class:`~scio_recorder.reduce.MinMax` per class)
     and, in the same pass, the Gram vectors of the held-out samples (a
     fraction of the data, $P C$ values each), whose mean deviation
-    against the bounds of their true class is $E_l$. $\mathrm{score}(x) =
-    \sum_l (\sum_p \mathrm{dev}(g_{lp}(x), \mathrm{min}_{lpc},
-    \mathrm{max}_{lpc})) / E_l$, $c$ the predicted class, $\mathrm{dev}$
+    against the bounds of their true class is $E_l$. The score is
+
+    $$\mathrm{score}(x) = \sum_l \frac{1}{E_l} \sum_p \mathrm{dev}(g_{lp}(x),
+    \mathrm{min}_{lpc}, \mathrm{max}_{lpc}),$$
+
+    with $c$ the predicted class and $\mathrm{dev}$ the deviation of
     :func:`gram_deviation`. Follows pytorch-ood's ``Gram``; one pass over the
     fit data (pytorch-ood: one per layer, then the held-out deviations),
     shared by :func:`~scio_recorder.ood.fit_detectors`.

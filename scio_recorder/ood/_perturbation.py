@@ -262,7 +262,7 @@ class FeatureSqueezing(Detector):
         self.dist_norm = float(dist_norm)
 
     def distances(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
-        """Return ``||p(x) - p(s(x))||`` for each squeezer, ``[batch, squeezers]``."""
+        r"""Return $\|p(x) - p(s(x))\|$ for each squeezer, ``[batch, squeezers]``."""
         x = floating_input(args, "FeatureSqueezing")
         rest = args[1:]
         clean = run_pass(self.rnet, args, kwargs).logits
@@ -474,7 +474,10 @@ class Odds(ClassConditional):
     def shifts(
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> tuple[Tensor, Pass]:
-        """Return ``E_n[f(x + n)] - f(x)`` ``[batch, C]`` and the pass of ``x``."""
+        r"""Return the shifts $\mathbb{E}_n[f(x + n)] - f(x)$ and the pass of $x$.
+
+        The shifts are ``[batch, C]``.
+        """
         result = run_pass(self.rnet, args, kwargs)
         logits = as_logits(result.logits, "Odds")
         total = torch.zeros(logits.shape, dtype=_F64, device=logits.device)

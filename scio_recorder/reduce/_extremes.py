@@ -181,22 +181,22 @@ class FeatureMapGramResult:
 
 
 class FeatureMapGram(_RunningMinMax):
-    """Entrywise min and max over samples of per-sample feature-map Grams.
+    r"""Entrywise min and max over samples of per-sample feature-map Grams.
 
-    A record ``[B, C, *spatial]`` gives, per sample, ``F = x.reshape(C, -1)``
-    and the ``C x C`` Gram matrix of order ``p``::
+    A record ``[B, C, *spatial]`` gives, per sample, $F$ =
+    ``x.reshape(C, -1)`` and the $C \times C$ Gram matrix of order $p$
 
-        G_p = sign(F^p F^pT) * |F^p F^pT|^(1/p)      (powers entrywise)
+    $$G_p = \mathrm{sign}(F^p (F^p)^\top) \, \lvert F^p (F^p)^\top \rvert^{1/p}$$
 
-    as in the Gram-matrix OoD detector of Sastry & Oore (2020), which keeps
-    the row sums of ``F^p F^pT`` (``row_sums=True``: ``[C]`` per sample)
-    before the ``1/p`` root. The result is the entrywise min and max over
-    samples (use :class:`PerClass` for per-class bounds).
+    (powers entrywise), as in the Gram-matrix OoD detector of Sastry & Oore
+    (2020), which keeps the row sums of $F^p (F^p)^\top$ (``row_sums=True``:
+    ``[C]`` per sample) before the $1/p$ root. The result is the entrywise
+    min and max over samples (use :class:`PerClass` for per-class bounds).
 
     Parameters
     ----------
     power : int, default 1
-        The order ``p >= 1``.
+        The order $p \ge 1$.
     row_sums : bool, default False
         Reduce each Gram matrix to its row sums.
 

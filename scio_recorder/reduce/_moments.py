@@ -283,13 +283,13 @@ class GramResult:
     count: int
     """Samples seen."""
     sum: Tensor
-    """``sum_i x_i x_i^T``, shape ``[F, F]``."""
+    r"""$\sum_i x_i x_i^\top$, shape ``[F, F]``."""
     mean: Tensor
     """``sum / count``: the uncentred second-moment matrix."""
 
 
 class Gram(_Base, _FeatureShape):
-    """Uncentred second moments: ``sum_i x_i x_i^T`` over samples, with count.
+    r"""Uncentred second moments: $\sum_i x_i x_i^\top$ over samples, with count.
 
     Examples
     --------
@@ -337,7 +337,7 @@ class Gram(_Base, _FeatureShape):
             self._combine(other._n, other._sum.clone())
 
     def result(self) -> GramResult:
-        """Return count, sum and mean of ``x x^T``."""
+        r"""Return count, sum and mean of $x x^\top$."""
         if self._sum is None:
             msg = "Gram: no sample seen yet"
             raise ValueError(msg)

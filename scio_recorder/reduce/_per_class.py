@@ -67,26 +67,26 @@ class SharedCovarianceResult:
     means: Tensor
     """Per-class means, ``[C, F]`` (zero for a class never seen)."""
     cov: Tensor
-    """Shared covariance ``W / N`` (Lee et al. 2018), ``[F, F]``."""
+    """Shared covariance $W / N$ (Lee et al. 2018), ``[F, F]``."""
     cov_unbiased: Tensor
-    """Pooled unbiased covariance ``W / (N - C_seen)``, ``[F, F]``."""
+    r"""Pooled unbiased covariance $W / (N - C_\mathrm{seen})$, ``[F, F]``."""
 
 
 class SharedCovariance(_Base, _FeatureShape):
-    """Per-class means and the covariance shared by all classes.
+    r"""Per-class means and the covariance shared by all classes.
 
-    With ``W = sum_c sum_{i in c} (x_i - mu_c)(x_i - mu_c)^T`` the pooled
-    within-class co-moment, ``cov = W / N`` is the tied covariance of the
-    Mahalanobis detector of Lee et al. (2018), and ``cov_unbiased =
-    W / (N - C)`` (``C``: classes seen) the pooled unbiased estimate.
+    With $W = \sum_c \sum_{i \in c} (x_i - \mu_c)(x_i - \mu_c)^\top$ the
+    pooled within-class co-moment, ``cov`` $= W / N$ is the tied covariance
+    of the Mahalanobis detector of Lee et al. (2018), and ``cov_unbiased``
+    $= W / (N - C)$ ($C$: classes seen) the pooled unbiased estimate.
 
     Per-class counts and sums of a batch come from ``index_add_`` (no host
     sync when ``num_classes`` is given). The batch then enters the running
-    state as in Welford's update, for all classes at once: with ``a_i`` the
-    mean of sample ``i``'s class before the batch (its batch mean for a
-    class first seen) and ``m_i`` after it, ``W += sum_i (x_i - a_i)(x_i -
-    m_i)^T``, which equals Chan's ``W_b + (na * nb / n) (mb - ma)(mb -
-    ma)^T`` per class. It costs one ``[F, batch] @ [batch, F]`` product,
+    state as in Welford's update, for all classes at once: with $a_i$ the
+    mean of sample $i$'s class before the batch (its batch mean for a
+    class first seen) and $m_i$ after it, $W$ grows by $\sum_i (x_i -
+    a_i)(x_i - m_i)^\top$, which equals Chan's $W_b + (n_a n_b / n) (m_b -
+    m_a)(m_b - m_a)^\top$ per class. It costs one ``[F, batch] @ [batch, F]`` product,
     whatever the number of classes (Chan's rule over the class table costs
     ``[F, C] @ [C, F]``: five times more with 1,000 classes and batches of
     256). Two reducers merge (:meth:`merge`) by Chan's rule.

@@ -35,13 +35,14 @@ if TYPE_CHECKING:
 
 
 def quantile_rank_bound(n: int, k: int) -> int:
-    """Return the worst-case rank error of the :class:`Quantiles` sketch.
+    r"""Return the worst-case rank error of the :class:`Quantiles` sketch.
 
     After ``n`` values, every estimated rank (and the rank of every returned
     quantile) is within this many positions of the true one, whatever the
     values, their order, the batch sizes and the merges:
 
-    ``sum_{h >= 0, k 2^h <= n} 2^h floor(n / (k 2^h))  <=  n (floor(log2(n/k)) + 1) / k``
+    $$\sum_{h \ge 0,\ k 2^h \le n} 2^h \lfloor n / (k 2^h) \rfloor
+    \le n (\lfloor \log_2(n/k) \rfloor + 1) / k$$
 
     Parameters
     ----------
@@ -61,7 +62,7 @@ def quantile_rank_bound(n: int, k: int) -> int:
     >>> quantile_rank_bound(100_000, 1024), quantile_rank_bound(1000, 1024)
     (641, 0)
 
-    """  # noqa: E501 (a formula)
+    """
     bound, weight = 0, 1
     while k * weight <= n:
         bound += weight * (n // (k * weight))
@@ -70,31 +71,31 @@ def quantile_rank_bound(n: int, k: int) -> int:
 
 
 class Quantiles(_Base, _FeatureShape):
-    """Quantiles over samples, per feature: exact, or a bounded-memory sketch.
+    r"""Quantiles over samples, per feature: exact, or a bounded-memory sketch.
 
     ``exact=True`` keeps every value and returns linearly interpolated
     quantiles (as :func:`torch.quantile`). ``exact=False`` keeps a
     deterministic mergeable compactor sketch per feature, vectorised over
-    features: level ``h`` holds values of weight ``2^h``; new values enter
+    features: level $h$ holds values of weight $2^h$; new values enter
     level 0; when a level holds ``k`` values or more it is sorted and every
-    other value moves up to level ``h + 1`` with doubled weight (an odd
+    other value moves up to level $h + 1$ with doubled weight (an odd
     leftover, the largest, stays). The offset (keep the values at even or at
     odd positions) alternates at each compaction of a level, and starts at
-    ``h mod 2``, so that successive errors tend to cancel. A quantile ``q``
-    is the smallest retained value whose cumulated weight reaches ``q * n``.
+    $h \bmod 2$, so that successive errors tend to cancel. A quantile $q$
+    is the smallest retained value whose cumulated weight reaches $q n$.
 
     Rank guarantee of the sketch: each compaction at level ``h`` changes the
     weighted count of retained values below any threshold by at most
-    ``2^h``; it consumes at least ``k`` values of weight ``2^h`` out of at
-    most ``n / 2^h`` ever present at that level, so the rank error is at most
-    ``sum_h 2^h floor(n / (k 2^h)) <= n (floor(log2(n/k)) + 1) / k``
-    (:func:`quantile_rank_bound`; :attr:`rank_error_bound` is the tighter
-    bound of the compactions actually done). The rank of a returned value
-    ``y`` is then within that bound of ``q * n``: the true count of values
-    below ``y`` is at most ``q n + bound``, of values up to ``y`` at least
-    ``q n - bound``. Memory between updates: fewer than ``k`` values per
-    level and at most ``floor(log2(n/k)) + 2`` levels per feature (a level
-    compacts only if it received ``k`` values, i.e. ``k 2^h <= n``).
+    $2^h$; it consumes at least $k$ values of weight $2^h$ out of at
+    most $n / 2^h$ ever present at that level, so the rank error is at most
+    $\sum_h 2^h \lfloor n / (k 2^h) \rfloor \le n (\lfloor \log_2(n/k)
+    \rfloor + 1) / k$ (:func:`quantile_rank_bound`; :attr:`rank_error_bound`
+    is the tighter bound of the compactions actually done). The rank of a
+    returned value $y$ is then within that bound $b$ of $q n$: the true
+    count of values below $y$ is at most $q n + b$, of values up to $y$ at
+    least $q n - b$. Memory between updates: fewer than $k$ values per
+    level and at most $\lfloor \log_2(n/k) \rfloor + 2$ levels per feature
+    (a level compacts only if it received $k$ values, i.e. $k 2^h \le n$).
 
     Parameters
     ----------
@@ -121,7 +122,7 @@ class Quantiles(_Base, _FeatureShape):
             [ 4., 40.]], dtype=torch.float64)
 
     The sketch on 1000 shuffled values ``0, ..., 999``, fed in batches of 100:
-    each returned value's rank is within ``rank_error_bound`` of ``q * n``.
+    each returned value's rank is within ``rank_error_bound`` of $q n$.
 
     >>> sketch = Quantiles([0.1, 0.5, 0.9], exact=False, k=64)
     >>> for batch in ((torch.arange(1000.0) * 337) % 1000).split(100):
@@ -172,7 +173,10 @@ class Quantiles(_Base, _FeatureShape):
 
     @property
     def rank_error_bound(self) -> int:
-        """Proven bound on the rank error now: ``sum_h 2^h * compactions_h``."""
+        r"""Proven bound on the rank error now: $\sum_h 2^h C_h$.
+
+        $C_h$: the compactions done at level $h$.
+        """
         return sum(c << h for h, c in enumerate(self._compactions))
 
     @property

@@ -53,7 +53,9 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
     scale: float | None = None,
     position_embeddings: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """Return the attention weights ``softmax(q k^T * scale)`` of each head.
+    r"""Return each head's attention weights $\mathrm{softmax}(s \, q k^\top)$.
+
+    $s$ is ``scale``; the causal and padding masks apply before the softmax.
 
     For nets whose attention computes its weights inside a fused kernel
     (PyTorch's scaled-dot-product attention): record the queries and keys
@@ -93,7 +95,7 @@ def attention_from_qk(  # noqa: PLR0913 (the tensors, then keyword-only options)
     mask : Tensor, optional
         ``[batch, keys]``, 1 for a key to attend to, 0 for padding.
     scale : float, optional
-        Default ``1 / sqrt(head_size)``.
+        $s$, default $1 / \sqrt{d}$, $d$ the head size.
     position_embeddings : (Tensor, Tensor), optional
         ``(cos, sin)`` of a rotary model, each ``[batch, keys, head_size]``
         or ``[keys, head_size]`` (the output of its ``rotary_emb``,
