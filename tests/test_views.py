@@ -253,6 +253,25 @@ def test_layer_view_marks_what_the_recorder_records_and_refuses_unknown_labels()
         layer_view(rnet, recorded=[(9, 9)])
 
 
+def test_layer_view_shows_an_empty_shape_as_a_dash_as_the_compact_table_does():
+    """Inputs passed by keyword leave the net's row no input shape: "-", not "[]"."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    rnet = Recorder(Net(), input_data={"x": torch.randn(1, 3)})
+    table = rnet.table
+    assert table.rows[0].input_size == []  # the case: no shape in the table
+    rows = layer_view(rnet).data["rows"]
+    assert rows[0][4:6] == ["-", "[1, 2]"]
+    assert rows[1][4:6] == ["[1, 3]", "[1, 2]"]
+
+
 def test_ood_view_histograms_count_every_score_once_clipped_or_not():
     """Clipped tails land in the end bins: the counts sum to each set's size."""
     torch.manual_seed(0)
@@ -415,6 +434,14 @@ def test_patching_page_shows_each_cells_value_on_hover(chromium, tmp_path):
         assert close(last_value(shown), float(GRID[i, j]))
     page.hover(1, 1)
     assert tip(page) is None
+    # left-aligned: the row names hug the grid, at the page's left (a grid
+    # whose name column stretched pushed the map to the frame's right edge)
+    names, grid = page.evaluate(
+        "[Math.max(...[...document.querySelectorAll('.sv-row')].map((e) => e"
+        ".getBoundingClientRect().width)), document.querySelector('canvas.sv-heat')"
+        ".getBoundingClientRect().left]"
+    )
+    assert grid <= 8 + names + 8  # the body's padding, the widest name, the gap
 
 
 def test_a_page_whose_data_is_wrong_fails_the_hover_check(chromium, tmp_path):

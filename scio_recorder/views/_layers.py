@@ -33,6 +33,11 @@ def _parents(rows: tuple[Layer, ...]) -> list[int]:
     return parents
 
 
+def _size(size: list[Any]) -> str:
+    """Return a shape as the view shows it: ``-`` for an empty one."""
+    return str(size) if size else "-"
+
+
 class _LayerView(View):
     kind = "layers"
 
@@ -74,12 +79,15 @@ def layer_view(
     """Return the layer table as a tree: collapsed, opened level by level.
 
     Each row is a module call of the reference pass (its label, name and
-    type); hovering it shows its input and output shapes, its parameters and
-    whether it is recorded. Recorded rows are marked, and so is every row
-    above them (how many are recorded inside). Rows below ``open_depth`` are
-    drawn only when their parent is opened, so a net of thousands of modules
-    gives a small page; "expand all", "collapse all" and "show recorded"
-    (open the path to each recorded row) act on the whole tree.
+    type); hovering it shows its input and output shapes (``-`` for an
+    empty one, as in the compact table: a structured output such as
+    transformers' ``ModelOutput``, inputs passed by keyword, or a scalar),
+    its parameters and whether it is recorded. Recorded rows are marked,
+    and so is every row above them (how many are recorded inside). Rows
+    below ``open_depth`` are drawn only when their parent is opened, so a
+    net of thousands of modules gives a small page; "expand all",
+    "collapse all" and "show recorded" (open the path to each recorded row)
+    act on the whole tree.
 
     Parameters
     ----------
@@ -127,8 +135,8 @@ def layer_view(
                 row.name,
                 type(row.module).__name__,
                 row.call_index,
-                str(row.input_size),
-                str(row.output_size),
+                _size(row.input_size),
+                _size(row.output_size),
                 row.num_params,
                 int(row.recordable),
                 row.reason,
