@@ -163,7 +163,7 @@ class IsoMax(ClassConditional):
     rnet : Recorder
         The wrapped net (a classifier: logits ``[batch, C]``).
     entropic_scale : float, default 10.0
-        ``E_s`` (the paper's).
+        $E_s$ (the paper's).
     steps : int, default 1000
         Optimiser steps (scio's ``n_steps``); 0 keeps the prototypes at 0.
     lr : float, default 0.1
