@@ -21,8 +21,10 @@ snapshots what such a pass can change and puts it back exactly, in
   (:class:`ParameterWrites`) copies a parameter just before the first
   operator that writes its memory (through the parameter, ``.data`` or a
   view), and its values are copied back at the end; a parameter whose
-  ``.data`` the pass rebinds gets its old tensor back. Only what is written
-  is copied. Hooks may also swap parameters: accelerate's
+  ``.data`` the pass rebinds gets its old tensor back, unless the pass moved
+  it to another real device (torchinfo moves the net to the device it runs
+  on, as the reference Recorder does: the move stays, for the buffers
+  too). Only what is written is copied. Hooks may also swap parameters: accelerate's
   ``AlignDevicesHook`` (:func:`accelerate.cpu_offload`,
   :func:`accelerate.disk_offload`, :func:`accelerate.dispatch_model`) loads
   an offloaded module's weights from its ``weights_map`` before the module
@@ -172,12 +174,27 @@ def _parameters(net: nn.Module) -> Callable[[], None]:
         for module, name, param, requires_grad, data in params:
             if module._parameters.get(name) is not param:  # noqa: SLF001 (swapped in the pass)
                 module._parameters[name] = param  # noqa: SLF001
-            if not _same_tensor(param, data):
+            if not _moved(data, param.data) and not _same_tensor(param, data):
                 param.data = data
             if param.requires_grad != requires_grad:
                 param.requires_grad_(requires_grad)
 
     return restore
+
+
+def _moved(before: Tensor, after: Tensor) -> bool:
+    """Whether a tensor rebound by the pass was moved to another real device.
+
+    torchinfo moves the net to the device it runs on (given ``device=``, or
+    ``input_size`` alone where CUDA is available), as the reference
+    Recorder does: ``module.to`` rebinds each parameter's ``.data`` and each
+    buffer's slot, and that move stays, parameters and buffers together
+    (``layers._reference._warn_if_moved`` says so). A tensor loaded from
+    ``meta`` (accelerate's offload) or sent to it is not such a move: it is
+    put back (a move to ``meta`` swaps the parameters themselves, which
+    are put back too).
+    """
+    return not before.is_meta and not after.is_meta and after.device != before.device
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:
@@ -300,9 +317,12 @@ class ParameterWrites(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def restore(self) -> None:
         """Copy the values of every parameter written back into it."""
         for _, param, copy in self.saved.values():
+            if param.is_meta:  # moved to meta since: no values to put back
+                continue
+            values = copy.to(param.device)
             with torch.inference_mode(param.is_inference()), torch.no_grad():
-                if not torch.equal(param, copy):
-                    param.copy_(copy)
+                if not torch.equal(param, values):
+                    param.copy_(values)
         self.saved.clear()
 
 
@@ -498,13 +518,24 @@ class SavedBuffers:
     def restore(self) -> None:
         """Put every buffer back: the object in its slot, its values copied back."""
         for _, module, name, buffer, saved in self.saved:
-            if module._buffers.get(name) is not buffer:  # noqa: SLF001 (a buffer reassigned in the pass)
+            current = module._buffers.get(name)  # noqa: SLF001 (the slot)
+            target = buffer
+            if (
+                current is not None
+                and current is not buffer
+                and _moved(buffer, current)
+            ):
+                target = current  # moved with the net (torchinfo's move): kept
+            elif current is not buffer:  # reassigned in the pass
                 module._buffers[name] = buffer  # noqa: SLF001
             # Compared, not told by `_version`: the batch norm kernels update
             # running statistics without bumping it.
-            if not buffer.is_meta and not torch.equal(buffer, saved):
-                with torch.inference_mode(buffer.is_inference()), torch.no_grad():
-                    buffer.copy_(saved)
+            if target.is_meta:
+                continue
+            values = saved.to(target.device)
+            if not torch.equal(target, values):
+                with torch.inference_mode(target.is_inference()), torch.no_grad():
+                    target.copy_(values)
 
     def changed(self) -> list[tuple[str, nn.Module]]:
         """Return the buffers changed since: reassigned, or changed in place.

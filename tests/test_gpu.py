@@ -200,10 +200,12 @@ def test_a_cpu_net_given_input_size_alone_moves_as_torchinfo_moves_it_and_is_sai
     The reference Recorder moves it too (code written for it may rely on
     it); `device="cpu"` keeps the net where it is.
     """
-    net = mlp()
+    net = nn.Sequential(mlp(), nn.BatchNorm1d(32))
     with pytest.warns(UserWarning, match="moved the net from cpu to cuda"):
-        Recorder(net, input_size=(1, 32))
-    assert next(net.parameters()).is_cuda
+        Recorder(net, input_size=(2, 32))
+    # parameters and buffers together (the buffers were put back on the CPU)
+    assert all(p.is_cuda for p in net.parameters())
+    assert all(b.is_cuda for b in net.buffers())
     kept = mlp()
     Recorder(kept, input_size=(1, 32), device="cpu")
     assert next(kept.parameters()).device.type == "cpu"

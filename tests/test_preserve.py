@@ -511,3 +511,18 @@ def test_any_nested_containers_are_put_back(value: Any, choices: list[int]) -> N
     assert net[0].value is value
     assert repr(value) == repr(before)
     assert [id(c) for c in containers(value)] == [id(c) for c in found]
+
+
+def test_a_move_to_meta_is_undone_parameters_and_buffers_together() -> None:
+    """``net.to("meta")`` in a pass: parameters (swapped) and buffers put back.
+
+    A move to a real device (torchinfo's ``model.to("cuda")``, kept as the
+    reference Recorder keeps it) is tested on a GPU (``tests/test_gpu.py``).
+    """
+    net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    with preserved(net):
+        net.to("meta")
+    assert {t.device.type for t in [*net.parameters(), *net.buffers()]} == {"cpu"}
+    for key, value in net.state_dict().items():
+        assert torch.equal(value, state[key]), key
