@@ -633,3 +633,28 @@ def test_a_sample_outside_the_batch_is_refused_naming_the_batch():
         ),
     ):
         lens_view(LENS, sample=3)
+
+
+@pytest.mark.parametrize(
+    ("make", "msg"),
+    [
+        (
+            lambda: attention_view(torch.ones(2, 3)),
+            (
+                "attention_view: `weights` must be [batch, heads, queries, keys] "
+                "or [heads, queries, keys]; got [2, 3]"
+            ),
+        ),
+        (
+            lambda: lens_view(torch.ones(2, 3, 4, 5, 6)),
+            (
+                "lens_view: `lens` must be [layers, batch, positions, vocabulary] "
+                "or [layers, positions, vocabulary]; got [2, 3, 4, 5, 6]"
+            ),
+        ),
+    ],
+    ids=["attention", "lens"],
+)
+def test_values_of_another_shape_are_refused_naming_both_shapes(make, msg):
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        make()

@@ -294,15 +294,13 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
     (2, ['The', ' cat', ' sat'], 'Attention, h.0.attn')
 
     """
-    found = torch.as_tensor(weights).detach().to("cpu", torch.float64)
-    if found.dim() == _HEADS_DIMS:
-        found = one_sample(found, 0, sample, "attention_view")
-    if found.dim() != _FLAT_DIMS:
-        msg = (
-            "attention_view: `weights` must be [batch, heads, queries, keys] or "
-            f"[heads, queries, keys]; got {list(torch.as_tensor(weights).shape)}"
-        )
-        raise ValueError(msg)
+    found = one_sample(
+        torch.as_tensor(weights).detach().to("cpu", torch.float64),
+        ["batch", "heads", "queries", "keys"],
+        sample,
+        "attention_view",
+        "weights",
+    )
     _, n_q, n_k = found.shape
     queries = names(tokens, n_q, "tokens", "attention_view")
     if keys is None and n_k != n_q:

@@ -63,21 +63,39 @@ def finite(values: Iterable[float], digits: int = DIGITS) -> list[float | None]:
     return [rounded(float(v), digits) for v in values]
 
 
-def one_sample(values: Tensor, dim: int, sample: int, who: str) -> Tensor:
-    """Return sample ``sample`` of ``values``' batch dimension ``dim``.
+def one_sample(
+    values: Tensor, axes: Sequence[str], sample: int, who: str, what: str
+) -> Tensor:
+    """Return ``values`` without its batch axis: sample ``sample`` of a batch.
+
+    ``axes`` names the batched shape's axes, one of them ``"batch"``;
+    ``values`` (the argument ``what`` of ``who``) has them all (a batch:
+    the sample is taken) or all but ``"batch"`` (one sample already).
 
     Raises
     ------
+    ValueError
+        Naming both shapes, for ``values`` of another number of dimensions.
     IndexError
         Naming the batch's size, for a sample outside it.
     """
-    if not 0 <= sample < values.shape[dim]:
+    dim = list(axes).index("batch")
+    if values.dim() == len(axes):
+        if not 0 <= sample < values.shape[dim]:
+            msg = (
+                f"{who}: sample={sample}, but the batch has {values.shape[dim]} "
+                f"samples; pick one of 0 to {values.shape[dim] - 1}"
+            )
+            raise IndexError(msg)
+        return values.select(dim, sample)
+    if values.dim() != len(axes) - 1:
+        one = [axis for axis in axes if axis != "batch"]
         msg = (
-            f"{who}: sample={sample}, but the batch has {values.shape[dim]} "
-            f"samples; pick one of 0 to {values.shape[dim] - 1}"
+            f"{who}: `{what}` must be [{', '.join(axes)}] or "
+            f"[{', '.join(one)}]; got {list(values.shape)}"
         )
-        raise IndexError(msg)
-    return values.select(dim, sample)
+        raise ValueError(msg)
+    return values
 
 
 def names(given: Sequence[Any] | None, count: int, what: str, who: str) -> list[str]:

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from torch import Tensor
 
-_BATCHED = 4  # [layers, batch, positions, vocabulary]
-_ONE = 3  # [layers, positions, vocabulary]
 _TEXT = 12  # characters of a token shown in the static picture
 
 
@@ -111,15 +109,13 @@ def lens_view(  # noqa: PLR0913 (the lens, then keyword-only options)
     [['b', 0.786986, 1], ['a', 0.106507, 0]]
 
     """
-    found = torch.as_tensor(lens).detach()
-    if found.dim() == _BATCHED:
-        found = one_sample(found, 1, sample, "lens_view")
-    if found.dim() != _ONE:
-        msg = (
-            "lens_view: `lens` must be [layers, batch, positions, vocabulary] or "
-            f"[layers, positions, vocabulary]; got {list(torch.as_tensor(lens).shape)}"
-        )
-        raise ValueError(msg)
+    found = one_sample(
+        torch.as_tensor(lens).detach(),
+        ["layers", "batch", "positions", "vocabulary"],
+        sample,
+        "lens_view",
+        "lens",
+    )
     n_layers, n_positions, vocabulary = found.shape
     if not 1 <= k <= vocabulary:
         msg = f"lens_view: k={k}; use 1 to the vocabulary's size, {vocabulary}"
