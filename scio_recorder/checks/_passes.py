@@ -38,7 +38,7 @@ from scio_recorder._tree import map_tensors
 from ._measure import difference, pairs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from scio_recorder._preserve import SavedBuffers
     from scio_recorder.layers import DepthIdx, Layer
@@ -168,12 +168,21 @@ def compared(
 # -- what makes passes differ in train mode ----------------------------------
 
 
-def in_train_mode(net: nn.Module, kinds: tuple[type[nn.Module], ...]) -> list[str]:
-    """Return the qualified names of the modules of ``kinds`` in train mode."""
+def in_train_mode(
+    net: nn.Module,
+    kinds: tuple[type[nn.Module], ...],
+    where: Callable[[Any], bool] | None = None,
+) -> list[str]:
+    """Return the qualified names of the modules of ``kinds`` in train mode.
+
+    ``where``: only those for which it holds.
+    """
     return [
         name or type(module).__name__
         for name, module in net.named_modules()
-        if isinstance(module, kinds) and module.training
+        if isinstance(module, kinds)
+        and module.training
+        and (where is None or where(module))
     ]
 
 
@@ -184,11 +193,7 @@ def dropping(net: nn.Module) -> list[str]:
     ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout``) derives from
     ``_DropoutNd``.
     """
-    return [
-        name or type(module).__name__
-        for name, module in net.named_modules()
-        if isinstance(module, _DROPOUTS) and module.training and module.p > 0
-    ]
+    return in_train_mode(net, _DROPOUTS, lambda module: module.p > 0)
 
 
 _DROPOUTS = (nn.modules.dropout._DropoutNd,)  # noqa: SLF001 (the base of every dropout)
