@@ -198,19 +198,20 @@ def _moved(before: Tensor, after: Tensor) -> bool:
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """Whether ``a`` still views ``b``'s memory the way it did (else it was rebound)."""
-    if a.is_meta or b.is_meta:
-        return a.is_meta == b.is_meta and a.shape == b.shape
-    try:
-        return (
-            a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.shape == b.shape
-            and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset()
-            and a.dtype == b.dtype
-        )
-    except Exception:  # noqa: BLE001 (no storage to compare: a tensor subclass)
+    """Whether ``a`` still views ``b``'s memory the way it did (else it was rebound).
+
+    ``True`` where either has no memory to compare (:func:`_storage_key`).
+    """
+    key_a, key_b = _storage_key(a), _storage_key(b)
+    if key_a is None or key_b is None:
         return True
+    return (
+        key_a == key_b
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.dtype == b.dtype
+    )
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
