@@ -794,7 +794,7 @@ def test_demo_all_rates_every_detector_of_the_catalogue(capsys, tmp_path, monkey
     ]
     assert set(DETECTORS) | set(SLOW) == set(CATALOGUE)
     assert [n for n in CATALOGUE if n in DETECTORS] == list(DETECTORS)
-    assert len(DETECTORS) == 32
+    assert len(DETECTORS) == 35
 
 
 def test_demo_refuses_a_bad_out_before_the_run(capsys, tmp_path, monkeypatch):
