@@ -39,6 +39,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the reference's alias)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
@@ -477,6 +479,39 @@ def test_weiper_helpers_against_their_definitions():
     kl = symmetric_kl(p, q, 0.0)
     p, q = p / p.sum(), q / q.sum(1, keepdim=True)
     torch.testing.assert_close(kl, (p * (p / q).log() + q * (q / p).log()).sum(1))
+
+
+@pytest.mark.slow  # 40 examples: about a second
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    values=st.integers(1, 40),
+    bins=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_weiper_histograms_equal_the_references_comparisons(rows, values, bins, seed):
+    """Any values, any bins: the same bin as the reference's ``>=`` and ``<``."""
+    gen = torch.Generator().manual_seed(seed)
+    # rounded values: many fall exactly on an edge or on the fit's extremes
+    v = (torch.randn(rows, values, generator=gen) * 4).round() / 4
+    low, high = v.min() + 0.25, v.max() - 0.25
+    expected = ref_batch_histogram(
+        v.T, bins, bins_min_max=(low, high), probability=True
+    )[0]
+    edges = weiper_edges(low, high, bins)
+    got = weiper_densities(v, edges, torch.full((values,), 1 / values, dtype=F64))
+    torch.testing.assert_close(got.float(), expected.T)
+
+
+@pytest.mark.slow  # 40 examples: about a second
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 30), size=st.integers(1, 30), seed=st.integers(0, 99))
+def test_uniform_smoothing_is_the_references_conv1d(length, size, seed):
+    """Any width, odd or even, against the 'same'-padded, replicate Conv1d."""
+    size = min(size, length)
+    d = torch.rand(2, length, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    conv = RefUniformKernel(2, size).double()
+    torch.testing.assert_close(uniform_smoothing(d, size), conv(d.T).T.detach())
 
 
 # ------------------------------------------------------------- the ORA reference

@@ -788,7 +788,8 @@ class CORE(_Classifier):
     (every class of ``fc`` needs a fit sample); the cosine is the highest
     over the classes; the normalisation uses the fit data's mean and
     population standard deviation (a constant score, of deviation zero,
-    counts as deviation one). Everything is float64.
+    counts as deviation one). Everything is float64; the span is taken from
+    ``fc``'s weight when the detector is made (as ViM's origin).
 
     Parameters
     ----------
@@ -819,14 +820,16 @@ class CORE(_Classifier):
         self.num_classes = self.classes = self.linear.out_features
         self.means = torch.zeros(0, 0, dtype=_F64)
         self.spread = torch.zeros(4, dtype=_F64)
-
-    def span(self) -> Tensor:
-        """Return an orthonormal basis of the span of ``W``'s rows, ``[F, rank]``."""
         w = self.weight64()
         _, values, vh = torch.linalg.svd(w, full_matrices=False)
         tol = values.max() * max(w.shape) * torch.finfo(_F64).eps
-        basis: Tensor = vh[values > tol].T
-        return basis
+        self.basis: Tensor = vh[values > tol].T
+        """An orthonormal basis of the span of ``W``'s rows, ``[F, rank]``
+        (of ``fc``'s weight when the detector was made)."""
+
+    def span(self) -> Tensor:
+        """Return an orthonormal basis of the span of ``W``'s rows, ``[F, rank]``."""
+        return self.basis
 
     def residual(self, f: Tensor, basis: Tensor | None = None) -> Tensor:
         """Return ``f - P f``, float64."""
