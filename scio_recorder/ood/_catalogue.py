@@ -128,6 +128,8 @@ DETECTORS: tuple[tuple[str, Callable[[Classifier], Detector]], ...] = (
         lambda net: FeatureSqueezing(net.rnet, squeezers=["bits:3", "median:2"]),
     ),
     ("Odds", lambda net: Odds(net.rnet, epsilon=0.1, noise_samples=32)),
+    # WeiPer's perturbations from a generator of its own: the same for every
+    # net and seed, whatever torch's global generator has drawn before.
     ("WeiPer", lambda net: WeiPer(net.rnet, generator=0)),
     ("CORE", lambda net: CORE(net.rnet)),
     ("ORA", lambda net: ORA(net.rnet)),
