@@ -39,6 +39,8 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`JTLA` (layers in one pass) |
 | the classifier's features | :class:`NCI`, :class:`NECO`, :class:`Residual` |
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
+| the classifier's weights | :class:`WeiPer` (perturbed), :class:`CORE` (their span), |
+| | :class:`ORA` (the angles to its boundaries) |
 | the input moved | :class:`FeatureSqueezing`, :class:`Odds` (noise); ``epsilon=`` of |
 | | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
 
@@ -46,7 +48,7 @@ This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
-``_jtla``, ``_isomax``, ``_perturbation``), each standing on the shared
+``_jtla``, ``_isomax``, ``_perturbation``, ``_weights``), each standing on the shared
 ground floor and the protocol, never on another family. The ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
 read one layer, several layers, their nearest fit samples, or edit a layer),
@@ -79,6 +81,7 @@ from __future__ import annotations
 
 __all__ = [
     "ASH",
+    "CORE",
     "DICE",
     "GEN",
     "JTLA",
@@ -89,6 +92,7 @@ __all__ = [
     "NCI",
     "NECO",
     "ODIN",
+    "ORA",
     "RMDS",
     "SHE",
     "VRA",
@@ -121,6 +125,7 @@ __all__ = [
     "TempScale",
     "Trust",
     "ViM",
+    "WeiPer",
     "evaluate",
     "fDBD",
     "fit_detectors",
@@ -140,6 +145,7 @@ __getattr__, __dir__ = lazy_attributes(
     {
         "ASH": "._shaping",
         "AdaScale": "._adascale",
+        "CORE": "._weights",
         "ClassConditional": "._classes",
         "DICE": "._prototypes",
         "Detector": "._protocol",
@@ -167,6 +173,7 @@ __getattr__, __dir__ = lazy_attributes(
         "NNGuide": "._prototypes",
         "NotFittedError": "._protocol",
         "ODIN": "._calibration",
+        "ORA": "._weights",
         "Odds": "._perturbation",
         "OoDResults": "._evaluate",
         "Pass": "._protocol",
@@ -181,6 +188,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Trust": "._neighbours",
         "VRA": "._edits",
         "ViM": "._features",
+        "WeiPer": "._weights",
         "evaluate": "._evaluate",
         "fDBD": "._prototypes",
         "fit_detectors": "._passes",
@@ -211,3 +219,4 @@ if TYPE_CHECKING:
     from ._prototypes import DICE, SHE, NNGuide, fDBD
     from ._saving import StateEntry
     from ._shaping import ASH, ReAct, Scale
+    from ._weights import CORE, ORA, WeiPer

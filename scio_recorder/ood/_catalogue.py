@@ -45,6 +45,7 @@ from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
+from ._weights import CORE, ORA, WeiPer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -127,6 +128,11 @@ DETECTORS: tuple[tuple[str, Callable[[Classifier], Detector]], ...] = (
         lambda net: FeatureSqueezing(net.rnet, squeezers=["bits:3", "median:2"]),
     ),
     ("Odds", lambda net: Odds(net.rnet, epsilon=0.1, noise_samples=32)),
+    # WeiPer's perturbations from a generator of its own: the same for every
+    # net and seed, whatever torch's global generator has drawn before.
+    ("WeiPer", lambda net: WeiPer(net.rnet, generator=0)),
+    ("CORE", lambda net: CORE(net.rnet)),
+    ("ORA", lambda net: ORA(net.rnet)),
 )
 """Every detector, in the benchmark's order: ``(name, factory)``.
 
