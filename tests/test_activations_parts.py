@@ -66,7 +66,8 @@ def no_process_group(monkeypatch):
     """Fail if anything creates a process group; check none exists after."""
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a process group was created")
+        msg = "a process group was created"
+        raise AssertionError(msg)
 
     if dist.is_available():
         monkeypatch.setattr(dist, "init_process_group", refuse)
@@ -149,14 +150,14 @@ def test_merging_twice_gives_the_same_set(rnet, tmp_path, no_process_group):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
 
 
-class Killed(Exception):
+class KilledError(Exception):
     """The worker dies in the middle of its part."""
 
 
 def dying(batches, after: int):
     for index, batch in enumerate(batches):
         if index == after:
-            raise Killed
+            raise KilledError
         yield batch
 
 
@@ -168,7 +169,7 @@ def test_a_part_killed_and_rerun_leaves_the_merged_set_unchanged(
     manifest = (tmp_path / "manifest.json").read_bytes()
     want = rows(before)
     # part 1 rewritten, and killed after its first batch
-    with pytest.raises(Killed):
+    with pytest.raises(KilledError):
         write(
             rnet, dying(share(1, 2), 1), tmp_path, part=1, parts=2, overwrite=True,
             **OPTIONS,
@@ -197,7 +198,7 @@ def test_a_part_killed_the_first_time_is_missing_then_resumes(
     one = write(rnet, make_batches(), tmp_path / "one", **OPTIONS)
     folder = tmp_path / "parts"
     write(rnet, share(0, 2), folder, part=0, parts=2, **OPTIONS)
-    with pytest.raises(Killed):
+    with pytest.raises(KilledError):
         write(rnet, dying(share(1, 2), 1), folder, part=1, parts=2, **OPTIONS)
     with pytest.raises(ValueError, match=r"part 1 is missing \(part 1 unfinished"):
         merge(folder)
@@ -230,7 +231,7 @@ def test_a_part_written_otherwise_is_refused_naming_it(
     write(rnet, share(0, 2), tmp_path, part=0, parts=2, **OPTIONS)
     write(rnet, share(1, 2), tmp_path, part=1, parts=2, **{**OPTIONS, **options})
     with pytest.raises(
-        ValueError, match="Part 1 in .* was not written as part 0"
+        ValueError, match=r"Part 1 in .* was not written as part 0"
     ) as info:
         merge(tmp_path)
     assert named in str(info.value)
@@ -275,7 +276,7 @@ def test_a_finished_part_is_returned_and_other_arguments_refused(rnet, tmp_path)
         (0, "2", TypeError, "`parts` must be an int"),
     ],
 )
-def test_bad_parts_are_refused(rnet, tmp_path, part, parts, error, message):
+def test_bad_parts_are_refused(rnet, tmp_path, part, parts, error, message):  # noqa: PLR0917 (the parameters)
     with pytest.raises(error, match=message):
         write(rnet, share(0, 2), tmp_path, part=part, parts=parts, **OPTIONS)
     assert not list(tmp_path.iterdir())
