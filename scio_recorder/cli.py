@@ -928,9 +928,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from scio_recorder.activations._parts import merge_command  # noqa: PLC0415 (heavier)
+    from scio_recorder.activations import merge  # noqa: PLC0415 (heavier imports)
 
-    return merge_command(args.folder)
+    ds = merge(args.folder)
+    parts = len(ds.manifest["parts"][0]["rank_rows"])
+    print(
+        f"merged {parts} parts into '{ds.path / 'manifest.json'}': {len(ds)} "
+        f"tokens, {ds.manifest['rows']} rows, layers {', '.join(ds.layers)}"
+    )
+    return 0
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

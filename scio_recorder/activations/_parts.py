@@ -2,8 +2,8 @@
 
 Holds :func:`write_part` (what ``write(..., part=K, parts=N)`` runs),
 :func:`merge` (the set of every finished part, as one
-:class:`~scio_recorder.activations.ActivationDataset`) and
-:func:`merge_command` (``scio-recorder merge FOLDER``).
+:class:`~scio_recorder.activations.ActivationDataset`; ``scio-recorder
+merge FOLDER`` calls it).
 
 Why: a SLURM job array, a pool of Ray actors or a few spot instances never
 form a :mod:`torch.distributed` process group; each worker only knows its
@@ -23,14 +23,7 @@ next merge.
 
 from __future__ import annotations
 
-__all__ = [
-    "check_part",
-    "merge",
-    "merge_command",
-    "part_folder",
-    "refuse_process_group",
-    "write_part",
-]
+__all__ = ["merge", "part_folder", "write_part"]
 
 import contextlib
 import os
@@ -45,14 +38,12 @@ from scio_recorder._lock import FolderLock
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter
-from ._manifest import MANIFEST, assemble, load_statistics, model_info, read_manifest
+from ._manifest import assemble, load_statistics, model_info, read_manifest
 from ._shards import check_shard
 from ._tokens import INDEX
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
-
-    from ._write import _Job
+    from collections.abc import Callable, Iterable, Iterator
 
 SPLIT = "split"
 """The manifest key of a part: ``{"part": K, "parts": N}``."""
@@ -71,50 +62,6 @@ def part_folder(folder: Path, part: int) -> Path:
 
 def _partial(folder: Path, part: int) -> Path:
     return folder / f"part-{part:05d}.partial"
-
-
-def check_part(part: object, parts: object, *, append: bool) -> None:
-    """Refuse ``part``/``parts`` that do not name one part of a split."""
-    if part is None and parts is None:
-        return
-    for name, value in (("part", part), ("parts", parts)):
-        if value is None:
-            other = "parts" if name == "part" else "part"
-            msg = (
-                f"`{other}` was given without `{name}`: pass both (part K of N, "
-                "0 <= K < N), or neither."
-            )
-            raise ValueError(msg)
-        if isinstance(value, bool) or not isinstance(value, int):
-            msg = f"`{name}` must be an int, got {value!r}"
-            raise TypeError(msg)
-    assert isinstance(part, int)  # noqa: S101 (checked above)
-    assert isinstance(parts, int)  # noqa: S101 (checked above)
-    if parts < 1 or not 0 <= part < parts:
-        msg = (
-            "`part` must be in 0..parts-1 and `parts` >= 1, got "
-            f"part={part}, parts={parts}"
-        )
-        raise ValueError(msg)
-    if append:
-        msg = (
-            "`append=True` adds a part to a finished set; `part=` writes one "
-            "part of a set written by several workers: pass one of them."
-        )
-        raise ValueError(msg)
-
-
-def refuse_process_group(world: int) -> None:
-    """Refuse a part written inside a process group of several ranks."""
-    if world > 1:
-        msg = (
-            "`part=` writes one part with no process group, but a "
-            f"torch.distributed process group of {world} ranks is initialised: "
-            "call `write` without `part=` (every rank writes its shards of one "
-            "set), or make each rank a part of its own (part=K * world + rank, "
-            "parts=N * world) in processes without a process group."
-        )
-        raise RuntimeError(msg)
 
 
 def _lock(folder: Path, name: str, tool: str, option: str) -> FolderLock:
@@ -138,10 +85,16 @@ def _holding(lock: FolderLock) -> Iterator[None]:
         lock.release()
 
 
-def write_part(job: _Job, batches: Iterable[Any]) -> ActivationDataset:
-    """Write part ``job.split[0]`` of the set in ``job.folder``; return it alone."""
-    from ._write import run_writer  # noqa: PLC0415 (the module that calls this one)
+def write_part(
+    job: Any,
+    batches: Iterable[Any],
+    run_writer: Callable[[Any, RankWriter, Iterable[Any]], None],
+) -> ActivationDataset:
+    """Write part ``job.split[0]`` of the set in ``job.folder``; return it alone.
 
+    ``job`` is ``_write``'s description of the write, ``run_writer`` its
+    loop (given, not imported: ``_write`` imports this module).
+    """
     assert job.split is not None  # noqa: S101 (only called for parts)
     part, parts = job.split
     top = job.folder
@@ -207,9 +160,7 @@ def write_part(job: _Job, batches: Iterable[Any]) -> ActivationDataset:
     return ActivationDataset(final)
 
 
-def _finished(
-    final: Path, job: _Job, part: int, parts: int
-) -> ActivationDataset | None:
+def _finished(final: Path, job: Any, part: int, parts: int) -> ActivationDataset | None:
     """Return the finished part if written with the same arguments; else refuse."""
     fix = f"Pass `overwrite=True` to write part {part} anew (only its files)."
     manifest = read_manifest(final, fix=fix)
@@ -552,28 +503,3 @@ def _merge(top: Path, parts: list[tuple[Path, dict[str, Any]]]) -> ActivationDat
         if stale and path.is_file():
             path.unlink(missing_ok=True)
     return ActivationDataset(top)
-
-
-def merge_command(folder: str | os.PathLike[str]) -> int:
-    """Merge the parts in ``folder`` and print what the set holds (the CLI's).
-
-    Returns the exit status, 0; errors are raised (the command line prints
-    them on one line, exit status 2).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as folder:
-    ...     merge_command(folder)
-    Traceback (most recent call last):
-    ...
-    FileNotFoundError: '...' holds no finished part (no part-<K> folder): ...
-
-    """
-    ds = merge(folder)
-    parts = len(ds.manifest["parts"][0]["rank_rows"])
-    print(  # noqa: T201 (the command's output)
-        f"merged {parts} parts into '{Path(folder) / MANIFEST}': {len(ds)} tokens, "
-        f"{ds.manifest['rows']} rows, layers {', '.join(ds.layers)}"
-    )
-    return 0

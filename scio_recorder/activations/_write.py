@@ -40,11 +40,12 @@ from scio_recorder._fingerprint import describe_spec
 from scio_recorder._lock import FolderLock
 from scio_recorder._progress import make_bar
 from scio_recorder._ranks import all_gather_bytes, comm_device, rank_and_world
+from scio_recorder._split import check_part, refuse_process_group
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter, progress_name
 from ._manifest import assemble, model_info, read_manifest
-from ._parts import check_part, refuse_process_group, write_part
+from ._parts import write_part
 from ._tokens import INDEX, Batches, describe_layers, resolve_layers
 
 if TYPE_CHECKING:
@@ -437,7 +438,7 @@ def write(  # noqa: PLR0913 (the documented options)
         early_exit=early_exit,
     )
     if job.split is not None:
-        return write_part(job, batches)
+        return write_part(job, batches, run_writer)
     with job.holding():
         added = _execute(job, batches)
         if added is not None:

@@ -194,9 +194,15 @@ def write_parts(  # noqa: PLR0913 (the pool's and the write's options)
     --------
     On a cluster, with a function giving part ``K`` of ``N``'s batches::
 
-        ds = write_parts(make_recorder, batches, "acts", parts=16,
-                         layers=["transformer.h.6"], actors=8,
-                         actor_options={"num_gpus": 1})
+        ds = write_parts(
+            make_recorder,
+            batches,
+            "acts",
+            parts=16,
+            layers=["transformer.h.6"],
+            actors=8,
+            actor_options={"num_gpus": 1},
+        )
 
     >>> write_parts.__name__
     'write_parts'

@@ -37,6 +37,7 @@ from scio_recorder._batches import (
 from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._ranks import rank_and_world
+from scio_recorder._split import check_part, refuse_process_group
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks
@@ -399,8 +400,6 @@ def _check_split(
     part: int | None, parts: int | None, save: object
 ) -> tuple[int, int] | None:
     """Check ``part``, ``parts`` and ``save``; return ``(part, parts)`` or None."""
-    from scio_recorder.activations._parts import check_part  # noqa: PLC0415 (lazy)
-
     check_part(part, parts, append=False)
     if part is None or parts is None:
         if save is not None:
@@ -554,10 +553,6 @@ def _placement(split: tuple[int, int] | None) -> tuple[int, int]:
     rank, world = dist_info if dist_info is not None else (0, 1)
     if split is None:
         return rank, world
-    from scio_recorder.activations._parts import (  # noqa: PLC0415 (lazy)
-        refuse_process_group,
-    )
-
     refuse_process_group(world)
     return 0, 1
 

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import safetensors
+import safetensors.torch
 import torch
 
-from scio_recorder._files import differences
+from scio_recorder._files import differences, write_atomic
 
 from ._checkpoint import fingerprint_of, flat_states
 from ._distributed import Merged, concat_meta, concat_reducer, merge_states
@@ -70,14 +71,12 @@ def save_part(  # noqa: PLR0913 (what a part holds)
 ) -> Path:
     """Write part ``part``'s reducer states and concatenations; return the file.
 
-    The file is replaced atomically (``_shards.write_shard``: a temporary
-    file renamed), so a part killed while saving leaves its previous file,
-    or none, and never another part's.
+    The file is replaced atomically (a temporary file renamed,
+    :func:`~scio_recorder._files.write_atomic`), so a part killed while
+    saving leaves its previous file, or none, and never another part's.
     """
-    from scio_recorder.activations._shards import write_shard  # noqa: PLC0415 (lazy)
-
-    columns: dict[str, list[Tensor]] = {
-        f"state/{key}": [value] for key, value in flat_states(slots).items()
+    columns: dict[str, Tensor] = {
+        f"state/{key}": value for key, value in flat_states(slots).items()
     }
     concat: dict[str, Any] = {}
     for slot in slots:
@@ -86,7 +85,7 @@ def save_part(  # noqa: PLR0913 (what a part holds)
         tensor = local[slot.label]
         concat[slot.key] = concat_meta(tensor)
         if tensor is not None:
-            columns[f"concat/{slot.key}"] = [tensor.contiguous()]
+            columns[f"concat/{slot.key}"] = tensor.contiguous()
     metadata = {
         "format": PART_FORMAT,
         "part": str(part),
@@ -98,7 +97,12 @@ def save_part(  # noqa: PLR0913 (what a part holds)
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = part_file(folder, part)
-    write_shard(path, columns, metadata, durable=True)
+    write_atomic(
+        path,
+        lambda temporary: safetensors.torch.save_file(
+            columns, str(temporary), metadata
+        ),
+    )
     return path
 
 
