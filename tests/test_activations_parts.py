@@ -247,6 +247,22 @@ def test_a_part_of_another_model_is_refused_naming_the_config(tmp_path):
         merge(tmp_path)
 
 
+def test_a_part_of_other_weights_is_refused_naming_them(tmp_path):
+    write(recorder(), share(0, 2), tmp_path, part=0, parts=2, **OPTIONS)
+    other = recorder()
+    with torch.no_grad():
+        other.net.transformer.h[1].mlp.c_proj.weight.mul_(1.5)  # same config
+    write(other, share(1, 2), tmp_path, part=1, parts=2, **OPTIONS)
+    with pytest.raises(
+        ValueError, match=r"- model weights: part 0 [0-9a-f]{16}, part 1"
+    ):
+        merge(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"holds part 1 written with other(.|\n)*weights"
+    ):
+        write(recorder(), share(1, 2), tmp_path, part=1, parts=2, **OPTIONS)
+
+
 def test_parts_written_with_other_counts_are_refused(rnet, tmp_path):
     write(rnet, share(0, 2), tmp_path, part=0, parts=2, **OPTIONS)
     write(rnet, share(1, 3), tmp_path, part=1, parts=3, **OPTIONS)

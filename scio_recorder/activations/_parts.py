@@ -26,12 +26,15 @@ from __future__ import annotations
 __all__ = ["merge", "part_folder", "write_part"]
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from scio_recorder._files import differences, fsync_folder
 from scio_recorder._lock import FolderLock
@@ -45,8 +48,16 @@ from ._tokens import INDEX
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
+    from torch import nn
+
 SPLIT = "split"
 """The manifest key of a part: ``{"part": K, "parts": N}``."""
+
+WEIGHTS = "weights"
+"""The manifest key of a part's weights digest (:func:`weights_digest`)."""
+
+SAMPLE = 4096
+"""The values of each parameter or buffer that :func:`weights_digest` reads."""
 
 _PART = re.compile(r"part-(\d{5,})")
 _PARTIAL = re.compile(r"part-(\d{5,})\.partial")
@@ -62,6 +73,41 @@ def part_folder(folder: Path, part: int) -> Path:
 
 def _partial(folder: Path, part: int) -> Path:
     return folder / f"part-{part:05d}.partial"
+
+
+def weights_digest(net: nn.Module) -> str:
+    """Return a digest of a net's weights: names, shapes, dtypes and sampled values.
+
+    Each parameter and buffer contributes its name, shape and dtype and the
+    bytes of up to :data:`SAMPLE` of its values, evenly spaced (a copy of at
+    most that many values to the CPU each: a few milliseconds for a large
+    model); weights on the ``meta`` device (offloaded) contribute no values.
+    Two parts written with other checkpoints of the same architecture differ
+    here, almost surely, since fine-tuning moves nearly every value.
+
+    Examples
+    --------
+    >>> import torch
+    >>> net = torch.nn.Linear(3, 2)
+    >>> before = weights_digest(net)
+    >>> with torch.no_grad():
+    ...     _ = net.weight.add_(1.0)
+    >>> before == weights_digest(net), len(before)
+    (False, 16)
+
+    """
+    digest = hashlib.sha256()
+    for name, tensor in net.state_dict(keep_vars=True).items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        digest.update(f"{name} {list(tensor.shape)} {tensor.dtype}\n".encode())
+        if tensor.device.type == "meta" or not tensor.numel():
+            continue
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // SAMPLE)
+        sample = flat[::step][:SAMPLE].to("cpu").contiguous()
+        digest.update(sample.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _lock(folder: Path, name: str, tool: str, option: str) -> FolderLock:
@@ -153,7 +199,10 @@ def write_part(
             },
             model=model_info(job.rnet.net),
             metadata=job.metadata,
-            extra={SPLIT: {"part": part, "parts": parts}},
+            extra={
+                SPLIT: {"part": part, "parts": parts},
+                WEIGHTS: weights_digest(job.rnet.net),
+            },
         )
         writer.remove_files()
         _replace(final, partial)
@@ -167,15 +216,17 @@ def _finished(final: Path, job: Any, part: int, parts: int) -> ActivationDataset
     if manifest is None:
         return None  # a folder left without its manifest: written anew
     saved = manifest["parts"][0]["fingerprint"]
-    if saved == job.fingerprint and manifest.get(SPLIT) == {
-        "part": part,
-        "parts": parts,
-    }:
-        return ActivationDataset(final)
+    weights = weights_digest(job.rnet.net)
     lines = differences(saved, job.fingerprint)
+    if manifest.get(SPLIT) != {"part": part, "parts": parts}:
+        lines.append(f"- split: saved {manifest.get(SPLIT)}")
+    if manifest.get(WEIGHTS) != weights:
+        lines.append(f"- model weights: saved {manifest.get(WEIGHTS)}, now {weights}")
+    if not lines:
+        return ActivationDataset(final)
     msg = (
         f"'{final}' holds part {part} written with other arguments:\n"
-        + "\n".join(lines or [f"- split: saved {manifest.get(SPLIT)}"])
+        + "\n".join(lines)
         + f"\n{fix}"
     )
     raise ValueError(msg)
@@ -298,6 +349,12 @@ def _check_same(parts: list[tuple[Path, dict[str, Any]]]) -> None:
             for name in sorted(set(base["layers"]) | set(manifest["layers"]))
             if base["layers"].get(name) != manifest["layers"].get(name)
         )
+        if base.get(WEIGHTS) != manifest.get(WEIGHTS):
+            lines.append(
+                f"- model weights: part 0 {base.get(WEIGHTS)}, part {number} "
+                f"{manifest.get(WEIGHTS)} (digests of sampled values: another "
+                "checkpoint)"
+            )
         if base.get("metadata") != manifest.get("metadata"):
             lines.append(
                 f"- metadata: part 0 {base.get('metadata')!r}, part {number} "
@@ -375,7 +432,8 @@ def merge(folder: str | os.PathLike[str]) -> ActivationDataset:
 
     Every part ``0`` to ``N - 1`` must be finished (a missing or
     unfinished part is named), and written with the same layers, dtype,
-    model (class, name and config) and arguments as part 0 (a part that
+    model (class, name, config and :func:`weights_digest`) and arguments
+    as part 0 (a part that
     differs is named with what differs). The set's manifest lists every
     part's shards in part order, part 0's rows first (each part's row
     numbers follow the rows of the parts before it); the statistics are
@@ -494,7 +552,7 @@ def _merge(top: Path, parts: list[tuple[Path, dict[str, Any]]]) -> ActivationDat
         },
         model=base["model"],
         metadata=base.get("metadata"),
-        extra={SPLIT: {"parts": len(parts)}},
+        extra={SPLIT: {"parts": len(parts)}, WEIGHTS: base.get(WEIGHTS)},
     )
     for path in top.iterdir():  # shards and statistics of an earlier merge
         stale = (_SHARD.fullmatch(path.name) and path.name not in listed) or (
