@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scio_recorder import Recorder
 from scio_recorder.activations import ActivationDataset, merge, write
@@ -374,3 +376,29 @@ def test_two_processes_write_parts_that_merge_to_one_set(tmp_path):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    cuts=st.lists(st.integers(1, BATCHES - 1), max_size=BATCHES - 1, unique=True),
+    shard_size=st.integers(1, 20),
+)
+def test_any_split_of_the_stream_merges_to_the_one_process_set(
+    rnet, tmp_path_factory, cuts, shard_size
+):
+    """Parts of any sizes (consecutive runs of batches) and any shard size."""
+    folder = tmp_path_factory.mktemp("split")
+    options = {**OPTIONS, "shard_size": shard_size}
+    batches = make_batches()
+    bounds = [0, *sorted(cuts), BATCHES]
+    parts = len(bounds) - 1
+    for part in reversed(range(parts)):  # in any order
+        mine = batches[bounds[part] : bounds[part + 1]]
+        write(rnet, mine, folder / "parts", part=part, parts=parts, **options)
+    one = write(rnet, batches, folder / "one", **options)
+    assert_same_set(merge(folder / "parts"), one)

@@ -12,9 +12,13 @@ hand, and against the exact quantiles within its rank bound).
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
@@ -235,3 +239,28 @@ def test_a_part_in_a_process_group_is_refused(rnet, tmp_path, monkeypatch):
     monkeypatch.setattr("scio_recorder.collect._collect.rank_and_world", lambda: (0, 2))
     with pytest.raises(RuntimeError, match="process group of 2 ranks"):
         collect(rnet, share(0, 2), keep(), target=1, part=0, parts=2, save=tmp_path)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(cuts=st.lists(st.integers(1, N // BATCH - 1), max_size=4, unique=True))
+def test_any_split_of_the_batches_merges_to_the_one_process_result(cuts):
+    """Parts of any sizes: the moments to 1e-12, the concatenation exactly."""
+    rnet = Recorder(make_net(), input_size=(1, 5))
+    small = {(1, 1): "concat", (1, 2): Moments(), (1, 6): Covariance()}
+    data = batches()
+    bounds = [0, *sorted(cuts), len(data)]
+    parts = len(bounds) - 1
+    with tempfile.TemporaryDirectory() as folder:
+        for part in range(parts):
+            mine = data[bounds[part] : bounds[part + 1]]
+            collect(rnet, mine, small, part=part, parts=parts, save=folder)
+        merged = merge(folder, rnet, small)
+    whole = collect(rnet, data, small)
+    assert torch.equal(merged[(1, 1)], whole[(1, 1)])
+    assert close(merged[(1, 2)].mean, whole[(1, 2)].mean)
+    assert close(merged[(1, 2)].var, whole[(1, 2)].var)
+    assert close(merged[(1, 6)].cov, whole[(1, 6)].cov)
+    assert merged.rank_samples == tuple(
+        BATCH * (bounds[k + 1] - bounds[k]) for k in range(parts)
+    )
