@@ -31,7 +31,11 @@ from tests.test_activations_parts import (
 
 ray = pytest.importorskip("ray")
 
-from scio_recorder.activations.ray import PartWriters  # noqa: E402 (after the skip)
+from scio_recorder.activations.ray import (  # noqa: E402 (after the skip)
+    DatasetParts,
+    PartWriters,
+    write_parts,
+)
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -52,41 +56,50 @@ def part_batches(folder: str):
     return batches
 
 
-@pytest.mark.slow
-def test_two_actors_one_killed_mid_part(tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    )
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray of 2 CPUs whose workers import this checkout."""
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "OMP_NUM_THREADS")}
+    os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        torch.set_num_threads(threads)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.mark.slow
+def test_two_actors_one_killed_mid_part(tmp_path, cluster):
     folder = tmp_path / "parts"
     folder.mkdir()
     options = {**OPTIONS, "shard_size": 4}  # part 1's first batch is one shard
-    one = write(recorder(), make_batches(), tmp_path / "one4", **options)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        pool = PartWriters(recorder, actors=2, max_restarts=2, num_cpus=1)
-        refs = pool.submit(part_batches(str(folder)), folder, parts=2, **options)
-        marker = folder / "killed-here"
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            assert time.monotonic() < deadline, "part 1 never reached its batch 1"
-            time.sleep(0.1)
-        partial = folder / "part-00001.partial"
-        assert (partial / "progress-p0-r1.json").is_file()  # a checkpoint
-        written = sorted(p.name for p in partial.glob("shard-*"))
-        assert written  # shards before the kill
-        ray.kill(pool.actors[1], no_restart=False)
-        done = ray.get(refs, timeout=300)
-        assert {d["part"] for d in done} == {0, 1}
-        assert done[1]["pid"] != int(marker.read_text())  # a new actor finished it
-        # the pool stays usable: part 0 again is the finished part, returned
-        again = ray.get(
-            pool.submit(part_batches(str(folder)), folder, parts=2, **options)
-        )
-        assert [d["tokens"] for d in again] == [d["tokens"] for d in done]
-    finally:
-        ray.shutdown()
+    one = write(recorder(), make_batches(), tmp_path / "one", **options)
+    pool = PartWriters(recorder, actors=2, max_restarts=2, num_cpus=1)
+    refs = pool.submit(part_batches(str(folder)), folder, parts=2, **options)
+    marker = folder / "killed-here"
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert time.monotonic() < deadline, "part 1 never reached its batch 1"
+        time.sleep(0.1)
+    partial = folder / "part-00001.partial"
+    assert (partial / "progress-p0-r1.json").is_file()  # a checkpoint
+    assert list(partial.glob("shard-*"))  # shards before the kill
+    ray.kill(pool.actors[1], no_restart=False)
+    done = ray.get(refs, timeout=300)
+    assert {d["part"] for d in done} == {0, 1}
+    assert done[1]["pid"] != int(marker.read_text())  # a new actor finished it
+    # the pool stays usable: the parts again are the finished parts, returned
+    again = ray.get(pool.submit(part_batches(str(folder)), folder, parts=2, **options))
+    assert [d["tokens"] for d in again] == [d["tokens"] for d in done]
     merged = merge(folder)
     assert_same_set(merged, one)
     names = sorted(p.name for p in folder.rglob("*") if p.name != "killed-here")
@@ -96,3 +109,29 @@ def test_two_actors_one_killed_mid_part(tmp_path, monkeypatch):
         "part": 1,
         "parts": 2,
     }
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*is deprecated:DeprecationWarning")  # Ray Data's
+def test_parts_of_a_ray_dataset(tmp_path, cluster):
+    """Batches from a Ray dataset: its split, part by part, on 2 actors."""
+    pytest.importorskip("ray.data")
+    rows = [
+        {
+            "input_ids": batch["input_ids"][r].numpy(),
+            "attention_mask": batch["attention_mask"][r].numpy(),
+        }
+        for batch in make_batches()
+        for r in range(batch["input_ids"].shape[0])
+    ]
+    batches = DatasetParts(ray.data.from_items(rows), batch_size=2)
+    merged = write_parts(
+        recorder, batches, tmp_path / "parts", parts=2, actors=2, max_restarts=1,
+        actor_options={"num_cpus": 1}, **OPTIONS,
+    )  # fmt: skip
+    stream = [batch for part in range(2) for batch in batches(part, 2)]
+    assert sum(len(batch["input_ids"]) for batch in stream) == len(rows)
+    one = write(recorder(), stream, tmp_path / "one", **OPTIONS)
+    assert_same_set(merged, one)
+    kept = sum(int(batch["attention_mask"].sum()) for batch in make_batches())
+    assert len(merged) == kept

@@ -5,8 +5,9 @@
 machine, with its GPU), then runs ``write(..., part=K, parts=N)`` for each
 part it is given: the part's batches come from ``batches(K, N)``, called in
 the actor (a function that reads the part's shard of the corpus, or takes
-the part's split of a materialised Ray dataset). :func:`write_parts` does
-it all and merges (:func:`~scio_recorder.activations.merge`).
+the part's split of a materialised Ray dataset: :class:`DatasetParts`).
+:func:`write_parts` does it all and merges
+(:func:`~scio_recorder.activations.merge`).
 
 Why: LLM batch inference across many nodes runs on Ray; what it lacks is a
 way to write one activation set from many actors that may die. A part is
@@ -24,7 +25,7 @@ Ray is imported when first used (the optional extra ``ray``:
 
 from __future__ import annotations
 
-__all__ = ["PartWriters", "write_parts"]
+__all__ = ["DatasetParts", "PartWriters", "write_parts"]
 
 import importlib
 import os
@@ -50,6 +51,52 @@ def _ray() -> Any:
             "scio-recorder[ray]` (or `pip install ray`)."
         )
         raise ImportError(msg) from error
+
+
+class DatasetParts:
+    """Part ``K`` of ``N`` of a Ray dataset, as batches of tensors: ``batches(K, N)``.
+
+    The dataset is materialised once (in the driver, when this is made), so
+    that its split is the same every time a part is run or retried:
+    ``dataset.split(N)[K].iter_torch_batches(batch_size=batch_size)``, each
+    batch a dict of the dataset's columns as tensors (give it the model's
+    keyword inputs only: ``input_ids``, ``attention_mask``, ...). A
+    callable to give :meth:`PartWriters.submit` or :func:`write_parts`.
+
+    Parameters
+    ----------
+    dataset : ray.data.Dataset
+        The token stream, one row per sequence.
+    batch_size : int
+        Sequences per batch.
+
+    Examples
+    --------
+    With Ray running::
+
+        ds = ray.data.read_parquet("tokens/").select_columns(["input_ids"])
+        batches = DatasetParts(ds, batch_size=32)
+        acts = write_parts(make_recorder, batches, "acts", parts=16, ...)
+
+    >>> DatasetParts.__name__
+    'DatasetParts'
+
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            msg = f"`batch_size` must be an int >= 1, got {batch_size!r}"
+            raise TypeError(msg)
+        if batch_size < 1:
+            msg = f"`batch_size` must be an int >= 1, got {batch_size!r}"
+            raise ValueError(msg)
+        self.dataset = dataset.materialize()
+        self.batch_size = batch_size
+
+    def __call__(self, part: int, parts: int) -> Iterable[Any]:
+        """Return part ``part`` of ``parts``'s batches."""
+        split = self.dataset.split(parts)[part]
+        return split.iter_torch_batches(batch_size=self.batch_size)  # type: ignore[no-any-return]
 
 
 class _Writer:
