@@ -209,6 +209,17 @@ def test_a_part_killed_the_first_time_is_missing_then_resumes(
     assert_same_set(merge(folder), one)
 
 
+def test_a_set_that_is_not_a_merge_is_never_replaced(rnet, tmp_path):
+    write_parts(rnet, tmp_path)
+    merge(tmp_path)
+    grown = write(rnet, make_batches()[:1], tmp_path, append=True, **OPTIONS)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match="not a merge of its parts"):
+        merge(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
+    assert len(ActivationDataset(tmp_path)) == len(grown)
+
+
 def test_a_missing_part_is_named(rnet, tmp_path, no_process_group):
     write(rnet, share(0, 3), tmp_path, part=0, parts=3, **OPTIONS)
     with pytest.raises(ValueError, match="has 3 parts, and parts 1, 2 are missing"):

@@ -61,8 +61,6 @@ SAMPLE = 4096
 
 _PART = re.compile(r"part-(\d{5,})")
 _PARTIAL = re.compile(r"part-(\d{5,})\.partial")
-_SHARD = re.compile(r"shard-p\d+-r\d+-\d+\.safetensors")
-_STATS = re.compile(r"stats-p\d+\.safetensors")
 _LOGGER = "scio_recorder.activations"
 
 
@@ -513,8 +511,34 @@ def merge(folder: str | os.PathLike[str]) -> ActivationDataset:
             return _merge(top, _read_parts(top))
 
 
+def _previous(top: Path) -> set[str]:
+    """Return the files of the set a merge replaces; refuse any other set.
+
+    A set that is not a merge of parts (written by ``write`` without
+    ``part``, or appended to after its merge) is never replaced: its tokens
+    would be lost.
+    """
+    fix = "Delete its manifest.json to merge the parts again."
+    previous = read_manifest(top, fix=fix)
+    if previous is None:
+        return set()
+    if previous.get(SPLIT) is None or len(previous["parts"]) != 1:
+        msg = (
+            f"'{top}' holds a set that is not a merge of its parts (written "
+            "without `part=`, or appended to after its merge): merging would "
+            "replace it and lose its tokens. Merge the parts in a folder of "
+            "their own, or move the set away."
+        )
+        raise ValueError(msg)
+    files = {str(entry["file"]) for entry in previous["shards"]}
+    if previous.get("stats"):
+        files.add(str(previous["stats"]))
+    return files
+
+
 def _merge(top: Path, parts: list[tuple[Path, dict[str, Any]]]) -> ActivationDataset:
     _check_same(parts)
+    previous = _previous(top)
     base = parts[0][1]
     summaries = [
         _summary(path, manifest, number)
@@ -554,10 +578,6 @@ def _merge(top: Path, parts: list[tuple[Path, dict[str, Any]]]) -> ActivationDat
         metadata=base.get("metadata"),
         extra={SPLIT: {"parts": len(parts)}, WEIGHTS: base.get(WEIGHTS)},
     )
-    for path in top.iterdir():  # shards and statistics of an earlier merge
-        stale = (_SHARD.fullmatch(path.name) and path.name not in listed) or (
-            _STATS.fullmatch(path.name) and path.name != manifest.get("stats")
-        )
-        if stale and path.is_file():
-            path.unlink(missing_ok=True)
+    for name in previous - listed - {manifest.get("stats")}:  # the earlier merge's
+        (top / name).unlink(missing_ok=True)
     return ActivationDataset(top)
