@@ -18,6 +18,10 @@ check
     recording, batch invariance, determinism, dtype, in-place overwrites and
     the call plan, one line each (PASS, WARN or FAIL); exit code 1 when a
     check fails.
+merge
+    Merge the parts of an activation set written by independent workers
+    (``activations.write(..., part=K, parts=N)``) into one set
+    (:func:`scio_recorder.activations.merge`).
 
 A model is ``package.module:callable`` (a class or a factory, called with
 ``--arg``/``--kwarg``), ``path/to/file.py:callable``, or a built-in name
@@ -367,6 +371,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "them (as collect and activations.write do), or pass the batch as it is "
         "(default: %(default)s)",
     )
+    merge = sub.add_parser(
+        "merge",
+        help="merge the parts of an activation set written by independent workers",
+        description="Merge the parts written by activations.write(..., part=K, "
+        "parts=N) in FOLDER into one activation set (part 0's rows first, the "
+        "statistics merged); a missing part, or one written with other "
+        "arguments, is named.",
+        epilog="examples:\n  scio-recorder merge acts",
+        formatter_class=formatter,
+        parents=[common],
+    )
+    merge.add_argument("folder", type=Path, metavar="FOLDER", help="the set's folder")
     return parser
 
 
@@ -911,11 +927,24 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from scio_recorder.activations import merge  # noqa: PLC0415 (heavier imports)
+
+    ds = merge(args.folder)
+    parts = len(ds.manifest["parts"][0]["rank_rows"])
+    print(
+        f"merged {parts} parts into '{ds.path / 'manifest.json'}': {len(ds)} "
+        f"tokens, {ds.manifest['rows']} rows, layers {', '.join(ds.layers)}"
+    )
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     "summary": _summary,
     "graph": _graph,
     "check": _check,
+    "merge": _merge,
 }
 
 

@@ -1355,6 +1355,7 @@ def test_the_face_exports_its_names():
         "ActivationDataset",
         "SparseLatents",
         "TokenBatch",
+        "merge",
         "token_batches",
         "write",
     ]

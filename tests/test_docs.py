@@ -291,7 +291,9 @@ def run_session(session: str, where: str) -> None:
 # pages whose examples take over ~0.5 s on an idle 2-core machine (models
 # trained, compiled, many detectors fitted, the command line on a GPT-2)
 SLOW_PAGES = {
+    "docs/activations.md",  # its "Many machines" runs two workers' processes
     "docs/cli.md",
+    "docs/collect.md",  # idem
     "docs/compile.md",
     "docs/migrate/nnsight.md",
     "docs/migrate/openood.md",

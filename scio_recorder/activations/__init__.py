@@ -25,6 +25,8 @@ This package is the public face; its private modules, one concept each:
 * ``_shuffle``: the shuffle buffer;
 * ``_shards``: safetensors shards written without a copy, mapped back;
 * ``_manifest``: the set's manifest, checked and assembled;
+* ``_parts``: parts written by independent workers (``write(...,
+  part=K, parts=N)``, no process group) and :func:`merge`;
 * ``_dataset``: :class:`ActivationDataset`;
 * ``_arrow``: the set exported as Arrow files, which Hugging Face
   ``datasets`` opens (``ActivationDataset.to_arrow``);
@@ -64,12 +66,14 @@ __all__ = [
     "ActivationDataset",
     "SparseLatents",
     "TokenBatch",
+    "merge",
     "token_batches",
     "write",
 ]
 
 from ._dataset import ActivationDataset
 from ._manifest import MANIFEST
+from ._parts import merge
 from ._sparse import SparseLatents
 from ._stream import TokenBatch, token_batches
 from ._write import write

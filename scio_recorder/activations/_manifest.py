@@ -363,13 +363,15 @@ def assemble(  # noqa: PLR0913 (what a part adds)
     model: dict[str, Any],
     metadata: Any,
     sparse: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Add a finished part (every rank's summary, in rank order) to the set.
 
     Writes the merged statistics (a new file) and then the manifest, both
     atomically; returns the manifest. ``layers`` names the layers, ``calls``
     describes each one's call in words, ``sparse`` how the layers stored
-    sparsely are packed (``_sparse.SparseLatents.info``).
+    sparsely are packed (``_sparse.SparseLatents.info``), ``extra`` more
+    keys of the manifest (a part's ``split``, ``_parts``).
     """
     rows_before = previous["rows"] if previous is not None else 0
     shards = list(previous["shards"]) if previous is not None else []
@@ -443,6 +445,7 @@ def assemble(  # noqa: PLR0913 (what a part adds)
         "shards": shards,
         "stats": stats_file,
         **({"stats_crc32": stats_crc} if stats_crc is not None else {}),
+        **(extra or {}),
     }
     text = json.dumps(manifest, indent=1)
     write_atomic(folder / MANIFEST, lambda path: path.write_text(text, "utf-8"))

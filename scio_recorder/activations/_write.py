@@ -40,10 +40,12 @@ from scio_recorder._fingerprint import describe_spec
 from scio_recorder._lock import FolderLock
 from scio_recorder._progress import make_bar
 from scio_recorder._ranks import all_gather_bytes, comm_device, rank_and_world
+from scio_recorder._split import check_part, refuse_process_group
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter, progress_name
 from ._manifest import assemble, model_info, read_manifest
+from ._parts import write_part
 from ._tokens import INDEX, Batches, describe_layers, resolve_layers
 
 if TYPE_CHECKING:
@@ -252,6 +254,8 @@ def write(  # noqa: PLR0913 (the documented options)
     metadata: Any = None,
     position_ids: str | None = POSITION_IDS,
     early_exit: bool | None = None,
+    part: int | None = None,
+    parts: int | None = None,
 ) -> ActivationDataset:
     """Write the activations of several layers over a token stream to a folder.
 
@@ -346,11 +350,24 @@ def write(  # noqa: PLR0913 (the documented options)
         ``False``: full passes. Layers that do not run have no side effect
         either (a ``BatchNorm`` after the last stored layer does not update
         its running statistics in train mode).
+    part, parts : int, optional
+        Write part ``part`` (0 to ``parts - 1``) of a set written by
+        ``parts`` independent workers, with no process group and no
+        knowledge of the others (a SLURM array task, a Ray actor, a plain
+        process): it goes to ``path/part-<part>`` (written in
+        ``path/part-<part>.partial``, renamed when finished, so a part is
+        replaced whole or not at all, and never another's), with its own
+        checksums and statistics; :func:`merge` then makes the set of every
+        part, part 0's rows first. Give both or neither. A finished part
+        with the same arguments is returned as it is; an unfinished one
+        resumes; ``overwrite=True`` writes the part anew (only its files).
+        See "Many machines" in ``docs/activations.md``.
 
     Returns
     -------
     ActivationDataset
-        The set, memory mapped.
+        The set, memory mapped (with ``part``: the part alone, its rows
+        counted from 0).
 
     Raises
     ------
@@ -398,9 +415,11 @@ def write(  # noqa: PLR0913 (the documented options)
     (29, ('h.0', 'h.1'), torch.Size([16]), torch.Size([29, 2]))
 
     """
+    check_part(part, parts, append=append)
     job = _prepare(
         rnet,
         path,
+        split=None if part is None or parts is None else (part, parts),
         layers=layers,
         mask=mask,
         dtype=dtype,
@@ -418,10 +437,12 @@ def write(  # noqa: PLR0913 (the documented options)
         position_ids=position_ids,
         early_exit=early_exit,
     )
+    if job.split is not None:
+        return write_part(job, batches, run_writer)
     with job.holding():
-        part = _execute(job, batches)
-        if part is not None:
-            _finish(job, part)
+        added = _execute(job, batches)
+        if added is not None:
+            _finish(job, added)
     return ActivationDataset(job.folder)
 
 
@@ -448,6 +469,8 @@ class _Job:
     metadata: Any
     position_ids: str | None
     early_exit: bool
+    split: tuple[int, int] | None = None
+    """``(part, parts)``: one part of a set written by independent workers."""
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -488,6 +511,7 @@ def _prepare(  # noqa: PLR0913 (write's options)
     rnet: Recorder,
     path: str | os.PathLike[str],
     *,
+    split: tuple[int, int] | None = None,
     layers: Any,
     mask: Any,
     dtype: torch.dtype | None,
@@ -536,6 +560,9 @@ def _prepare(  # noqa: PLR0913 (write's options)
     # whole records, so each rank writes a set of its own (to its own folder).
     placed = None if tensor_parallel(rnet.net) else rank_and_world()
     rank, world = placed if placed is not None else (0, 1)
+    if split is not None:  # a part is written as rank `part` of `parts`
+        refuse_process_group(world)
+        rank, world = split
     size = shard_size if shard_size is not None else default_shard_size(specs, dtype)
     fingerprint = _fingerprint(
         rnet,
@@ -551,6 +578,8 @@ def _prepare(  # noqa: PLR0913 (write's options)
         world=world,
         position_ids=position_ids,
     )
+    if split is not None:
+        fingerprint["parts"] = split[1]
     return _Job(
         rnet,
         specs,
@@ -570,6 +599,7 @@ def _prepare(  # noqa: PLR0913 (write's options)
         metadata=metadata,
         position_ids=position_ids,
         early_exit=early_exit,
+        split=split,
     )
 
 
@@ -581,7 +611,7 @@ def _execute(job: _Job, batches: Iterable[Any]) -> _Part | None:
     ``append``); an unfinished write resumes. The recorder selects exactly
     the stored layers during the loop, and its selection comes back after.
     """
-    folder, rnet, specs = job.folder, job.rnet, job.specs
+    folder, specs = job.folder, job.specs
     manifest = _read_folder(
         folder, overwrite=job.overwrite, append=job.append, rank=job.rank
     )
@@ -619,6 +649,13 @@ def _execute(job: _Job, batches: Iterable[Any]) -> _Part | None:
         early_exit=job.early_exit,
     )
     writer.resume()
+    run_writer(job, writer, batches)
+    return _Part(writer, index, manifest)
+
+
+def run_writer(job: _Job, writer: RankWriter, batches: Iterable[Any]) -> None:
+    """Run ``writer`` over the batches, with exactly the stored layers selected."""
+    rnet, specs = job.rnet, job.specs
     bar = make_bar(
         progress=job.progress if job.progress is not None or job.rank == 0 else False,
         total=None,
@@ -638,7 +675,6 @@ def _execute(job: _Job, batches: Iterable[Any]) -> _Part | None:
     finally:
         if bar is not None:
             bar.close()
-    return _Part(writer, index, manifest)
 
 
 def _read_folder(

@@ -40,6 +40,8 @@ its private modules, one concept each:
 * ``_checkpoint``: manifest (``MANIFEST``), fingerprint, atomic writes,
   resuming;
 * ``_distributed``: merging and gathering across ranks;
+* ``_parts``: runs split over independent workers (``collect(...,
+  part=K, parts=N, save=folder)``, no process group) and :func:`merge`;
 * ``_results``: :class:`CollectResult` and its file format;
 * ``_progress``: the progress bar (tqdm).
 
@@ -79,6 +81,7 @@ __all__ = [
     "ReducerSpec",
     "collect",
     "estimate",
+    "merge",
 ]
 
 import sys
@@ -86,6 +89,7 @@ import sys
 from ._checkpoint import MANIFEST
 from ._collect import COLLECT_SIGNATURE, CollectModule, collect, estimate
 from ._estimate import Estimate, LabelEstimate
+from ._parts import merge
 from ._results import CollectResult
 from ._specs import CONCAT, STATISTICS, BatchSpec, Gather, InputOf, ReducerSpec
 from ._spill import LOCK

@@ -37,11 +37,13 @@ from scio_recorder._batches import (
 from scio_recorder._engine.shards import tensor_parallel
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._ranks import rank_and_world
+from scio_recorder._split import check_part, refuse_process_group
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks
 from ._estimate import Estimate, estimate_slots, human
 from ._loop import Run, total_samples
+from ._parts import save_part
 from ._progress import bar_description, make_bar
 from ._results import CollectResult
 from ._specs import (
@@ -175,6 +177,9 @@ def collect(  # noqa: PLR0913 (the documented options)
     durable: bool = False,
     early_exit: bool | None = None,
     position_ids: str | None = POSITION_IDS,
+    part: int | None = None,
+    parts: int | None = None,
+    save: str | os.PathLike[str] | None = None,
 ) -> CollectResult:
     """Run the recorder over every batch and reduce the chosen layers' outputs.
 
@@ -289,12 +294,24 @@ def collect(  # noqa: PLR0913 (the documented options)
         number padded rows themselves (RoBERTa's family, OPT,
         encoder-decoders) and nets without these arguments get the input as
         it is. ``None``: inputs are passed as they are.
+    part, parts : int, optional
+        Run part ``part`` (0 to ``parts - 1``) of a run split over
+        ``parts`` independent workers, with no process group (a SLURM array
+        task, a Ray actor, a plain process), on this part's batches; at the
+        end, every reducer's state and every concatenation are saved to
+        ``save/collect-part-<part>.safetensors`` (replaced atomically), and
+        :func:`merge` gives the result of one run over every part's batches.
+        Give both, with ``save``, or none. A ``spill_dir`` is then
+        ``spill_dir/part-<part>``. See "Many machines" in ``docs/collect.md``.
+    save : str or os.PathLike, optional
+        The folder of the parts' files (with ``part``).
 
     Returns
     -------
     CollectResult
         A read-only mapping label -> result, with ``samples``, ``batches``,
-        ``estimate``, ``reducers``, ``save()`` and more.
+        ``estimate``, ``reducers``, ``save()`` and more (with ``part``: this
+        part's own results).
 
     Raises
     ------
@@ -344,6 +361,7 @@ def collect(  # noqa: PLR0913 (the documented options)
         progress=progress,
         early_exit=early_exit,
     )
+    split = _check_split(part, parts, save)
     job = _prepare(
         rnet,
         batches,
@@ -359,10 +377,45 @@ def collect(  # noqa: PLR0913 (the documented options)
         durable=durable,
         early_exit=early_exit,
         position_ids=position_ids,
+        split=split,
     )
     with job.holding():
         _execute(job, batches, resume=resume, progress=progress, clone=clone)
-        return _finish(job, gather)
+        result = _finish(job, gather)
+        if split is not None and save is not None:
+            save_part(
+                Path(save),
+                part=split[0],
+                parts=split[1],
+                slots=job.slots,
+                local={s.label: result[s.label] for s in job.slots if s.store},
+                fingerprint=job.saved,
+                samples=result.samples,
+                batches=result.batches,
+            )
+        return result
+
+
+def _check_split(
+    part: int | None, parts: int | None, save: object
+) -> tuple[int, int] | None:
+    """Check ``part``, ``parts`` and ``save``; return ``(part, parts)`` or None."""
+    check_part(part, parts, append=False)
+    if part is None or parts is None:
+        if save is not None:
+            msg = (
+                "`save=` is the folder of a part's file: pass it with `part=` and "
+                "`parts=` (to save a whole run's results, use `result.save(path)`)."
+            )
+            raise ValueError(msg)
+        return None
+    if save is None:
+        msg = (
+            f"`part={part}, parts={parts}` needs `save=`, the folder of the parts' "
+            "files (one folder every part can reach), which `merge` reads."
+        )
+        raise ValueError(msg)
+    return part, parts
 
 
 @dataclasses.dataclass
@@ -390,6 +443,8 @@ class _Job:
     world: int
     budget: int | None
     position_ids: str | None
+    saved: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The run's fingerprint without the rank or part (what a part saves)."""
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -425,6 +480,7 @@ def _prepare(  # noqa: PLR0913 (collect's options)
     durable: bool,
     early_exit: bool | None,
     position_ids: str | None,
+    split: tuple[int, int] | None = None,
 ) -> _Job:
     """Describe the run: its slots, its loop, where it spills; nothing runs."""
     slots, labels_of = plan(rnet, keep)
@@ -435,19 +491,17 @@ def _prepare(  # noqa: PLR0913 (collect's options)
     _check_targets(slots, target)
     positions = Positions.of(rnet.net, position_ids)
     get_input, input_is_callable = _input_getter(input, positions)
-    dist_info = rank_and_world()
-    rank, world = dist_info if dist_info is not None else (0, 1)
+    rank, world = _placement(split)
     fingerprint = fingerprint_of(slots, input, target)
     if positions.active:  # a run without derived ids keeps its fingerprint
         fingerprint["position_ids"] = POSITION_IDS
+    saved = dict(fingerprint)
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode())
     if world > 1:
         fingerprint["rank"] = f"{rank} of {world}"
-    folder_path = None
-    if spill_dir is not None:
-        folder_path = Path(spill_dir)
-        if world > 1:
-            folder_path /= f"rank-{rank}"
+    if split is not None:
+        fingerprint["part"] = f"{split[0]} of {split[1]}"
+    folder_path = _spill_path(spill_dir, rank, world, split)
     folder = SpillFolder(folder_path)
     for slot in slots:
         if slot.template is None:
@@ -489,7 +543,35 @@ def _prepare(  # noqa: PLR0913 (collect's options)
         world,
         memory_budget,
         position_ids,
+        saved,
     )
+
+
+def _placement(split: tuple[int, int] | None) -> tuple[int, int]:
+    """Return this process's rank and world (a part: 0 of 1, no process group)."""
+    dist_info = rank_and_world()
+    rank, world = dist_info if dist_info is not None else (0, 1)
+    if split is None:
+        return rank, world
+    refuse_process_group(world)
+    return 0, 1
+
+
+def _spill_path(
+    spill_dir: str | os.PathLike[str] | None,
+    rank: int,
+    world: int,
+    split: tuple[int, int] | None,
+) -> Path | None:
+    """Return the spill folder of this rank (``rank-<r>``) or part (``part-<k>``)."""
+    if spill_dir is None:
+        return None
+    folder_path = Path(spill_dir)
+    if world > 1:
+        folder_path /= f"rank-{rank}"
+    if split is not None:
+        folder_path /= f"part-{split[0]}"
+    return folder_path
 
 
 def _execute(

@@ -20,6 +20,7 @@ __all__ = [
     "concat_reducer",
     "gather_rows",
     "merge_across_ranks",
+    "merge_states",
     "merge_statistics",
 ]
 
@@ -139,6 +140,21 @@ def merge_statistics(slots: list[Slot], merged: Merged, device: torch.device) ->
     devices: dict[str, torch.device] = {}
     payload = safetensors.torch.save(flat_states(slots, devices))
     parts = [safetensors.torch.load(raw) for raw in all_gather_bytes(payload, device)]
+    merge_states(slots, parts, merged, devices)
+
+
+def merge_states(
+    slots: list[Slot],
+    parts: list[dict[str, Tensor]],
+    merged: Merged,
+    devices: dict[str, torch.device],
+) -> None:
+    """Merge flat reducer states (:func:`flat_states`), in order, into ``merged``.
+
+    The merge of ranks' states (:func:`merge_statistics`) and of the parts
+    of independent workers (``_parts``): each label's fresh reducer merges
+    every part's, in order, on the device of ``devices`` (else the CPU).
+    """
     for slot in slots:
         if slot.template is None:
             continue
