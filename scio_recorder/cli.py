@@ -52,9 +52,9 @@ import torch
 from torch import nn
 
 from scio_recorder import CallInputs, Recorder
-from scio_recorder._errors import CLIError, first_line
-from scio_recorder._files import library_version
-from scio_recorder._render import text_table
+from scio_recorder._support.errors import CLIError, first_line
+from scio_recorder._support.files import library_version
+from scio_recorder._support.render import text_table
 from scio_recorder.layers import example_inputs
 from scio_recorder.models import (
     demo_model,
@@ -861,7 +861,7 @@ def _padded(data: Any, side: str) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from scio_recorder._batches import Positions  # noqa: PLC0415 (when used)
+    from scio_recorder._run.batches import Positions  # noqa: PLC0415 (when used)
     from scio_recorder.checks import check_recorder  # noqa: PLC0415
 
     if args.rows < 1:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from scio_recorder import Recorder, plot
-from scio_recorder._extras import INSTALL_DOT
+from scio_recorder._support.extras import INSTALL_DOT
 from scio_recorder.cli import main
 from scio_recorder.demo import DETECTORS, SLOW, gradcam_layer, run_demo
 from scio_recorder.graph import ExecutionGraph

@@ -1,4 +1,4 @@
-"""`scio_recorder._files`: atomic writes, the library version, the dtype names."""
+"""`scio_recorder._support.files`: atomic writes, the library version, dtype names."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 
 import scio_recorder
-from scio_recorder import _files
-from scio_recorder._files import (
+from scio_recorder._support import files as _files
+from scio_recorder._support.files import (
     DTYPES,
     dtype_name,
     library_version,

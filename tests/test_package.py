@@ -124,7 +124,7 @@ def private_imports_of(name: str, known: set[str]) -> set[str]:
     ...) shows other modules its public face only; its private modules
     (``scio_recorder.<sub>._<part>``) are imported from inside it alone.
     Shared private machinery lives in top-level private modules
-    (``scio_recorder._batches``, ``scio_recorder._files``, ...).
+    (``scio_recorder._run.batches``, ``scio_recorder._support.files``, ...).
     """
     found = set()
     for target in imports_of(name, known):

@@ -26,7 +26,7 @@ import dataclasses
 import html
 from typing import TYPE_CHECKING, Literal
 
-from scio_recorder._render import html_table
+from scio_recorder._support.render import html_table
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -61,7 +61,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, cast, overload
 
-from scio_recorder import _render
+from scio_recorder._support import render as _render
 
 from ._reference import (
     NOT_A_CALL_NOTE,

@@ -130,10 +130,10 @@ __all__ = [
 
 from typing import TYPE_CHECKING
 
-from scio_recorder._lazy import lazy_attributes
+from scio_recorder._support.lazy import lazy_attributes
 
 # Each public name -> the module that defines it, imported when the name is
-# first used (see `scio_recorder._lazy`); the imports under `TYPE_CHECKING`
+# first used (see `scio_recorder._support.lazy`); the imports under `TYPE_CHECKING`
 # say the same to type checkers and the docs.
 __getattr__, __dir__ = lazy_attributes(
     __name__,

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter
-from scio_recorder._render import metric_table
+from scio_recorder._run.batches import as_arguments, batch_getter
+from scio_recorder._support.render import metric_table
 
 from ._checks import check_batches
 from ._passes import run_passes

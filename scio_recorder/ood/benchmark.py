@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._render import metric_table
+from scio_recorder._support.render import metric_table
 from scio_recorder.data import (
     batches,
     load_digits,
