@@ -57,7 +57,8 @@ their scores, the predicted label). The protocol in ``_protocol``
 ``_pvalues``), the nearest-neighbour search in ``_search`` (its fit bank in
 ``_bank``), the shared passes in ``_passes``, the checks every detector
 applies in ``_checks``, the rows it scores (empty batches, non-finite rows)
-in ``_rows``, :func:`evaluate` in ``_evaluate``.
+in ``_rows``, :func:`evaluate` in ``_evaluate`` (its results and their
+tables in ``_results``).
 
 Examples
 --------
@@ -146,7 +147,7 @@ __getattr__, __dir__ = lazy_attributes(
         "DkNN": "._neighbours",
         "Energy": "._logits",
         "Entropy": "._logits",
-        "Evaluation": "._evaluate",
+        "Evaluation": "._results",
         "FeatureSqueezing": "._perturbation",
         "GEN": "._probabilities",
         "GradNorm": "._gradient",
@@ -168,7 +169,7 @@ __getattr__, __dir__ = lazy_attributes(
         "NotFittedError": "._protocol",
         "ODIN": "._calibration",
         "Odds": "._perturbation",
-        "OoDResults": "._evaluate",
+        "OoDResults": "._results",
         "Pass": "._protocol",
         "RMDS": "._features",
         "RankFeat": "._edits",
@@ -196,7 +197,7 @@ if TYPE_CHECKING:
     from ._collapse import NCI, NECO, Residual
     from ._coverage import NAC
     from ._edits import VRA, RankFeat
-    from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
+    from ._evaluate import evaluate, score_sets
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
     from ._isomax import IsoMax
@@ -209,5 +210,6 @@ if TYPE_CHECKING:
     from ._probabilities import GEN, KLMatching
     from ._protocol import Detector, NotFittedError, Pass
     from ._prototypes import DICE, SHE, NNGuide, fDBD
+    from ._results import Evaluation, OoDResults
     from ._saving import StateEntry
     from ._shaping import ASH, ReAct, Scale

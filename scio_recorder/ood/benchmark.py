@@ -81,8 +81,9 @@ from scio_recorder.recorder import Recorder
 
 from ._calibration import TempScale
 from ._catalogue import DETECTORS, Classifier
-from ._evaluate import OoDResults, evaluate, legend
+from ._evaluate import evaluate
 from ._passes import fit_detectors
+from ._results import OoDResults, legend
 from .metrics import check_metric_names
 
 if TYPE_CHECKING:
