@@ -45,7 +45,7 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
-``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
+``_multilayer``, ``_gram``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
 ``_jtla``, ``_isomax``, ``_perturbation``), each standing on the shared
 ground floor and the protocol, never on another family. The ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
@@ -151,7 +151,7 @@ __getattr__, __dir__ = lazy_attributes(
         "FeatureSqueezing": "._perturbation",
         "GEN": "._probabilities",
         "GradNorm": "._gradient",
-        "Gram": "._multilayer",
+        "Gram": "._gram",
         "IsoMax": "._isomax",
         "JTLA": "._jtla",
         "JointEnergy": "._logits",
@@ -200,10 +200,11 @@ if TYPE_CHECKING:
     from ._evaluate import evaluate, score_sets
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
+    from ._gram import Gram
     from ._isomax import IsoMax
     from ._jtla import JTLA
     from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-    from ._multilayer import Gram, MahalanobisEnsemble
+    from ._multilayer import MahalanobisEnsemble
     from ._neighbours import LID, DkNN, Trust
     from ._passes import fit_detectors
     from ._perturbation import FeatureSqueezing, Odds

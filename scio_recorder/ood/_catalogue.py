@@ -36,10 +36,11 @@ from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._features import KNN, RMDS, Mahalanobis, ViM
 from ._gradient import GradNorm
+from ._gram import Gram
 from ._isomax import IsoMax
 from ._jtla import JTLA
 from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
+from ._multilayer import MahalanobisEnsemble
 from ._neighbours import LID, DkNN, Trust
 from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
