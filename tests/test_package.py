@@ -405,7 +405,7 @@ def catalogue_count_statements() -> list[tuple[str, re.Match[str]]]:
     paths = [
         REPO / "README.md",
         REPO / "benchmarks" / "README.md",
-        PACKAGE / "cli.py",
+        *sorted((PACKAGE / "cli").glob("*.py")),
         PACKAGE / "demo.py",
         *sorted((REPO / "docs").rglob("*.md")),
     ]
