@@ -238,19 +238,7 @@ class LayerTable(Mapping[DepthIdx, Layer]):
             )
             for row in self.rows
         ]
-        widths = [max(len(line[i]) for line in (header, *lines)) for i in range(4)]
-        return "\n".join(
-            "  ".join(
-                [
-                    *(
-                        cell.ljust(width)
-                        for cell, width in zip(line, widths, strict=False)
-                    ),
-                    line[4],
-                ]
-            ).rstrip()
-            for line in (header, *lines)
-        )
+        return "\n".join(_render.free_table(header, lines))
 
     def __repr__(self) -> str:
         """Return ``LayerTable(<n> rows, mode=...)``."""

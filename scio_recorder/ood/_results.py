@@ -160,13 +160,12 @@ class Evaluation(Mapping[str, dict[str, float]]):
         The four :data:`~scio_recorder.ood.metrics.METRICS` (``FPR95TPR``: OoD
         positive), as always; :meth:`to_markdown` gives the results tables.
         """
-        head = f"| detector ({self.name}) | " + " | ".join(METRICS) + " |"
-        rule = "|---|" + "---:|" * len(METRICS)
+        header = [f"detector ({self.name})", *METRICS]
         rows = [
-            f"| {key} | " + " | ".join(f"{values[m]:.3f}" for m in METRICS) + " |"
+            [key, *(f"{values[m]:.3f}" for m in METRICS)]
             for key, values in self._metrics.items()
         ]
-        return "\n".join([head, rule, *rows])
+        return "\n".join(metric_table(header, rows, markdown=True))
 
     def to_text(self, metrics: Sequence[str] | None = None) -> str:
         """Return the aligned plain-text tables (:meth:`OoDResults.to_text`)."""
