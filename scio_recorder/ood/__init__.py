@@ -44,8 +44,8 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
-``_multilayer``, ``_gram``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
+``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_gram``,
+``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
 ``_jtla``, ``_isomax``, ``_perturbation``), each standing on the shared
 ground floor and the protocol, never on another family. The ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
