@@ -62,7 +62,7 @@ import torch  # noqa: E402 (after the path fix)
 from torch import nn  # noqa: E402
 
 from scio_recorder import Recorder, collect  # noqa: E402
-from scio_recorder._tree import iter_tensors, map_tensors  # noqa: E402
+from scio_recorder._support.tree import iter_tensors, map_tensors  # noqa: E402
 from scio_recorder.models import (  # noqa: E402
     resnet18_cifar,
     tiny_mlp,

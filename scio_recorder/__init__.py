@@ -28,15 +28,15 @@ import typing
 
 from ._engine.plan import Postprocessor, reshaping
 from ._engine.state import CallInputs
-from ._errors import CallPlanError, InPlaceWarning
-from ._lazy import lazy_attributes as _lazy_attributes
+from ._support.errors import CallPlanError, InPlaceWarning
+from ._support.lazy import lazy_attributes as _lazy_attributes
 from .layers import DepthIdx, Layer, LayerTable
 from .recorder import Recorder, Selection, check
 from .reduce import Reducer, make_reducer
 from .scope import Scope
 from .select import children, modules
 
-# Imported when first used (see `scio_recorder._lazy`): what a plain
+# Imported when first used (see `scio_recorder._support.lazy`): what a plain
 # recorder does not need.
 __getattr__, __dir__ = _lazy_attributes(
     __name__,

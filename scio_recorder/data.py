@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._quantized import refuse_gradients
+from ._net.quantized import refuse_gradients
 
 Pattern = Literal["blob", "square", "noise"]
 """The families of images :func:`make_blobs_images` draws."""

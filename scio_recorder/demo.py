@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ._extras import INSTALL_DOT, install_hint
+from ._support.extras import INSTALL_DOT, install_hint
 from .data import load_digits
 from .explain import grad_cam
 from .ood.benchmark import CATALOGUE, ID_DIGITS, BenchmarkResults, run_benchmark

@@ -59,7 +59,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from ._files import dtype_name, library_version, write_atomic
+from ._support.files import dtype_name, library_version, write_atomic
 from .layers import DepthIdx, as_table, label_str
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from ._extras import install_hint
+from ._support.extras import install_hint
 from .ood import Evaluation
 from .ood.metrics import _array, _counts, aupr_in, aupr_out, roc_curve
 

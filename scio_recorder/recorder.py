@@ -51,8 +51,6 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_impl
 
-from ._batches import PaddingWatch
-from ._copies import RecorderCopies
 from ._engine.compiled import entry_point, export_records, unwrap_compiled
 from ._engine.early import check_early_exit
 from ._engine.hooks import drop_copied_hooks
@@ -67,9 +65,11 @@ from ._engine.plan import (
 )
 from ._engine.shards import Shards
 from ._engine.state import CallInputs
-from ._errors import CallPlanError, InPlaceWarning
-from ._flow import table_of
-from ._quantized import refuse_gradients
+from ._net.quantized import refuse_gradients
+from ._run.batches import PaddingWatch
+from ._run.copies import RecorderCopies
+from ._run.flow import table_of
+from ._support.errors import CallPlanError, InPlaceWarning
 from .scope import Scope
 from .select import (
     Selector,

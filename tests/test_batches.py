@@ -1,4 +1,4 @@
-"""`scio_recorder._batches`: inputs out of batches, (args, kwargs), device moves.
+"""`scio_recorder._run.batches`: inputs out of batches, (args, kwargs), device moves.
 
 And the position ids of padded batches: a row's activations never depend on
 its padding nor its batch-mates, through every path of the library that
@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 
 from scio_recorder import CallInputs, Recorder
-from scio_recorder._batches import (
+from scio_recorder._run.batches import (
     Positions,
     as_arguments,
     batch_getter,

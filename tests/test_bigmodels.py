@@ -25,7 +25,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from scio_recorder import Recorder, collect
-from scio_recorder._preserve import unload_offloaded
+from scio_recorder._net.preserve import unload_offloaded
 from scio_recorder.explain import logit_lens, patch
 from scio_recorder.ood import Energy, Mahalanobis
 

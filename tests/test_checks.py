@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import CheckReport, Recorder, check
-from scio_recorder._batches import Positions
+from scio_recorder._run.batches import Positions
 from scio_recorder.checks import CHECKS
 from scio_recorder.checks._measure import difference
 from tests.lms import bert, gpt2, llama, padded

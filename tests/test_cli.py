@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from scio_recorder import Recorder, plot
-from scio_recorder._extras import INSTALL_DOT
+from scio_recorder._support.extras import INSTALL_DOT
 from scio_recorder.cli import main
 from scio_recorder.demo import DETECTORS, SLOW, gradcam_layer, run_demo
 from scio_recorder.graph import ExecutionGraph
@@ -577,16 +577,16 @@ def test_input_ids_draw_the_graph_of_a_language_model(capsys, gpt2_file, tmp_pat
 
 
 def test_input_ids_are_int64_below_the_vocabulary_with_a_mask(monkeypatch):
-    from scio_recorder import cli  # noqa: PLC0415 (the private helper)
+    from scio_recorder.cli import _model, _parser  # noqa: PLC0415 (private helpers)
 
     pytest.importorskip("transformers")
     namespace = {}
     exec(GPT2_FILE, namespace)  # noqa: S102 (the test's own source)
     net = namespace["small_gpt2"]()
-    args = cli._build_parser().parse_args(
+    args = _parser._build_parser().parse_args(
         ["summary", "x:y", "--input-ids", "3,7", "--vocab-size", "5"]
     )
-    given = cli._inputs(args, None, net)
+    given = _model._inputs(args, None, net)
     data = given.kwargs["input_data"]
     assert set(data) == {"input_ids", "attention_mask"}
     assert data["input_ids"].dtype == torch.int64
@@ -595,7 +595,7 @@ def test_input_ids_are_int64_below_the_vocabulary_with_a_mask(monkeypatch):
     assert torch.equal(data["attention_mask"], torch.ones(3, 7, dtype=torch.int64))
     # a forward without attention_mask gets the ids alone, positionally
     embed = torch.nn.Embedding(5, 4)
-    given = cli._inputs(args, None, embed)
+    given = _model._inputs(args, None, embed)
     assert isinstance(given.kwargs["input_data"], list)
 
 

@@ -47,7 +47,7 @@ def test_roles_become_links_to_the_canonical_path(roles, package):
     link = '<autoref identifier="scio_recorder.recorder.Recorder.record" optional>'
     assert link in out
     assert "<code>record()</code>" in out
-    link = '<autoref identifier="scio_recorder.layers.Layer" optional>'
+    link = '<autoref identifier="scio_recorder.layers._table.Layer" optional>'
     assert link + "<code>Layer</code>" in out
     assert (
         '<autoref identifier="scio_recorder.select" optional>'

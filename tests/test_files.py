@@ -1,4 +1,4 @@
-"""`scio_recorder._files`: atomic writes, the library version, the dtype names."""
+"""`scio_recorder._support.files`: atomic writes, the library version, dtype names."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 
 import scio_recorder
-from scio_recorder import _files
-from scio_recorder._files import (
+from scio_recorder._support import files as _files
+from scio_recorder._support.files import (
     DTYPES,
     dtype_name,
     library_version,
@@ -81,11 +81,12 @@ def test_the_temporary_files_are_recognised_by_their_target(tmp_path):
 
 def test_one_library_version_for_files_and_the_cli():
     """The CLI's --version and the files' metadata read the same function."""
-    from scio_recorder import cli, io  # noqa: PLC0415 (the users checked)
+    from scio_recorder import io  # noqa: PLC0415 (the users checked)
+    from scio_recorder.cli import _parser  # noqa: PLC0415
     from scio_recorder.collect import _checkpoint  # noqa: PLC0415
 
     assert library_version() == scio_recorder.__version__
-    assert io.library_version is cli.library_version is library_version
+    assert io.library_version is _parser.library_version is library_version
     assert _checkpoint.library_version is library_version
 
 

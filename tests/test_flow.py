@@ -1,4 +1,4 @@
-"""The static-flow check and the fake reference pass (``scio_recorder._flow``)."""
+"""The static-flow check and the fake reference pass (``scio_recorder._run.flow``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from scio_recorder import CallPlanError, Recorder, models
-from scio_recorder._flow import check_static_flow, fake_table
+from scio_recorder._run.flow import check_static_flow, fake_table
 from scio_recorder.layers import build_table
 from tests.nets import (
     DirectChildNet,

@@ -301,7 +301,7 @@ def test_transformer_accepted_by_static_flow_check(encoder_layer):
 
     fx cannot trace it, but its branches read no tensor value (its fast path
     depends on the mode and on gradients, which the call plan checks), so the
-    fake-tensor check of ``scio_recorder._flow`` lets it through.
+    fake-tensor check of ``scio_recorder._run.flow`` lets it through.
     """
     checked = Recorder(encoder_layer, input_size=(2, 5, 16))
     unchecked = Recorder(encoder_layer, input_size=(2, 5, 16), force_static_flow=False)

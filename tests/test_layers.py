@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import CallPlanError, Recorder, models
-from scio_recorder._render import middle_truncate
+from scio_recorder._support.render import middle_truncate
 from scio_recorder.layers import RaggedDim, build_table
 from scio_recorder.layers._reference import _warn_if_moved
 from tests.nets import (

@@ -31,8 +31,8 @@ from scio_recorder.ood import (
     evaluate,
     fit_detectors,
 )
+from scio_recorder.ood._gram import gram_vector
 from scio_recorder.ood._layers import pool_features
-from scio_recorder.ood._multilayer import gram_vector
 
 F64 = torch.float64
 TOL = {"rtol": 1e-5, "atol": 1e-6}

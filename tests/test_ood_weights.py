@@ -45,7 +45,7 @@ from torch import nn
 
 from scio_recorder import Recorder
 from scio_recorder.ood import CORE, MSP, ORA, WeiPer, evaluate, fit_detectors
-from scio_recorder.ood._weights import (
+from scio_recorder.ood._weiper import (
     reference_weights,
     symmetric_kl,
     uniform_smoothing,

@@ -124,7 +124,7 @@ def private_imports_of(name: str, known: set[str]) -> set[str]:
     ...) shows other modules its public face only; its private modules
     (``scio_recorder.<sub>._<part>``) are imported from inside it alone.
     Shared private machinery lives in top-level private modules
-    (``scio_recorder._batches``, ``scio_recorder._files``, ...).
+    (``scio_recorder._run.batches``, ``scio_recorder._support.files``, ...).
     """
     found = set()
     for target in imports_of(name, known):
@@ -405,7 +405,7 @@ def catalogue_count_statements() -> list[tuple[str, re.Match[str]]]:
     paths = [
         REPO / "README.md",
         REPO / "benchmarks" / "README.md",
-        PACKAGE / "cli.py",
+        *sorted((PACKAGE / "cli").glob("*.py")),
         PACKAGE / "demo.py",
         *sorted((REPO / "docs").rglob("*.md")),
     ]

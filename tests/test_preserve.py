@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from scio_recorder import Recorder
-from scio_recorder._preserve import ParameterWrites, preserved
+from scio_recorder._net.preserve import ParameterWrites, preserved
 
 if TYPE_CHECKING:
     from collections.abc import Callable

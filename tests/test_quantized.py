@@ -18,7 +18,7 @@ import transformers
 from torch import Tensor, nn
 
 from scio_recorder import Recorder
-from scio_recorder._quantized import _passes_no_gradient, gradient_cuts
+from scio_recorder._net.quantized import _passes_no_gradient, gradient_cuts
 from scio_recorder.data import train_classifier
 from scio_recorder.explain import attribution_patch
 from scio_recorder.explain import grad_cam as cam

@@ -149,7 +149,7 @@ def test_the_default_check_loads_no_compiler_on_a_net_that_reads_no_value(
     """`force_static_flow=True` watches the reference pass: no fake tensors, no Dynamo.
 
     Only a net that reads tensor values into Python gets a fake-tensor pass
-    (``scio_recorder._flow``), whose ``FakeTensorMode`` imports ``torch._dynamo``.
+    (``scio_recorder._run.flow``), whose ``FakeTensorMode`` imports ``torch._dynamo``.
     """
     assert _heavy(library_steps["checked recorder"]) == []
 

@@ -1,4 +1,4 @@
-"""The one walk over nested values: ``scio_recorder._tree``."""
+"""The one walk over nested values: ``scio_recorder._support.tree``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.modeling_outputs import BaseModelOutput
 
-from scio_recorder._tree import iter_tensors, map_tensors, tensor_items
+from scio_recorder._support.tree import iter_tensors, map_tensors, tensor_items
 
 Pair = collections.namedtuple("Pair", "a b")  # noqa: PYI024 (a plain namedtuple on purpose)
 

@@ -63,8 +63,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module_impl
 
-from scio_recorder._preserve import preserved
-from scio_recorder._tree import iter_tensors, map_tensors
+from scio_recorder._net.preserve import preserved
+from scio_recorder._support.tree import iter_tensors, map_tensors
 from scio_recorder.layers import label_str
 
 from .hooks import enter_trace, exit_trace
@@ -74,7 +74,7 @@ from .state import CallInputs, PassState
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from scio_recorder._errors import CallPlanError
+    from scio_recorder._support.errors import CallPlanError
     from scio_recorder.layers import DepthIdx
 
     from .plan import CallPlan, Postprocessor

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._tree import iter_tensors
+from scio_recorder._support.tree import iter_tensors
 from scio_recorder.layers import label_str
 
 from .state import PassState

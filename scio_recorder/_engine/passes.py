@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._errors import CallPlanError, InPlaceWarning
-from scio_recorder._preserve import placed_by_accelerate, unload_offloaded
+from scio_recorder._net.preserve import placed_by_accelerate, unload_offloaded
+from scio_recorder._support.errors import CallPlanError, InPlaceWarning
 
 from .compiled import GradDeposits, run_traced, traced_key
 from .early import EarlyExit, EarlyExitState, early_plan
@@ -243,7 +243,7 @@ class Passes:
         """Offload again the weights a stopped pass left loaded (accelerate).
 
         A pass that stops inside an offloaded module skips the ``post_forward``
-        of its accelerate hook (:func:`~scio_recorder._preserve.unload_offloaded`
+        of its accelerate hook (:func:`~scio_recorder._net.preserve.unload_offloaded`
         runs it); a net that accelerate did not place costs one look, once.
         """
         if self.placed is None:

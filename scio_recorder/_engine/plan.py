@@ -28,8 +28,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
-from scio_recorder._errors import CallPlanError
-from scio_recorder._tree import map_tensors
+from scio_recorder._support.errors import CallPlanError
+from scio_recorder._support.tree import map_tensors
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._tree import iter_tensors, map_tensors
+from scio_recorder._support.tree import iter_tensors, map_tensors
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

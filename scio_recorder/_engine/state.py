@@ -41,12 +41,17 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 
-from scio_recorder._tree import iter_tensors, map_leaves, map_tensors, tensor_items
+from scio_recorder._support.tree import (
+    iter_tensors,
+    map_leaves,
+    map_tensors,
+    tensor_items,
+)
 
 from .plan import reshaping
 
 if TYPE_CHECKING:
-    from scio_recorder._errors import CallPlanError
+    from scio_recorder._support.errors import CallPlanError
     from scio_recorder.layers import DepthIdx, LayerTable
 
     from .plan import CallPlan, EndSpec, Postprocessor, RecordOptions

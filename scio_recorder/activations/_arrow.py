@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._files import write_atomic
+from scio_recorder._support.files import write_atomic
 
 from ._tokens import INDEX
 

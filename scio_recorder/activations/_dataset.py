@@ -32,7 +32,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from scio_recorder._files import parse_dtype
+from scio_recorder._support.files import parse_dtype
 
 from ._arrow import to_arrow
 from ._manifest import MANIFEST, load_moments, load_statistics, read_manifest

@@ -35,7 +35,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from scio_recorder._files import (
+from scio_recorder._support.files import (
     differences,
     dtype_name,
     is_count,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from pathlib import Path
 
-    from scio_recorder._progress import Bar
+    from scio_recorder._support.progress import Bar
     from scio_recorder.recorder import Recorder
 
     from ._tokens import Batches, LayerSpec

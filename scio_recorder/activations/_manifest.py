@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 import safetensors
 import safetensors.torch
 
-from scio_recorder._files import (
+from scio_recorder._support.files import (
     is_count,
     is_file_name,
     library_version,
     parse_dtype,
     write_atomic,
 )
-from scio_recorder._public import public_module
+from scio_recorder._support.public import public_module
 from scio_recorder.reduce import Moments
 
 from ._shards import checksum

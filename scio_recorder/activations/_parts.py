@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._files import differences, fsync_folder
-from scio_recorder._lock import FolderLock
+from scio_recorder._support.files import differences, fsync_folder
+from scio_recorder._support.lock import FolderLock
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter
@@ -403,7 +403,7 @@ def _summary(path: Path, manifest: dict[str, Any], number: int) -> dict[str, Any
 
 
 def _dtype(name: str) -> Any:
-    from scio_recorder._files import parse_dtype  # noqa: PLC0415 (one use)
+    from scio_recorder._support.files import parse_dtype  # noqa: PLC0415 (one use)
 
     return parse_dtype(name)
 

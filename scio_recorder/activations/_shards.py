@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._files import write_atomic
+from scio_recorder._support.files import write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._files import dtype_name, parse_dtype
+from scio_recorder._support.files import dtype_name, parse_dtype
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

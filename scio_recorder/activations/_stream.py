@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from scio_recorder._batches import POSITION_IDS
+from scio_recorder._run.batches import POSITION_IDS
 
 from ._tokens import Batches, token_ids
 

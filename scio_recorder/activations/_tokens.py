@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import (
+from scio_recorder._engine.state import pick_argument
+from scio_recorder._run.batches import (
     Positions,
     argument,
     as_arguments,
@@ -46,7 +47,6 @@ from scio_recorder._batches import (
     takes_argument,
     watch_padding,
 )
-from scio_recorder._engine.state import pick_argument
 from scio_recorder.collect import InputOf
 from scio_recorder.layers import label_str
 from scio_recorder.select import as_label, resolve_one

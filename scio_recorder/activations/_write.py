@@ -3,7 +3,7 @@
 :func:`write` runs in three stages. :func:`_prepare` checks its options,
 resolves the layers (``_tokens``) and describes the write (a :class:`_Job`,
 which holds the folder's lock while the write runs: one write at a time,
-:class:`scio_recorder._lock.FolderLock`). :func:`_execute` decides what the
+:class:`scio_recorder._support.lock.FolderLock`). :func:`_execute` decides what the
 folder's state asks (a finished set with the same arguments is returned;
 other arguments are refused; an unfinished write resumes; ``append=True``
 starts a new part) and runs this rank's :class:`~._loop.RankWriter`.
@@ -28,19 +28,19 @@ from typing import TYPE_CHECKING, Any
 import safetensors.torch
 import torch
 
-from scio_recorder._batches import (
+from scio_recorder._engine.shards import tensor_parallel
+from scio_recorder._run.batches import (
     POSITION_IDS,
     batch_getter,
     check_position_ids,
     padding_unwatched,
 )
-from scio_recorder._engine.shards import tensor_parallel
-from scio_recorder._files import differences, dtype_name, parse_dtype
-from scio_recorder._fingerprint import describe_spec
-from scio_recorder._lock import FolderLock
-from scio_recorder._progress import make_bar
-from scio_recorder._ranks import all_gather_bytes, comm_device, rank_and_world
-from scio_recorder._split import check_part, refuse_process_group
+from scio_recorder._run.fingerprint import describe_spec
+from scio_recorder._support.files import differences, dtype_name, parse_dtype
+from scio_recorder._support.lock import FolderLock
+from scio_recorder._support.parts import check_part, refuse_process_group
+from scio_recorder._support.progress import make_bar
+from scio_recorder._support.ranks import all_gather_bytes, comm_device, rank_and_world
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter, progress_name

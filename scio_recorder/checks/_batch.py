@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from scio_recorder._batches import position_scheme
-from scio_recorder._tree import iter_tensors
+from scio_recorder._run.batches import position_scheme
+from scio_recorder._support.tree import iter_tensors
 
 from ._measure import verdict
 from ._passes import NORMS, dropping, in_train_mode

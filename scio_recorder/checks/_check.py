@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._batches import as_arguments
-from scio_recorder._errors import CallPlanError, InPlaceWarning
-from scio_recorder._preserve import SavedBuffers, preserved
+from scio_recorder._net.preserve import SavedBuffers, preserved
+from scio_recorder._run.batches import as_arguments
+from scio_recorder._support.errors import CallPlanError, InPlaceWarning
 from scio_recorder.select import as_list, resolve
 
 from ._batch import check_batch, sequence_first

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from scio_recorder._engine.shards import tensor_parallel
-from scio_recorder._files import dtype_name
-from scio_recorder._tree import iter_tensors, map_tensors
+from scio_recorder._support.files import dtype_name
+from scio_recorder._support.tree import iter_tensors, map_tensors
 
 from ._measure import difference, pairs, unmatched, verdict
 from ._passes import compared, seeded

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from scio_recorder._tree import iter_tensors
+from scio_recorder._support.tree import iter_tensors
 
 from ._measure import difference, nonfinite, pairs, verdict
 from ._passes import compared, dropping

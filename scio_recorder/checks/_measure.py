@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._tree import iter_tensors
+from scio_recorder._support.tree import iter_tensors
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -3,7 +3,7 @@
 :class:`Run` holds the recorder, the checked labels and the batch, and runs
 one recorded pass at a time (:meth:`Run.records`): from a fixed random
 state (:func:`seeded`, so that dropout draws alike) and from the buffers as
-the check found them (:class:`~scio_recorder._preserve.SavedBuffers`, put
+the check found them (:class:`~scio_recorder._net.preserve.SavedBuffers`, put
 back before each pass), returning copies of the records taken as the pass
 ends. So state kept between passes shows in ``determinism`` only
 (:meth:`Run.changed` names the buffers a pass changed), and a record that
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._batches import first_batch_size
-from scio_recorder._tree import map_tensors
+from scio_recorder._run.batches import first_batch_size
+from scio_recorder._support.tree import map_tensors
 
 from ._measure import difference, pairs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from scio_recorder._preserve import SavedBuffers
+    from scio_recorder._net.preserve import SavedBuffers
     from scio_recorder.layers import DepthIdx, Layer
 
 

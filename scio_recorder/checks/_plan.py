@@ -20,7 +20,7 @@ from ._measure import difference, pairs
 from ._report import CheckLine, named_plain
 
 if TYPE_CHECKING:
-    from scio_recorder._errors import CallPlanError
+    from scio_recorder._support.errors import CallPlanError
     from scio_recorder.layers import DepthIdx
 
     from ._passes import Run

@@ -26,7 +26,7 @@ import dataclasses
 import html
 from typing import TYPE_CHECKING, Literal
 
-from scio_recorder._render import html_table
+from scio_recorder._support.render import free_table, html_table
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -132,17 +132,8 @@ class CheckReport:
 
     def __str__(self) -> str:
         """Return the report as an aligned text table."""
-        rows = [list(_COLUMNS), *(line.cells() for line in self.lines)]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
-        out = []
-        for k, row in enumerate(rows):
-            cells = [
-                cell.ljust(width) for cell, width in zip(row, widths, strict=False)
-            ]
-            out.append("  ".join([*cells, row[-1]]).rstrip())
-            if k == 0:
-                out.append("  ".join("-" * w for w in [*widths, len(row[-1])]))
-        return "\n".join(out)
+        rows = [line.cells() for line in self.lines]
+        return "\n".join(free_table(_COLUMNS, rows, rule=True))
 
     def __repr__(self) -> str:
         """Return a one-line summary."""

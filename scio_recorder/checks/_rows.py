@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
-from scio_recorder._tree import iter_tensors, map_tensors
+from scio_recorder._support.tree import iter_tensors, map_tensors
 
 from ._measure import difference
 from ._passes import NORMS, in_train_mode

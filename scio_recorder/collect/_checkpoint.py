@@ -6,7 +6,7 @@ run's fingerprint (a deterministic description of the labels, reducers and
 batch specs, compared with the saved one), and the
 flattening of reducer states into one safetensors dict (also what the
 distributed merge sends, see :mod:`scio_recorder._distributed`). Files are
-written atomically by :func:`scio_recorder._files.write_atomic`.
+written atomically by :func:`scio_recorder._support.files.write_atomic`.
 
 Why: a long run interrupted by a crash or a kill must resume, rerun with the
 same arguments, exactly where its last checkpoint left it, and must refuse
@@ -37,7 +37,8 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from scio_recorder._files import (
+from scio_recorder._run.fingerprint import describe_reducer, describe_spec
+from scio_recorder._support.files import (
     differences,
     fsync_file,
     is_count,
@@ -48,7 +49,6 @@ from scio_recorder._files import (
     parse_dtype,
     write_atomic,
 )
-from scio_recorder._fingerprint import describe_reducer, describe_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import (
+from scio_recorder._engine.shards import tensor_parallel
+from scio_recorder._engine.state import CallInputs
+from scio_recorder._run.batches import (
     POSITION_IDS,
     Positions,
     as_arguments,
     batch_getter,
     padding_unwatched,
 )
-from scio_recorder._engine.shards import tensor_parallel
-from scio_recorder._engine.state import CallInputs
-from scio_recorder._ranks import rank_and_world
-from scio_recorder._split import check_part, refuse_process_group
+from scio_recorder._support.parts import check_part, refuse_process_group
+from scio_recorder._support.ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
 from ._distributed import Merged, concat_reducer, merge_across_ranks

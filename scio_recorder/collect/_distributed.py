@@ -34,8 +34,8 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from scio_recorder._files import dtype_name, parse_dtype
-from scio_recorder._ranks import all_gather_bytes, comm_device
+from scio_recorder._support.files import dtype_name, parse_dtype
+from scio_recorder._support.ranks import all_gather_bytes, comm_device
 from scio_recorder.reduce import Concat, Reducer
 
 from ._checkpoint import flat_states

@@ -28,6 +28,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from scio_recorder._support.render import free_table
 from scio_recorder.layers import label_str
 from scio_recorder.reduce import (
     Count,
@@ -207,13 +208,7 @@ class Estimate:
             )
             for row in self.labels
         ]
-        widths = [max(len(line[i]) for line in (header, *lines)) for i in range(6)]
-        text = [
-            "  ".join(
-                [*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]
-            ).rstrip()
-            for line in (header, *lines)
-        ]
+        text = free_table(header, lines)
         for title, per, total in (
             ("records", self.bytes_per_sample, self.total),
             (

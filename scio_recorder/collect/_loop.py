@@ -4,7 +4,7 @@ Holds :class:`Run` (skip the batches a resumed run already reduced, run the
 net, feed each label's record to its slot, spill beyond the memory budget,
 checkpoint every few batches and after an error) and the counting of
 samples; the batch plumbing it uses (getters for ``input=`` and
-``target=``, moving values between devices) is :mod:`scio_recorder._batches`,
+``target=``, moving values between devices) is :mod:`scio_recorder._run.batches`,
 shared with :mod:`scio_recorder.ood`.
 
 Why: this is the loop that is easy to get subtly wrong (a sample counted
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, first_batch_size, move_to
+from scio_recorder._run.batches import as_arguments, first_batch_size, move_to
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

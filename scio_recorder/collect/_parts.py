@@ -28,7 +28,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from scio_recorder._files import differences, write_atomic
+from scio_recorder._support.files import differences, write_atomic
 
 from ._checkpoint import fingerprint_of, flat_states
 from ._distributed import Merged, concat_meta, concat_reducer, merge_states
@@ -72,7 +72,7 @@ def save_part(  # noqa: PLR0913 (what a part holds)
     """Write part ``part``'s reducer states and concatenations; return the file.
 
     The file is replaced atomically (a temporary file renamed,
-    :func:`~scio_recorder._files.write_atomic`), so a part killed while
+    :func:`~scio_recorder._support.files.write_atomic`), so a part killed while
     saving leaves its previous file, or none, and never another part's.
     """
     columns: dict[str, Tensor] = {

@@ -1,7 +1,7 @@
 """The progress bar of a collect run: its title.
 
 Holds :func:`bar_description`, the bar's title; the bar itself is
-:func:`scio_recorder._progress.make_bar` (re-exported here with :class:`Bar`).
+:func:`scio_recorder._support.progress.make_bar` (re-exported here with :class:`Bar`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ __all__ = ["Bar", "bar_description", "make_bar"]
 
 from typing import TYPE_CHECKING
 
-from scio_recorder._progress import Bar, make_bar
+from scio_recorder._support.progress import Bar, make_bar
 
 from ._estimate import human
 

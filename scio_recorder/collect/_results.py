@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from scio_recorder import reduce as _reduce
-from scio_recorder._public import public_module
-from scio_recorder._render import html_table
+from scio_recorder._support.public import public_module
+from scio_recorder._support.render import html_table
 from scio_recorder.io import load_records, save_records
 from scio_recorder.layers import DepthIdx, as_table, label_str, parse_label
 

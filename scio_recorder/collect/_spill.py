@@ -4,7 +4,7 @@ Holds :class:`ConcatStore`, the rows of one ``"concat"`` label (CPU chunks,
 appended to one raw file when the memory budget is exceeded or a checkpoint
 is written), :class:`SpillFolder`, where those files go (``spill_dir`` or a
 temporary folder), :func:`spill_lock`, the lock file that keeps a second run
-out of a ``spill_dir`` in use (:class:`scio_recorder._lock.FolderLock`), and
+out of a ``spill_dir`` in use (:class:`scio_recorder._support.lock.FolderLock`), and
 the helpers that write tensor bytes and
 map files back as tensors (privately, copy-on-write).
 
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._files import dtype_name, parse_dtype
-from scio_recorder._lock import FolderLock
+from scio_recorder._support.files import dtype_name, parse_dtype
+from scio_recorder._support.lock import FolderLock
 from scio_recorder.layers import label_str
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._quantized import refuse_gradients
+from scio_recorder._net.quantized import refuse_gradients
 
 from ._base import (
     as_positions,

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._batches import Positions, as_arguments, first_batch_size
+from scio_recorder._run.batches import Positions, as_arguments, first_batch_size
 from scio_recorder.recorder import Recorder
 from scio_recorder.select import resolve, resolve_one
 
@@ -71,7 +71,7 @@ def arguments(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
     The convention of a callable ``input=`` of
     :func:`~scio_recorder.collect.collect`
-    (:func:`scio_recorder._batches.as_arguments`): a :class:`CallInputs` is
+    (:func:`scio_recorder._run.batches.as_arguments`): a :class:`CallInputs` is
     both; a tuple the positional arguments; a mapping (``BatchEncoding``
     too) the keyword arguments; anything else the one positional argument.
     """
@@ -83,7 +83,7 @@ def run_net(rnet: Recorder, inputs: Any, **options: Any) -> Any:
 
     A padded batch of a net that takes ``position_ids`` gets them from its
     ``attention_mask`` when it has none (see
-    :class:`~scio_recorder._batches.Positions`): a row's explanation does
+    :class:`~scio_recorder._run.batches.Positions`): a row's explanation does
     not depend on its padding.
     """
     args, kwargs = Positions.of(rnet.net).add(*arguments(inputs))

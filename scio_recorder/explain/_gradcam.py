@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from scio_recorder._engine.state import CallInputs
-from scio_recorder._outputs import logits_of
-from scio_recorder._quantized import refuse_gradients
+from scio_recorder._net.outputs import logits_of
+from scio_recorder._net.quantized import refuse_gradients
 from scio_recorder.select import resolve_one
 
 from ._base import arguments, check_flag, check_recorder, one_number, run_net

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._tree import map_tensors
+from scio_recorder._support.tree import map_tensors
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from scio_recorder._engine.plan import reshaping
 from scio_recorder._engine.state import CallInputs
-from scio_recorder._tree import map_tensors
+from scio_recorder._support.tree import map_tensors
 
 from ._base import (
     arguments,

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from scio_recorder._tree import tensor_items
+from scio_recorder._support.tree import tensor_items
 from scio_recorder.layers import nested_size
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def flatten(value: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:
     """Yield ``(path, tensor)`` for every tensor inside ``value``.
 
     A path is ``prefix`` followed by ``.key`` for each level (see
-    :func:`~scio_recorder._tree.tensor_items`).
+    :func:`~scio_recorder._support.tree.tensor_items`).
     """
     for path, tensor in tensor_items(value):
         yield prefix + "".join(f".{key}" for key in path), tensor

@@ -15,7 +15,7 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._extras import INSTALL_DOT, install_hint
+from scio_recorder._support.extras import INSTALL_DOT, install_hint
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -6,7 +6,7 @@ __all__ = ["graph_of", "trace_graph"]
 
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._preserve import preserved
+from scio_recorder._net.preserve import preserved
 
 from ._capture import capture
 from ._model import ExecutionGraph, GraphError

@@ -5,7 +5,7 @@
 which logs each call as it starts and ends and adds the container rows of
 the labelling rule (the package's docstring); the package's
 :func:`~scio_recorder.layers.build_table` turns the log into the table. The net is left
-as it was (:func:`~scio_recorder._preserve.preserved`), torchinfo's global
+as it was (:func:`~scio_recorder._net.preserve.preserved`), torchinfo's global
 cache too; a net placed by accelerate stays where it is
 (:func:`reference_kwargs`). :func:`example_inputs` makes inputs like the
 reference pass's, for later passes.
@@ -34,8 +34,8 @@ import torchinfo.torchinfo as _torchinfo_impl
 from torch import Tensor
 from torchinfo.layer_info import prod
 
-from scio_recorder._preserve import placed_by_accelerate, preserved
-from scio_recorder._tree import iter_tensors
+from scio_recorder._net.preserve import placed_by_accelerate, preserved
+from scio_recorder._support.tree import iter_tensors
 
 from ._torchinfo import (
     SUMMARY_OPTIONS,

@@ -46,10 +46,12 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
+``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_gram``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
-``_jtla``, ``_isomax``, ``_perturbation``, ``_weights``), each standing on the shared
-ground floor and the protocol, never on another family. The ground floor:
+``_jtla``, ``_isomax``, ``_perturbation``, ``_weiper``, ``_core``,
+``_ora``), each standing on the shared ground floor and the protocol, never
+on another family (WeiPer, CORE and ORA share their base in ``_weights``).
+The ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
 read one layer, several layers, their nearest fit samples, or edit a layer),
 ``_geometry`` (norms, Mahalanobis distances, class sums), ``_inputs`` (the
@@ -59,7 +61,8 @@ their scores, the predicted label). The protocol in ``_protocol``
 ``_pvalues``), the nearest-neighbour search in ``_search`` (its fit bank in
 ``_bank``), the shared passes in ``_passes``, the checks every detector
 applies in ``_checks``, the rows it scores (empty batches, non-finite rows)
-in ``_rows``, :func:`evaluate` in ``_evaluate``.
+in ``_rows``, :func:`evaluate` in ``_evaluate`` (its results and their
+tables in ``_results``).
 
 Examples
 --------
@@ -135,28 +138,28 @@ __all__ = [
 
 from typing import TYPE_CHECKING
 
-from scio_recorder._lazy import lazy_attributes
+from scio_recorder._support.lazy import lazy_attributes
 
 # Each public name -> the module that defines it, imported when the name is
-# first used (see `scio_recorder._lazy`); the imports under `TYPE_CHECKING`
+# first used (see `scio_recorder._support.lazy`); the imports under `TYPE_CHECKING`
 # say the same to type checkers and the docs.
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
         "ASH": "._shaping",
         "AdaScale": "._adascale",
-        "CORE": "._weights",
+        "CORE": "._core",
         "ClassConditional": "._classes",
         "DICE": "._prototypes",
         "Detector": "._protocol",
         "DkNN": "._neighbours",
         "Energy": "._logits",
         "Entropy": "._logits",
-        "Evaluation": "._evaluate",
+        "Evaluation": "._results",
         "FeatureSqueezing": "._perturbation",
         "GEN": "._probabilities",
         "GradNorm": "._gradient",
-        "Gram": "._multilayer",
+        "Gram": "._gram",
         "IsoMax": "._isomax",
         "JTLA": "._jtla",
         "JointEnergy": "._logits",
@@ -173,9 +176,9 @@ __getattr__, __dir__ = lazy_attributes(
         "NNGuide": "._prototypes",
         "NotFittedError": "._protocol",
         "ODIN": "._calibration",
-        "ORA": "._weights",
+        "ORA": "._ora",
         "Odds": "._perturbation",
-        "OoDResults": "._evaluate",
+        "OoDResults": "._results",
         "Pass": "._protocol",
         "RMDS": "._features",
         "RankFeat": "._edits",
@@ -188,7 +191,7 @@ __getattr__, __dir__ = lazy_attributes(
         "Trust": "._neighbours",
         "VRA": "._edits",
         "ViM": "._features",
-        "WeiPer": "._weights",
+        "WeiPer": "._weiper",
         "evaluate": "._evaluate",
         "fDBD": "._prototypes",
         "fit_detectors": "._passes",
@@ -202,21 +205,25 @@ if TYPE_CHECKING:
     from ._calibration import ODIN, TempScale
     from ._classes import ClassConditional
     from ._collapse import NCI, NECO, Residual
+    from ._core import CORE
     from ._coverage import NAC
     from ._edits import VRA, RankFeat
-    from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
+    from ._evaluate import evaluate, score_sets
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
+    from ._gram import Gram
     from ._isomax import IsoMax
     from ._jtla import JTLA
     from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-    from ._multilayer import Gram, MahalanobisEnsemble
+    from ._multilayer import MahalanobisEnsemble
     from ._neighbours import LID, DkNN, Trust
+    from ._ora import ORA
     from ._passes import fit_detectors
     from ._perturbation import FeatureSqueezing, Odds
     from ._probabilities import GEN, KLMatching
     from ._protocol import Detector, NotFittedError, Pass
     from ._prototypes import DICE, SHE, NNGuide, fDBD
+    from ._results import Evaluation, OoDResults
     from ._saving import StateEntry
     from ._shaping import ASH, ReAct, Scale
-    from ._weights import CORE, ORA, WeiPer
+    from ._weiper import WeiPer

@@ -32,20 +32,23 @@ from typing import TYPE_CHECKING
 from ._adascale import AdaScale
 from ._calibration import ODIN, TempScale
 from ._collapse import NCI, NECO, Residual
+from ._core import CORE
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
 from ._features import KNN, RMDS, Mahalanobis, ViM
 from ._gradient import GradNorm
+from ._gram import Gram
 from ._isomax import IsoMax
 from ._jtla import JTLA
 from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
-from ._multilayer import Gram, MahalanobisEnsemble
+from ._multilayer import MahalanobisEnsemble
 from ._neighbours import LID, DkNN, Trust
+from ._ora import ORA
 from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
-from ._weights import CORE, ORA, WeiPer
+from ._weiper import WeiPer
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from scio_recorder._batches import as_arguments, batch_getter, first_batch_size
-from scio_recorder._tree import iter_tensors
+from scio_recorder._run.batches import as_arguments, batch_getter, first_batch_size
+from scio_recorder._support.tree import iter_tensors
 from scio_recorder.collect import InputOf
 from scio_recorder.reduce import Concat, Tee
 from scio_recorder.select import resolve_one

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._tree import map_tensors
+from scio_recorder._support.tree import map_tensors
 
 from ._checks import check_number
 from ._protocol import Pass, run_pass

@@ -3,7 +3,7 @@
 * :func:`output_label`: the label of the root call, whose output is the
   net's output (what a fit collects to read the logits);
 * :func:`as_logits`: the ``[batch, classes]`` logits of that output
-  (:func:`~scio_recorder._outputs.logits_of` finds them in a model output),
+  (:func:`~scio_recorder._net.outputs.logits_of` finds them in a model output),
   refused when they are not a batch of logit vectors;
 * the scores of the logits, each usable on its own or as the ``detector=``
   of an edit detector: :func:`msp_score`, :func:`max_logit_score`,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from scio_recorder._outputs import logits_of
+from scio_recorder._net.outputs import logits_of
 
 if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx

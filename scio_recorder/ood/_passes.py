@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._batches import Positions
+from scio_recorder._run.batches import Positions
 from scio_recorder.reduce import Tee
 
 from ._checks import check_batches, checked_targets

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import as_arguments, batch_getter, move_to
-from scio_recorder._tree import map_tensors
+from scio_recorder._run.batches import as_arguments, batch_getter, move_to
+from scio_recorder._support.tree import map_tensors
 
 from ._checks import (
     check_batches,

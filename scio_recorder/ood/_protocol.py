@@ -44,7 +44,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import (
+from scio_recorder._engine.state import pick_argument
+from scio_recorder._net.outputs import logits_of
+from scio_recorder._net.quantized import refuse_gradients
+from scio_recorder._run.batches import (
     POSITION_IDS,
     Positions,
     as_arguments,
@@ -53,10 +56,7 @@ from scio_recorder._batches import (
     padding_unwatched,
     watch_padding,
 )
-from scio_recorder._engine.state import pick_argument
-from scio_recorder._errors import NotFittedError
-from scio_recorder._outputs import logits_of
-from scio_recorder._quantized import refuse_gradients
+from scio_recorder._support.errors import NotFittedError
 from scio_recorder.collect import InputOf, collect
 from scio_recorder.recorder import Recorder
 
@@ -148,7 +148,7 @@ def run_pass(  # noqa: PLR0913 (the net's arguments, then what to record or edit
     input: pass a leaf that requires it), also inside ``torch.no_grad()`` or
     ``torch.inference_mode()``; a net with layers that pass no gradient to
     their input is refused first, naming ``who`` (the detector)
-    (:func:`~scio_recorder._quantized.refuse_gradients`, the check of every
+    (:func:`~scio_recorder._net.quantized.refuse_gradients`, the check of every
     gradient through the net).
 
     The one way every detector runs the net: a private pass of the recorder
@@ -258,7 +258,7 @@ def gradient_fit_inputs(  # noqa: PLR0913 (the data, how to read it, who asks)
     For the detectors whose fit needs autograd (NAC, AdaScale), which
     ``collect`` does not give: ``input`` as for ``collect``, ``device`` moves
     each batch's input, empty batches are skipped, and a padded batch gets
-    the position ids ``collect`` gives it (:class:`~scio_recorder._batches.
+    the position ids ``collect`` gives it (:class:`~scio_recorder._run.batches.
     Positions`; ``position_ids=None`` among ``options`` passes the batches
     as they are, as ``collect``'s). Refused at once (before any batch):
     ``collect``'s other options (``state`` says what the detector keeps

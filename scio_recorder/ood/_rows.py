@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from scio_recorder._batches import first_batch_size
-from scio_recorder._tree import iter_tensors
+from scio_recorder._run.batches import first_batch_size
+from scio_recorder._support.tree import iter_tensors
 
 from ._checks import rows_not_finite
 

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from scio_recorder._extras import install_hint
+from scio_recorder._support.extras import install_hint
 
 METRICS = ("l2", "ip")
 """``"l2"``: squared Euclidean distance, nearest first; ``"ip"``: inner

@@ -78,7 +78,7 @@ Re-exported names keep the ``__module__`` of the file that defines them (so
 ``inspect.getsource`` and tracebacks find them). What is written to disk
 (saved results, checkpoint fingerprints) names the public path,
 ``scio_recorder.reduce``, whatever file implements it (see
-``scio_recorder._public.public_module``).
+``scio_recorder._support.public.public_module``).
 
 Examples
 --------

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scio_recorder._files import parse_dtype
+from scio_recorder._support.files import parse_dtype
 
 from ._autoencoder import SparseAutoencoder
 

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scio_recorder._extras import install_hint
+from scio_recorder._support.extras import install_hint
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

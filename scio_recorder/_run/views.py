@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ._engine.state import CallInputs, Records
-from .layers import example_inputs
-from .select import resolve
+from scio_recorder._engine.state import CallInputs, Records
+from scio_recorder.layers import example_inputs
+from scio_recorder.select import resolve
 
 if TYPE_CHECKING:
     import torch
     from torch.nn.parameter import Parameter
     from torchinfo.model_statistics import ModelStatistics
 
-    from ._engine.passes import Passes
-    from ._engine.plan import RecordOptions, Selection
-    from .graph import ExecutionGraph
-    from .layers import DepthIdx, LayerTable
-    from .select import Selector
+    from scio_recorder._engine.passes import Passes
+    from scio_recorder._engine.plan import RecordOptions, Selection
+    from scio_recorder.graph import ExecutionGraph
+    from scio_recorder.layers import DepthIdx, LayerTable
+    from scio_recorder.select import Selector
 
 
 def labels_text(labels: tuple[DepthIdx, ...]) -> str:
@@ -112,7 +112,7 @@ class RecorderViews(nn.Module):
         digraph execution_graph {
 
         """
-        from .graph import trace_graph  # noqa: PLC0415 (loaded when first used)
+        from scio_recorder.graph import trace_graph  # noqa: PLC0415 (loaded when first used)
 
         if not args and not kwargs:
             args, kwargs = self.example_inputs()
@@ -421,7 +421,7 @@ class RecorderViews(nn.Module):
         Currently recording: outputs 1-2 (rec: o output)
 
         """
-        from . import _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
+        from scio_recorder._support import render as _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
 
         selection = self._selection
         marks, notes = _render.selection_marks(
@@ -433,7 +433,7 @@ class RecorderViews(nn.Module):
 
     def _repr_html_(self) -> str:
         """Return the compact table as HTML, recorded rows shaded (for Jupyter)."""
-        from . import _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
+        from scio_recorder._support import render as _render  # noqa: PLC0415 (rendering only, kept out of the class's module header)
 
         selection = self._selection
         marks, notes = _render.selection_marks(

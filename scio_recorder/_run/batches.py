@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from ._engine.state import CallInputs, user_stacklevel
-from ._tree import map_tensors
+from scio_recorder._engine.state import CallInputs, user_stacklevel
+from scio_recorder._support.tree import map_tensors
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -176,7 +176,7 @@ def as_arguments(value: Any, *, spread: bool) -> tuple[tuple[Any, ...], dict[str
 def move_to(value: Any, device: torch.device) -> Any:
     """Move the tensors in ``value`` to ``device`` (async toward accelerators).
 
-    Any nesting that :func:`~scio_recorder._tree.map_tensors` walks is kept:
+    Any nesting that :func:`~scio_recorder._support.tree.map_tensors` walks is kept:
     named tuples, dict subclasses, dataclasses (model outputs).
 
     Examples

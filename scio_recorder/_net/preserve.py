@@ -67,7 +67,7 @@ containers and written in place, parameter memory written from outside
 torch's operators (``numpy()`` views, a C extension), the class of a
 module (``__class__``), submodules registered or replaced by the pass, and
 random states other than torch's (Python's ``random``, numpy's; the
-static-flow check restores torch's, :mod:`scio_recorder._watch`).
+static-flow check restores torch's, :mod:`scio_recorder._run.watch`).
 """
 
 from __future__ import annotations

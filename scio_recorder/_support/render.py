@@ -2,8 +2,11 @@
 
 Helpers shared by :meth:`LayerTable.compact <scio_recorder.LayerTable.compact>`,
 :meth:`LayerTable.to_html <scio_recorder.LayerTable.to_html>` and the
-recorder's ``compact`` and ``_repr_html_``, and the tables of numbers of the
-OoD results (:func:`metric_table`): cells are plain strings, widths are
+recorder's ``compact`` and ``_repr_html_``, the tables of numbers of the
+OoD results and the benchmark (:func:`metric_table`), and the tables whose
+last column runs free (:func:`free_table`: the layer table's text, the
+self-check's report, collect's estimate): every text table of the library
+is written here. Cells are plain strings, widths are
 counted in characters (names of modules are expected to be narrow
 characters, as Python identifiers are).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "ELLIPSIS",
     "fit_widths",
+    "free_table",
     "html_table",
     "metric_table",
     "middle_truncate",
@@ -218,6 +222,39 @@ def metric_table(
     widths = _natural(table)
     right = range(1, len(header))
     return [_aligned(row, widths, right) for row in table]
+
+
+def free_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], *, rule: bool = False
+) -> list[str]:
+    r"""Return the lines of a left-aligned table whose last column runs free.
+
+    Every column but the last is padded to its widest cell; the last (a
+    shape, a note, a sentence) is written as it is; trailing blanks are
+    stripped. With ``rule``, a line of dashes follows the header (under the
+    last column, as long as its title).
+
+    Examples
+    --------
+    >>> rows = [["1-1", "fc", "[1, 4]"], ["1-2", "act", "(never called)"]]
+    >>> print("\n".join(free_table(["label", "name", "output"], rows, rule=True)))
+    label  name  output
+    -----  ----  ------
+    1-1    fc    [1, 4]
+    1-2    act   (never called)
+
+    """
+    table = [list(header), *(list(row) for row in rows)]
+    widths = _natural([row[:-1] for row in table])
+    lines = [
+        SEPARATOR.join(
+            [*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]
+        ).rstrip()
+        for row in table
+    ]
+    if rule:
+        lines.insert(1, SEPARATOR.join("-" * w for w in [*widths, len(table[0][-1])]))
+    return lines
 
 
 def _aligned(cells: Sequence[str], widths: Sequence[int], right: Container[int]) -> str:

@@ -3,7 +3,7 @@
 A forward's Python code can depend on tensor *values* through a read that
 turns a value into a Python object, the subject of this module, or through
 a shape that depends on values (``x[x > 0]``, ``nonzero``, read through
-``.shape``), which no watch here sees (:mod:`scio_recorder._flow` says what
+``.shape``), which no watch here sees (:mod:`scio_recorder._run.flow` says what
 catches it). The reads: ``bool(t)`` (``if x.sum() > 0:``,
 ``if t.any():``, ``pad_id in ids``), ``t.item()``, ``int(t)``, ``float(t)``,
 an index taken from a tensor, ``torch.equal``, ``torch.allclose``,
@@ -57,7 +57,7 @@ values (``x[x > 0]``) read through ``.shape``.
 Side effects of the forced passes: they run the other branch's Python code.
 Its warnings, log records and prints are silenced (process-wide, for their
 duration), and so are those of the natural pass run again. The net is put
-back as it was after each pass (:func:`~scio_recorder._preserve.preserved`):
+back as it was after each pass (:func:`~scio_recorder._net.preserve.preserved`):
 modes, parameters, buffers, and every module's plain attributes with the
 containers they hold, so a branch no data reached cannot leave
 ``self.safe = True`` behind. What a branch changes outside the net's modules
@@ -100,9 +100,9 @@ import torch
 import torchinfo.torchinfo as _torchinfo_impl
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._preserve import preserved
-from ._tree import iter_tensors
-from .layers import example_inputs
+from scio_recorder._net.preserve import preserved
+from scio_recorder._support.tree import iter_tensors
+from scio_recorder.layers import example_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -111,7 +111,8 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # noqa: PTH120 (a prefix)
-_OWN_DIR = os.path.dirname(__file__) + os.sep  # noqa: PTH120 (a prefix)
+# the library's own folder, scio_recorder/ (this module is in scio_recorder/_run/)
+_OWN_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # noqa: PTH120
 _TORCHINFO_DIR = os.path.dirname(_torchinfo_impl.__file__) + os.sep  # noqa: PTH120
 _LIBRARY_DIRS = (_TORCH_DIR, _OWN_DIR, _TORCHINFO_DIR)
 

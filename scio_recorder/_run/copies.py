@@ -16,16 +16,17 @@ __all__ = ["RecorderCopies"]
 import copy
 from typing import TYPE_CHECKING, Any
 
-from ._engine.hooks import drop_copied_hooks
-from ._engine.passes import Passes
-from ._views import RecorderViews
+from scio_recorder._engine.hooks import drop_copied_hooks
+from scio_recorder._engine.passes import Passes
+
+from .views import RecorderViews
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from typing_extensions import Self
 
-    from ._engine.plan import CallPlan
+    from scio_recorder._engine.plan import CallPlan
 
 
 class RecorderCopies(RecorderViews):

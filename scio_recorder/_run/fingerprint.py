@@ -20,7 +20,7 @@ import re
 import torch
 from torch import Tensor
 
-from scio_recorder._public import public_module
+from scio_recorder._support.public import public_module
 from scio_recorder.reduce import Reducer
 
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

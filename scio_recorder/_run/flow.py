@@ -8,7 +8,7 @@ fake-tensor check it replaces (:func:`_fake_verdict`, below), with one
 exception and at a fraction of the cost:
 
 1. **The reference pass is watched.** The table's own pass (torchinfo, real
-   tensors) runs under :func:`~scio_recorder._watch.watching`, a dispatch mode
+   tensors) runs under :func:`~scio_recorder._run.watch.watching`, a dispatch mode
    that lists every value the forward reads into Python (``if x.sum() > 0:``,
    ``x.item()``, ``int(x)``, ``x.tolist()``, ``torch.equal``). A forward's
    Python code can depend on values through such reads, or through a shape
@@ -31,7 +31,7 @@ exception and at a fraction of the cost:
    pass without a verdict: accepted, as before.
 3. **Unless the reads change nothing.** Before refusing, the check asks
    whether the values the real pass read change anything it computes
-   (:func:`~scio_recorder._watch.without_effect`): every read must be a
+   (:func:`~scio_recorder._run.watch.without_effect`): every read must be a
    yes/no, and every other outcome of every such read, tried by forcing it
    (the whole tree of outcomes, at most 16 forced passes), must give the
    same module calls and bit-identical outputs of every call. Such a read
@@ -43,7 +43,7 @@ What it refuses is thus exactly what the fake-tensor check refused, less
 the nets whose reads have no effect; and it accepts exactly what that check
 accepted, plus those. Why step 3 is sound (every sequence of yes/no outcomes
 some data could produce is tried, forcing can only find more effects) is
-written out in :mod:`scio_recorder._watch`. Why step 1 is: the forward's
+written out in :mod:`scio_recorder._run.watch`. Why step 1 is: the forward's
 Python code is a function of its inputs' shapes, of the values it reads,
 and of the shapes of the outputs of operators whose output shape depends
 on values; without reads and without such operators, every input of these
@@ -71,12 +71,12 @@ the real pass (checked as above), with a warning saying why.
 A model placed by accelerate (its modules carry ``_hf_hook``: offloaded
 weights are loaded just before a module runs) is faked like any other, except
 that accelerate's hooks run on real tensors
-(:func:`~scio_recorder._watch.accelerate_hooks_in`); a watch pauses in them.
+(:func:`~scio_recorder._run.watch.accelerate_hooks_in`); a watch pauses in them.
 
 Nothing is compiled: no Dynamo cache, no graph, no state is left behind; the
 net's modes, ``requires_grad`` flags, parameters, buffers, its modules'
 plain attributes (and the containers they hold) and accelerate hooks' state
-are restored after every pass (:func:`~scio_recorder._preserve.preserved`,
+are restored after every pass (:func:`~scio_recorder._net.preserve.preserved`,
 whose docstring lists what cannot be: globals, files, caches outside the
 modules, random states other than torch's).
 """
@@ -107,22 +107,28 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.nn.parameter import is_lazy
 
-from ._engine.passes import is_recorder
-from ._errors import first_line
-from ._preserve import preserved
-from ._watch import (
+from scio_recorder._engine.passes import is_recorder
+from scio_recorder._net.preserve import preserved
+from scio_recorder._support.errors import first_line
+from scio_recorder.layers import (
+    LayerTable,
+    build_table,
+    example_inputs,
+    reference_kwargs,
+)
+
+from .watch import (
     DataRead,
     accelerate_hooks_in,
     rng_state,
     watching,
     without_effect,
 )
-from .layers import LayerTable, build_table, example_inputs, reference_kwargs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ._watch import RngState
+    from .watch import RngState
 
 # torch's modules whose fast path is skipped for tensor subclasses (their
 # forward checks `has_torch_function`): a fake pass would call other modules.
@@ -331,7 +337,7 @@ def fake_pass(net: nn.Module | None = None) -> Iterator[None]:
     """Run the enclosed code on fake tensors (real tensors are faked on use).
 
     accelerate's hooks on the modules of ``net`` run on real tensors (see
-    :func:`~scio_recorder._watch.accelerate_hooks_in`).
+    :func:`~scio_recorder._run.watch.accelerate_hooks_in`).
     """
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
