@@ -396,7 +396,13 @@ class Recorder(RecorderCopies):
             dtype=dtype,
         )
         plan = make_plan(
-            table, outputs, input_rows, grad_rows, options, shards=self._shards
+            table,
+            outputs,
+            input_rows,
+            grad_rows,
+            options,
+            shards=self._shards,
+            grad_net=net,
         )
         self._selection = Selection(
             tuple(sorted(row.label for row in outputs)),

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 
+from scio_recorder._quantized import refuse_gradients
 from scio_recorder._tree import iter_tensors, map_leaves, map_tensors, tensor_items
 
 from .plan import reshaping
@@ -107,6 +108,10 @@ def pick_argument(
         "arguments, strings for keyword ones)."
     )
     raise ValueError(msg)
+
+
+GRADIENTS_TAKER = "A pass that captures the gradients of `record(grads=...)`"
+"""What the refusal of a gradient pass names (:meth:`PassState.watch_grad`)."""
 
 
 class GradSlot:
@@ -234,6 +239,8 @@ class PassState:
     grad_sink: GradSink | None = None
     inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
     grads: dict[DepthIdx, GradSlot | Uncaptured] = _NO_GRADS
+    grads_checked = False
+    """Whether this pass checked that the net passes gradients (``watch_grad``)."""
 
     def __init__(
         self,
@@ -493,6 +500,11 @@ class PassState:
                 self.grads = {}
             self.grads[label] = UNCAPTURED
             return
+        if not self.grads_checked:  # once a pass, at its first gradient
+            self.grads_checked = True
+            plan = self.plan
+            if plan.grad_net is not None:  # quantized since the selection?
+                refuse_gradients(plan.grad_net, GRADIENTS_TAKER, plan.grad_layers)
         if not (
             output.requires_grad
             if isinstance(output, Tensor)
