@@ -385,6 +385,8 @@ class Recorder(RecorderCopies):
         grad_rows = resolve(table, net, as_list(grads))
         if grad_rows:
             refuse_gradients(net, "`record(grads=...)`")
+        if self._shards is not None:  # a sequence slice is not recorded as whole
+            self._shards.refuse([*outputs, *input_rows, *grad_rows])
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
