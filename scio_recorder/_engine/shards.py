@@ -189,8 +189,8 @@ class Shards:
                 continue
             styled.add(module)
             found = _local_output(module)
-            if found is not None and found[1] not in {-1, None}:
-                outputs[module] = _Local(*found)  # type: ignore[arg-type]
+            if found is not None and found[1] != -1:
+                outputs[module] = _Local(*found)
             style = _sequence_style(module)
             if style is not None:
                 sliced.append(f"`{name or type(module).__name__}` ({style})")

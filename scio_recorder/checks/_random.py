@@ -76,7 +76,7 @@ class RandomState:
             and self.numpy == other.numpy
         )
 
-    __hash__ = None  # type: ignore[assignment] (mutable tensors inside)
+    __hash__ = None  # type: ignore[assignment]  # compared by value, not hashed
 
 
 def drawers(net: nn.Module, run: Any) -> list[str]:
