@@ -912,8 +912,14 @@ def check(  # noqa: PLR0913 (the net, the batch, then keyword-only options)
     Returns
     -------
     CheckReport
-        One line per check; ``report.failed``, ``report.warned``; printed,
-        a table.
+        One line per check, a read-only mapping of check name to line;
+        ``report.failed``, ``report.warned``; printed, a table.
+
+    Raises
+    ------
+    ValueError
+        An empty batch (no row on its batch dimension), or records that
+        hold no value: every comparison would be over nothing.
 
     Examples
     --------

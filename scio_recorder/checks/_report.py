@@ -106,6 +106,13 @@ class CheckReport(Mapping[str, CheckLine]):
     ----------
     lines : tuple of CheckLine
         The checks, in the order of :data:`CHECKS`.
+
+    Examples
+    --------
+    >>> line = CheckLine("calls", "PASS", None, "", "", "as planned")
+    >>> report = CheckReport([line])
+    >>> "calls" in report, list(report), report["calls"].status
+    (True, ['calls'], 'PASS')
     """
 
     def __init__(self, lines: Sequence[CheckLine]) -> None:
