@@ -385,6 +385,8 @@ class Recorder(RecorderCopies):
         grad_rows = resolve(table, net, as_list(grads))
         if grad_rows:
             refuse_gradients(net, "`record(grads=...)`")
+        if self._shards is not None:  # a sequence slice is not recorded as whole
+            self._shards.refuse([*outputs, *input_rows, *grad_rows])
         param_map = resolve_params(table, net, as_list(params))
         if dtype is not None and not isinstance(dtype, torch.dtype):
             msg = f"`dtype` must be a `torch.dtype`, got {dtype!r}"
@@ -396,7 +398,13 @@ class Recorder(RecorderCopies):
             dtype=dtype,
         )
         plan = make_plan(
-            table, outputs, input_rows, grad_rows, options, shards=self._shards
+            table,
+            outputs,
+            input_rows,
+            grad_rows,
+            options,
+            shards=self._shards,
+            grad_net=net,
         )
         self._selection = Selection(
             tuple(sorted(row.label for row in outputs)),
@@ -904,8 +912,14 @@ def check(  # noqa: PLR0913 (the net, the batch, then keyword-only options)
     Returns
     -------
     CheckReport
-        One line per check; ``report.failed``, ``report.warned``; printed,
-        a table.
+        One line per check, a read-only mapping of check name to line;
+        ``report.failed``, ``report.warned``; printed, a table.
+
+    Raises
+    ------
+    ValueError
+        An empty batch (no row on its batch dimension), or records that
+        hold no value: every comparison would be over nothing.
 
     Examples
     --------

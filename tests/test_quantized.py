@@ -205,6 +205,55 @@ def test_gradients_through_dynamically_quantized_layers_are_refused():
     assert not out.requires_grad
 
 
+class Residual(nn.Module):
+    """``a``, then a skip connection around ``b``: h + b(h)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.a(x)
+        return h + self.b(h)
+
+
+def test_gradients_selected_before_quantization_are_refused_at_the_pass():
+    """Selected while float, quantized after: each gradient pass refuses.
+
+    Before, the gradient of ``a`` was the skip path's alone (the identity's:
+    all ones for a sum), with no error. The oracle: the float net's gradient
+    of ``a`` by a hand-written tensor hook, which differs from that.
+    """
+    torch.manual_seed(0)
+    net = Residual()
+    x = torch.randn(2, 32)
+    kept = {}
+
+    def keep_grad(_module: nn.Module, _inputs: object, output: Tensor) -> None:
+        output.register_hook(lambda grad: kept.setdefault("a", grad))
+
+    handle = net.a.register_forward_hook(keep_grad)
+    net(x).sum().backward()
+    handle.remove()
+    assert not torch.equal(kept["a"], torch.ones(2, 32))  # the float gradient
+    rnet = Recorder(net, input_size=(2, 32))
+    rnet.record("a", grads="a")  # float: accepted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's notes on its kernels
+        quantization.quantize_(
+            net, quantization.Int8DynamicActivationInt8WeightConfig()
+        )
+    who = "A pass that captures the gradients of `record(grads=...)`"
+    with pytest.raises(ValueError, match=f"^{re.escape(refusal(who, ['a', 'b']))}$"):
+        rnet(x)
+    assert rnet.activations == {}  # the refused pass kept nothing
+    with torch.no_grad():  # a pass that takes no gradient records as before
+        out = rnet(x)
+    assert torch.equal(rnet.activations_of("a")[0], net.a(x))
+    assert out.shape == (2, 32)
+
+
 def test_attribution_patch_refuses_instead_of_dropping_the_quantized_paths():
     """Before: zeros where the float model has values (the finding); now refused.
 

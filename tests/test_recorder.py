@@ -1299,7 +1299,14 @@ def test_a_reshaping_edit_may_change_shapes_and_keeps_its_name():
         return t[:2]
 
     out = rnet(x, input_postproc={"2": reshaping(keep_two)})
-    assert torch.equal(out, net(x)[:2])  # rows are independent: the same values
+    # rows are independent: the same values, up to float32 rounding (the last
+    # layer runs on 2 rows here and on 5 in net(x): another GEMM blocking may
+    # round its 3-term dot products otherwise, a few eps of their magnitude)
+    eps = torch.finfo(torch.float32).eps
+    want = net(x)[:2].detach()
+    torch.testing.assert_close(
+        out, want, rtol=0, atol=8 * eps * max(float(want.abs().max()), 1.0)
+    )
     rnet.record((1, 1))
     out = rnet(x, activation_postproc={(1, 1): reshaping(keep_two)})
     assert out.shape == (2, 2)

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
+from scio_recorder._net.quantized import weighted_layers
 from scio_recorder._support.errors import CallPlanError
 from scio_recorder._support.tree import map_tensors
 
@@ -184,6 +185,13 @@ class CallPlan:
     shards: Shards | None = dataclasses.field(default=None, compare=False, repr=False)
     """The tensor-parallel layout of the net, whose pieces the pass makes whole
     (see :mod:`.shards`); ``None`` for a net in one piece."""
+    grad_net: nn.Module | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    """The net, in a plan that captures gradients: each pass that captures one
+    first checks that the net's layers still pass gradients to their inputs
+    (:func:`~scio_recorder._net.quantized.refuse_gradients`: a model quantized
+    after the selection); ``None`` when no gradient is selected."""
     end_slots: dict[nn.Module, int] = dataclasses.field(init=False, repr=False)
     """The slot of each hooked module in a pass's call counts (derived)."""
     expected_counts: list[int] = dataclasses.field(init=False, repr=False)
@@ -192,6 +200,10 @@ class CallPlan:
     """The slot of each pre-hooked module in a pass's start counts (derived)."""
     expected_start_counts: list[int] = dataclasses.field(init=False, repr=False)
     """Call starts per pass of the module of each slot (derived)."""
+    grad_layers: tuple[nn.Module, ...] = dataclasses.field(init=False, repr=False)
+    """The modules of :attr:`grad_net` that hold a weight, the ones a gradient
+    pass looks at (derived: a walk of the net's modules costs more than the
+    look)."""
     zero_counts: list[int] = dataclasses.field(init=False, repr=False)
     """A zero per slot: a pass's counts start as a copy (derived; never mutated)."""
     zero_starts: list[int] = dataclasses.field(init=False, repr=False)
@@ -210,6 +222,9 @@ class CallPlan:
             "zero_counts": [0] * len(self.ends),
             "zero_starts": [0] * len(self.starts),
             "copy_options": dataclasses.replace(self.options, clone=True),
+            "grad_layers": ()
+            if self.grad_net is None
+            else weighted_layers(self.grad_net),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -273,12 +288,14 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
     edits: Sequence[Layer] = (),
     input_edits: Sequence[Layer] = (),
     shards: Shards | None = None,
+    grad_net: nn.Module | None = None,
 ) -> CallPlan:
     """Return the call plan that captures the given rows.
 
     ``edits`` and ``input_edits`` are rows hooked only to be edited (their
     outputs, or their inputs), not recorded unless also in ``outputs`` or
-    ``inputs``; ``shards``: see :attr:`CallPlan.shards`.
+    ``inputs``; ``shards``: see :attr:`CallPlan.shards`; ``grad_net``: see
+    :attr:`CallPlan.grad_net` (kept only when ``grads`` is not empty).
     """
     out_labels = {row.label for row in outputs}
     grad_labels = {row.label for row in grads}
@@ -330,6 +347,7 @@ def make_plan(  # noqa: PLR0913 (the rows of each kind)
         copied,
         copied_inputs,
         shards,
+        grad_net if grad_labels else None,
     )
 
 
@@ -381,4 +399,5 @@ def with_edits(
         edits=rows(sorted(edits)),
         input_edits=rows(sorted(input_edits)),
         shards=plan.shards,
+        grad_net=plan.grad_net,
     )

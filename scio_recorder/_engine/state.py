@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
 
+from scio_recorder._net.quantized import refuse_gradients
 from scio_recorder._support.tree import (
     iter_tensors,
     map_leaves,
@@ -112,6 +113,10 @@ def pick_argument(
         "arguments, strings for keyword ones)."
     )
     raise ValueError(msg)
+
+
+GRADIENTS_TAKER = "A pass that captures the gradients of `record(grads=...)`"
+"""What the refusal of a gradient pass names (:meth:`PassState.watch_grad`)."""
 
 
 class GradSlot:
@@ -239,6 +244,8 @@ class PassState:
     grad_sink: GradSink | None = None
     inputs: dict[DepthIdx, CallInputs] = _NO_INPUTS
     grads: dict[DepthIdx, GradSlot | Uncaptured] = _NO_GRADS
+    grads_checked = False
+    """Whether this pass checked that the net passes gradients (``watch_grad``)."""
 
     def __init__(
         self,
@@ -498,6 +505,11 @@ class PassState:
                 self.grads = {}
             self.grads[label] = UNCAPTURED
             return
+        if not self.grads_checked:  # once a pass, at its first gradient
+            self.grads_checked = True
+            plan = self.plan
+            if plan.grad_net is not None:  # quantized since the selection?
+                refuse_gradients(plan.grad_net, GRADIENTS_TAKER, plan.grad_layers)
         if not (
             output.requires_grad
             if isinstance(output, Tensor)

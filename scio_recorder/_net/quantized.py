@@ -22,7 +22,9 @@ tensors, and hooks see those. Gradients are another matter:
 takes a gradient through the net makes before its first pass, so that a
 model that has them is refused instead of given wrong gradients:
 
-* ``record(grads=...)`` (:class:`~scio_recorder.Recorder`);
+* ``record(grads=...)`` (:class:`~scio_recorder.Recorder`), and again at
+  each pass that captures a selected gradient (a model quantized after the
+  selection: the engine's ``PassState.watch_grad``);
 * the explanations that differentiate the net: ``explain.grad_cam``,
   ``explain.attribution_patch``;
 * every detector pass with autograd on (``ood``'s shared pass,
@@ -46,14 +48,22 @@ kept per weight.
 
 from __future__ import annotations
 
-__all__ = ["gradient_cuts", "refuse_gradients"]
+__all__ = ["gradient_cuts", "refuse_gradients", "weighted_layers"]
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 _MARKS = ("act_quant_kwargs", "activation_quantization")
 """Attributes by which torchao's weights say that their layer quantizes its input."""
+
+_PLAIN = (nn.Parameter, Tensor)
+"""The weights' types of plain layers (every pass with gradients looks: fast)."""
 
 _ASKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """What the layer of each torchao weight (a key by identity) answered."""
@@ -62,7 +72,7 @@ _ASKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 def _cuts(module: nn.Module) -> bool:
     """Whether ``module`` quantizes its input, so that it passes it no gradient."""
     weight = module._parameters.get("weight")  # noqa: SLF001 (its own weight)
-    if weight is None:
+    if weight is None or type(weight) in _PLAIN:  # a float layer: no look further
         return False
     if any(getattr(weight, mark, None) is not None for mark in _MARKS):
         return True
@@ -114,7 +124,25 @@ _NAMED = 3
 """How many of the layers a refusal names."""
 
 
-def refuse_gradients(net: nn.Module, who: str) -> None:
+def weighted_layers(net: nn.Module) -> tuple[nn.Module, ...]:
+    """Return the modules of ``net`` that hold a weight of their own.
+
+    The only ones :func:`refuse_gradients` looks at: a caller that checks
+    at every pass keeps them (``layers=``).
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> len(weighted_layers(nn.Sequential(nn.Linear(2, 2), nn.ReLU())))
+    1
+
+    """
+    return tuple(m for m in net.modules() if "weight" in m._parameters)  # noqa: SLF001 (its own)
+
+
+def refuse_gradients(
+    net: nn.Module, who: str, layers: Sequence[nn.Module] | None = None
+) -> None:
     """Refuse to take gradients through a net whose layers pass none to their input.
 
     The one check of every path that takes a gradient through the net (see
@@ -127,6 +155,10 @@ def refuse_gradients(net: nn.Module, who: str) -> None:
     who : str
         What asked, named in the message (``"`record(grads=...)`"``,
         ``"grad_cam"``, ``"ODIN"``).
+    layers : sequence of torch.nn.Module, optional
+        The net's modules with a weight (:func:`weighted_layers`), kept by a
+        caller that checks at every pass; by default the net's modules are
+        walked.
 
     Raises
     ------
@@ -139,7 +171,9 @@ def refuse_gradients(net: nn.Module, who: str) -> None:
     >>> refuse_gradients(nn.Sequential(nn.Linear(2, 2)), "doc")  # a float net
 
     """
-    if not any(_cuts(module) for module in net.modules()):
+    if not any(
+        _cuts(module) for module in (net.modules() if layers is None else layers)
+    ):
         return
     cuts = gradient_cuts(net)
     named = ", ".join(f"`{name}`" for name in cuts[:_NAMED])

@@ -15,8 +15,10 @@ likely cause in words:
   follow the padding, ``BatchNorm`` in train mode and any leak across rows;
 * ``"determinism"``: two passes on the batch, the second from where the
   first left the net: bit-equal (dropout left on, random operations, state
-  kept between passes, nondeterministic kernels); a dropout module in train
-  mode with ``p > 0`` warns even when the two passes agree;
+  kept between passes, nondeterministic kernels); a pass that draws random
+  numbers (the global generators' states before and after it: a dropout
+  module in train mode with ``p > 0``, ``F.dropout`` in a forward,
+  ``torch.randn_like``) warns even when the two passes agree;
 * ``"dtype"``: the records against those of a copy of the model in a wider
   dtype (float32 for bfloat16 and float16 models, float64 for float32
   ones), as relative error per layer;
@@ -26,7 +28,10 @@ likely cause in words:
 * ``"calls"``: each checked call ran as in the reference pass (the call
   plan).
 
-What a check could not compare makes it WARN, never PASS, and its cause
+An empty batch, or records that hold no value, is refused (a
+``ValueError`` naming the shape): every comparison would be over nothing.
+What a check could not compare makes it WARN, never PASS (FAIL where the
+cause is certain all the same: a BatchNorm in train mode), and its cause
 says what and why: records with no batch dimension (a record's batch
 dimension is told by its shapes, batched and alone), inputs whose dim 0 is
 not the batch (a sequence-first module shows it; ``batch_dim=`` says
@@ -56,6 +61,7 @@ re-exports; the parts, each readable alone:
 * ``_measure``: the relative difference of two records, and its verdict;
 * ``_passes``: the compared passes, from the random state and buffers the
   check found;
+* ``_random``: whether a pass drew random numbers, and which modules drew;
 * ``_rows`` and ``_batch``: rows alone against the batch (the records'
   batch dimension, padding cut), and the batch line with its causes;
 * ``_exact``: recording and determinism, the bit-equal checks;

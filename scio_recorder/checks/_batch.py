@@ -67,6 +67,16 @@ def check_batch(
     diff, dtype, where, row = found.worst
     per_layer = found.per_layer
     if not per_layer:  # nothing compared: say why, never PASS
+        norms = in_train_mode(run.rnet.net, NORMS)
+        if norms:  # the cause is certain all the same: FAIL, naming it
+            return CheckLine(
+                "batch",
+                "FAIL",
+                None,
+                "relative",
+                "",
+                "; ".join([_norms(norms), *notes]),
+            )
         return CheckLine("batch", "WARN", None, "relative", "", "; ".join(notes))
     status = verdict(diff, dtype, exact=False)
     place = f"{where}, row {row}" if where else ""
@@ -167,11 +177,7 @@ def _batch_cause(run: Run, row: int, keep: Tensor | None, status: Status) -> str
             "them (position_ids='from_mask')"
         )
     if norms:
-        return (
-            f"a BatchNorm in train mode ({named(norms)}) normalizes with the "
-            "batch's own statistics, so a row's records depend on its batch-mates: "
-            "call net.eval()"
-        )
+        return _norms(norms)
     if dropouts:
         return (
             f"dropout is active ({named(dropouts)} in train mode): rows alone draw "
@@ -196,4 +202,13 @@ def _batch_cause(run: Run, row: int, keep: Tensor | None, status: Status) -> str
     return (
         f"row {row}'s records depend on its batch-mates: an operation mixes rows "
         f"(a statistic over the batch, attention or an index across rows){layout}"
+    )
+
+
+def _norms(norms: list[str]) -> str:
+    """Say that BatchNorms in train mode (``norms``) tie rows together."""
+    return (
+        f"a BatchNorm in train mode ({named(norms)}) normalizes with the "
+        "batch's own statistics, so a row's records depend on its batch-mates: "
+        "call net.eval()"
     )

@@ -23,6 +23,7 @@ import torch
 from scio_recorder._net.preserve import SavedBuffers, preserved
 from scio_recorder._run.batches import as_arguments
 from scio_recorder._support.errors import CallPlanError, InPlaceWarning
+from scio_recorder._support.tree import iter_tensors
 from scio_recorder.select import as_list, resolve
 
 from ._batch import check_batch, sequence_first
@@ -30,7 +31,7 @@ from ._dtype import check_dtype
 from ._exact import check_determinism, check_recording, from_passes
 from ._passes import Run
 from ._plan import changed_in_place, check_calls, check_inplace
-from ._report import CHECKS, CheckLine, CheckReport, skipped
+from ._report import CHECKS, CheckLine, CheckReport, named_plain, skipped
 
 if TYPE_CHECKING:
     from torch import nn
@@ -82,6 +83,7 @@ def check_recorder(  # noqa: PLR0913 (the recorder, the batch, then the options)
         )
         raise ValueError(msg)
     args, kwargs = as_arguments(batch, spread=True)
+    _refuse_empty(args, kwargs, batch_dim)
     labels = _labels(rnet, layers)
     net = rnet.net
     passes = rnet._passes  # noqa: SLF001 (the engine's: options, in-place warnings)
@@ -133,14 +135,54 @@ def check_net(
             )
             raise TypeError(msg)
         return check_recorder(net, batch, **options)
+    args, kwargs = as_arguments(batch, spread=True)
+    _refuse_empty(args, kwargs, options.get("batch_dim"))
     if not {"input_data", "input_size"} & recorder_kwargs.keys():
-        args, kwargs = as_arguments(batch, spread=True)
         if args:  # keyword inputs beside positional ones go to the forward
             recorder_kwargs = {**kwargs, **recorder_kwargs, "input_data": list(args)}
         else:
             recorder_kwargs = {**recorder_kwargs, "input_data": kwargs}
     rnet = recorder(net, **recorder_kwargs)
     return check_recorder(rnet, batch, **options)
+
+
+def _refuse_empty(
+    args: tuple[Any, ...], kwargs: dict[str, Any], batch_dim: Any
+) -> None:
+    """Refuse a batch of no row: every comparison would be over no value.
+
+    Its rows are counted on the batch dimension (``batch_dim``, else dim 0)
+    of the first input tensor that has one.
+    """
+    dim = batch_dim if isinstance(batch_dim, int) and batch_dim >= 0 else 0
+    for value in iter_tensors((args, kwargs)):
+        if value.dim() > dim:
+            if value.shape[dim] == 0:
+                msg = (
+                    f"`check` got an empty batch: an input of shape "
+                    f"{list(value.shape)} has no row on its batch dimension (dim "
+                    f"{dim}), so every check would compare no value. Pass a batch "
+                    "of at least one row (several, to compare rows batched against "
+                    "alone)."
+                )
+                raise ValueError(msg)
+            return
+
+
+def _refuse_empty_records(run: Run, records: dict[DepthIdx, Any]) -> None:
+    """Refuse records that hold no value at all: every comparison would be empty."""
+    tensors = [(label, t) for label in run.labels for t in iter_tensors(records[label])]
+    if any(t.numel() for _, t in tensors):
+        return
+    shapes = named_plain(
+        [f"{run.describe(label)}: {list(t.shape)}" for label, t in tensors]
+    )
+    msg = (
+        f"`check` has nothing to compare: the records of the checked calls hold "
+        f"no value ({shapes or 'no tensor'}). Pass a batch whose records are not "
+        "empty (a sequence of at least one position), or check other layers."
+    )
+    raise ValueError(msg)
 
 
 def _run_checks(
@@ -162,10 +204,12 @@ def _run_checks(
                 check_inplace(run, {}),
                 check_calls(run, error),
             ]
-        recorded = run.output
+        _refuse_empty_records(run, first)
+        recorded, drew = run.output, run.drew
         changed = run.changed()  # by one pass
         second = run.records(seed=False, restore=False)  # from where `first` left it
-        determinism, note = check_determinism(run, first, second, changed)
+        drew = drew or run.drew
+        determinism, note = check_determinism(run, first, second, changed, drew=drew)
         lines = [
             check_recording(run, plain, recorded, first),
             check_batch(run, first, rows, unsplit),

@@ -27,6 +27,7 @@ from scio_recorder._support.tree import iter_tensors, map_tensors
 from ._measure import difference, pairs, unmatched, verdict
 from ._passes import compared, seeded
 from ._report import CheckLine, named_plain, raised, skipped
+from ._rows import padding
 
 if TYPE_CHECKING:
     from scio_recorder.layers import DepthIdx
@@ -54,6 +55,7 @@ def check_dtype(
     except Exception as error:  # noqa: BLE001 (the report says it, and goes on)
         why = f"a copy of the model in {dtype_name(wide)} raised {raised(error)}"
         return skipped("dtype", why)
+    records, wider, left = _unpadded(run, records, wider)
     per_layer, (diff, _, where) = compared(run, records, wider)
     if not math.isfinite(diff):
         where, cause = _apart(run, records, wider, (dtype, wide))
@@ -64,6 +66,16 @@ def check_dtype(
     else:  # 16-bit: its rounding shows, always (WARN), unless beyond 0.5
         status = "PASS" if diff == 0 else "WARN" if diff <= 0.5 else "FAIL"  # noqa: PLR2004
     cause = _dtype_cause(status, dtype, wide)
+    if left:
+        status = "WARN" if status == "PASS" else status
+        cause = (
+            f"{cause}, where compared; not compared: values of "
+            f"{named_plain([run.describe(label) for label in left])} "
+            f"that the {dtype_name(wide)} copy computes as NaN or inf and the "
+            f"{dtype_name(dtype)} model does not, in a padded batch: the copy "
+            "computes the padding otherwise (a softmax over masked scores only), "
+            "and that spreads to the positions after it"
+        )
     return CheckLine("dtype", status, diff, "relative", where, cause, per_layer)
 
 
@@ -205,6 +217,80 @@ def _quantized(net: nn.Module) -> list[str]:
                 found.append(f"`{name or type(module).__name__}` ({kind.__name__})")
                 break
     return found
+
+
+def _unpadded(
+    run: Run, records: dict[DepthIdx, Any], wider: dict[DepthIdx, Any]
+) -> tuple[dict[DepthIdx, Any], dict[DepthIdx, Any], list[DepthIdx]]:
+    """Return both sides' records at the batch's kept positions, and what was left out.
+
+    A padded batch (a 2-D ``attention_mask`` on the batch dimension 0)
+    computes anything at its padding, which a model in another dtype may
+    compute otherwise: only the kept positions are compared, as the batch
+    check does. Each record of the batch's size on dim 0 keeps the values
+    whose every dimension of the positions' length is a kept position (dim
+    1 of hidden states, both the query and key dims of attention weights),
+    as a flat tensor; the others are compared whole. NaN or infinities that
+    the wider copy alone computes are left out too (the third value names
+    their calls): a padding position the copy computes as NaN (a softmax
+    over masked scores only, computed in float32 inside a float64 model:
+    ``finfo(float64).min`` is ``-inf`` there) spreads to kept positions in
+    the layers after it, where the model itself computes numbers.
+    """
+    size = run.size
+    keep = None if size is None or run.dim else padding(run.kwargs, size)
+    if keep is None or bool(keep.all()):
+        return records, wider, []
+    narrow: dict[DepthIdx, Any] = {}
+    wide: dict[DepthIdx, Any] = {}
+    left: list[DepthIdx] = []
+    for label in run.labels:
+        cut = [_cut(a, b, keep) for a, b in pairs(records[label], wider[label])]
+        narrow[label] = [a for a, _, _ in cut]
+        wide[label] = [b for _, b, _ in cut]
+        if any(dropped for _, _, dropped in cut):
+            left.append(label)
+    return narrow, wide, left
+
+
+def _cut(a: Tensor, b: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, bool]:
+    """Return ``a`` and ``b`` at the kept positions, and whether ``b``'s own NaN were.
+
+    (See :func:`_unpadded`.) Another shape is returned as it is: the
+    comparison says so.
+    """
+    if a.shape != b.shape:
+        return a, b, False
+    mask = _kept(a, keep)
+    dropped = False
+    if b.is_floating_point() or b.is_complex():
+        only_wide = ~b.isfinite() & a.isfinite()
+        if bool(only_wide.any()):
+            mask = torch.ones_like(only_wide) if mask is None else mask
+            dropped = bool((only_wide & mask).any())
+            mask &= ~only_wide
+    if mask is None:
+        return a, b, False
+    return a[mask], b[mask], dropped
+
+
+def _kept(value: Tensor, keep: Tensor) -> Tensor | None:
+    """Return where ``value`` is at kept positions (``None``: no positions' dim).
+
+    Every dimension but 0 of the positions' length counts; dim 0 must be
+    the batch's.
+    """
+    rows, length = keep.shape
+    if value.dim() < 2 or value.shape[0] != rows:  # noqa: PLR2004 (batch, positions)
+        return None
+    mask = torch.ones(value.shape, dtype=torch.bool, device=value.device)
+    found = False
+    for dim in range(1, value.dim()):
+        if value.shape[dim] == length:
+            shape = [length if d == dim else 1 for d in range(1, value.dim())]
+            mask &= keep.to(value.device).reshape(rows, *shape)
+            found = True
+    return mask if found else None
 
 
 def _wide_records(run: Run, wide: torch.dtype) -> dict[DepthIdx, Any]:

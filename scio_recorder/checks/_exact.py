@@ -24,6 +24,7 @@ from scio_recorder._support.tree import iter_tensors
 
 from ._measure import difference, nonfinite, pairs, verdict
 from ._passes import compared, dropping
+from ._random import drawers, unseen
 from ._report import CheckLine, named
 
 if TYPE_CHECKING:
@@ -124,19 +125,32 @@ def check_determinism(
     first: dict[DepthIdx, Any],
     second: dict[DepthIdx, Any],
     changed: list[str],
+    *,
+    drew: bool,
 ) -> tuple[CheckLine, str | None]:
     """Compare two passes, the second run from where the first left the net.
 
-    ``changed``: the buffers the first pass changed. Return the line, and
-    what the other checks' differences may come from when the net keeps
-    state between passes that the check cannot put back, or draws random
-    numbers otherwise than by ``nn.Dropout`` (``None``: neither).
+    ``changed``: the buffers the first pass changed; ``drew``: whether a
+    pass drew from a global random generator (:mod:`._random`). Return the
+    line, and what the other checks' differences may come from when the
+    net keeps state between passes that the check cannot put back, or draws
+    random numbers otherwise than by ``nn.Dropout`` (``None``: neither).
+    A draw makes the line WARN even when the two passes agree: the records
+    are random all the same.
     """
     per_layer, (diff, dtype, where) = compared(run, second, first)
     status = verdict(diff, dtype, exact=True)
-    dropouts = dropping(run.rnet.net)
+    net = run.rnet.net
+    dropouts = dropping(net)
     note = None
     keep = "call net.eval(), or keep it if you want random records (MC dropout)"
+    drawn = ""  # the modules whose calls drew
+    if drew and not dropouts:
+        drawn = named(drawers(net, run.plain))
+        note = (
+            "the forward draws random numbers (see determinism), and a row alone "
+            "or a copy in another dtype draws others"
+        )
     if status == "PASS" and dropouts:
         status = "WARN"  # the passes drew alike here; the records are still random
         cause = (
@@ -145,8 +159,26 @@ def check_determinism(
             "and scales what it keeps by 1/(1-p), so the records are not the "
             f"eval-mode ones; {keep}"
         )
+    elif status == "PASS" and drew:
+        status = "WARN"  # the passes drew alike here; the records are still random
+        cause = (
+            f"the forward draws random numbers{f' (in {drawn})' if drawn else ''}: "
+            "the two passes gave "
+            "bit-equal records here, but each pass draws its own (a functional "
+            "dropout such as F.dropout(x, p, training=True) scales what it keeps "
+            "by 1/(1-p) even when it drops nothing), so the records are random; "
+            "turn the draw off (training=False, net.eval()), or keep it if you "
+            "want random records"
+        )
     elif status == "PASS":
         cause = "two passes on the batch give bit-equal records"
+        devices = unseen(net)
+        if devices:
+            cause += (
+                f"; whether the forward draws random numbers on "
+                f"{', '.join(devices)} cannot be told (only the CPU's and CUDA's "
+                "generators are read)"
+            )
     elif dropouts:
         status = "FAIL"
         cause = (
@@ -165,7 +197,7 @@ def check_determinism(
         cause = (
             "two passes on the same batch differ, and two from the same random "
             "state do not: the forward draws random numbers (a random operation "
-            "other than an nn.Dropout in train mode)"
+            f"other than an nn.Dropout in train mode{f', in {drawn}' if drawn else ''})"
         )
         note = (
             "the forward draws random numbers (see determinism), and a row alone "

@@ -11,7 +11,11 @@ is a buffer the next pass updates is never compared with itself.
 :func:`compared` measures two passes layer by layer. The modules that make
 a net's passes differ in train mode, which the causes name, are found here
 too: batch norms (:func:`in_train_mode`) and dropouts that drop
-(:func:`dropping`: ``p > 0``).
+(:func:`dropping`: ``p > 0``). Each pass also notes whether it drew
+random numbers (:attr:`Run.drew`: the global random generators' states
+before and after it, :mod:`._random`), so that a random draw no module
+type tells (``F.dropout`` in a ``forward``, ``torch.randn_like``) is
+named, even when the passes it makes happen to agree.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from scio_recorder._run.batches import first_batch_size
 from scio_recorder._support.tree import map_tensors
 
 from ._measure import difference, pairs
+from ._random import RandomState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -63,6 +68,8 @@ class Run:
     """The net's buffers as the check found them, put back before each pass."""
     output: Any = None
     """The net's output of the latest pass (a copy taken as the pass ended)."""
+    drew: bool = False
+    """Whether the latest pass drew from a global random generator."""
 
     @property
     def dim(self) -> int:
@@ -95,7 +102,9 @@ class Run:
         if restore:
             self.state.restore()
         with seeded(enabled=seed):
+            before = RandomState.now()
             self.output = _copied(self.rnet(*args, **kwargs))
+            self.drew = RandomState.now() != before
         return {label: _copied(value) for label, value in self.rnet.activations.items()}
 
     def plain(self) -> Any:

@@ -24,12 +24,13 @@ __all__ = [
 
 import dataclasses
 import html
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 from scio_recorder._support.render import free_table, html_table
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterator, Sequence
 
 
 CHECKS = ("recording", "batch", "determinism", "dtype", "inplace", "calls")
@@ -92,16 +93,26 @@ def _shown(line: CheckLine) -> str:
     return f"{line.magnitude:.3g} {line.measure}"
 
 
-class CheckReport:
+class CheckReport(Mapping[str, CheckLine]):
     """What :func:`check` found: one :class:`CheckLine` per check.
 
     ``str(report)`` is a text table, ``report._repr_html_()`` an HTML one
-    (what a notebook shows); ``report["batch"]`` is one line.
+    (what a notebook shows). The report is a read-only mapping of check
+    name to line, in the order of :data:`CHECKS`: ``report["batch"]`` is
+    one line, ``"batch" in report`` holds, ``list(report)`` are the names
+    and ``report.items()`` the names with their lines.
 
     Attributes
     ----------
     lines : tuple of CheckLine
         The checks, in the order of :data:`CHECKS`.
+
+    Examples
+    --------
+    >>> line = CheckLine("calls", "PASS", None, "", "", "as planned")
+    >>> report = CheckReport([line])
+    >>> "calls" in report, list(report), report["calls"].status
+    (True, ['calls'], 'PASS')
     """
 
     def __init__(self, lines: Sequence[CheckLine]) -> None:
@@ -129,6 +140,14 @@ class CheckReport:
                 return line
         msg = f"No check named {name!r}: the checks are {', '.join(CHECKS)}."
         raise KeyError(msg)
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the checks' names, in the report's order."""
+        return (line.name for line in self.lines)
+
+    def __len__(self) -> int:
+        """Return the number of checks."""
+        return len(self.lines)
 
     def __str__(self) -> str:
         """Return the report as an aligned text table."""

@@ -105,8 +105,8 @@ class Rows:
     per_layer: dict[str, float] = dataclasses.field(default_factory=dict)
     worst: tuple[float, torch.dtype, str, int] = (0.0, torch.float32, "", -1)
     """The largest difference, its dtype, its layer and its row."""
-    failed: list[str] = dataclasses.field(default_factory=list)
-    """What each row that raised alone raised."""
+    failed: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """What the rows that raised alone raised: each error once, with its rows."""
     kinds: dict[tuple[DepthIdx, int], _Kind] = dataclasses.field(default_factory=dict)
     compared: set[tuple[DepthIdx, int]] = dataclasses.field(default_factory=set)
     unmatched: dict[tuple[DepthIdx, int], list[int]] = dataclasses.field(
@@ -125,7 +125,7 @@ class Rows:
         try:
             alone = run.records(*_row_alone(run, row, keep), seed=True)
         except Exception as error:  # noqa: BLE001 (what the row alone raised is the finding)
-            self.failed.append(f"row {row} alone raised {raised(error)}")
+            self.failed.setdefault(raised(error), []).append(row)
             return
         stripped = keep if keep is not None and not bool(keep.all()) else None
         for label in run.labels:
@@ -158,7 +158,10 @@ class Rows:
                 f"{'have' if len(empty) > 1 else 'has'} no real token (all padding): "
                 "not run alone"
             )
-        notes += [f"{text}: not compared" for text in self.failed]
+        notes += [
+            f"{_rows_named(rows)} alone raised {text}: not compared"
+            for text, rows in self.failed.items()
+        ]
         whole = _labels_of(k for k, kind in self.kinds.items() if kind == "whole")
         shared = _labels_of(
             k
@@ -172,7 +175,7 @@ class Rows:
                 "reshaped into another dimension)"
             )
         norms = in_train_mode(run.rnet.net, NORMS)
-        if norms and (whole or self.failed):
+        if norms and (whole or self.failed) and self.per_layer:
             notes.append(
                 f"a BatchNorm in train mode ({named(norms)}) ties rows together "
                 "whatever the layout: call net.eval()"
@@ -192,6 +195,13 @@ class Rows:
                 "alone's shape once its padding is cut"
             )
         return notes
+
+
+def _rows_named(rows: list[int]) -> str:
+    """Name rows: ``"row 1"``, ``"rows 0, 1 and 2"``."""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    return f"rows {', '.join(map(str, rows[:-1]))} and {rows[-1]}"
 
 
 def _labels_of(keys: Any) -> list[DepthIdx]:
