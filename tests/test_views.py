@@ -658,3 +658,106 @@ def test_a_sample_outside_the_batch_is_refused_naming_the_batch():
 def test_values_of_another_shape_are_refused_naming_both_shapes(make, msg):
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         make()
+
+
+# -- hostile text and empty inputs (issue 42, items 5 and 6) --------------------
+
+HOSTILE = "<!--<script>"  # enters the HTML parser's "double escaped" state
+
+
+def test_the_pages_data_holds_no_markup_at_all():
+    """Every ``<``, ``>`` and ``&`` of the data is written ``\\uXXXX`` in the page."""
+    tokens = [HOSTILE, "</script>", "a&b", "x>y"]
+    view = patching_view(torch.ones(1, 4), positions=tokens)
+    page = view.html()
+    data = page.split('id="sv-data">', 1)[1].split("</script>", 1)[0]
+    assert not set("<>&") & set(data)
+    assert json.loads(data)["positions"] == tokens
+
+
+@pytest.mark.slow
+def test_a_token_that_opens_a_comment_and_a_script_is_drawn_as_text(
+    chromium, tmp_path
+):
+    """``<!--<script>`` in a token: each view's script runs and shows it as text.
+
+    With only ``</`` escaped, the parser reads the rest of the page as script
+    data (the page's own ``</script>`` no longer ends it): nothing is drawn.
+    """
+    tokens = [HOSTILE, "</script>", "b", "c", "d", "e"]
+    made = {
+        "patching": patching_view(GRID, positions=tokens),
+        "attention": attention_view(WEIGHTS[:, :1], tokens),  # one head: labelled
+        "lens": lens_view(LENS, tokens[:5], decode=lambda i: HOSTILE),
+    }
+    for kind, view in made.items():
+        page = opened(chromium, view, tmp_path)
+        shown = page.evaluate(
+            "[...document.querySelectorAll('#sv-root *')]"
+            ".filter((e) => e.children.length === 0).map((e) => e.textContent)"
+        )
+        assert HOSTILE in shown, kind
+        assert page.evaluate("document.querySelectorAll('script').length") == 2, kind
+        assert page.errors() == [], kind
+
+
+@pytest.mark.parametrize(
+    ("make", "msg"),
+    [
+        (
+            lambda: attention_view(torch.zeros(1, 2, 0, 0), []),
+            "attention_view: `weights` has no queries and no keys (its shape is "
+            "[1, 2, 0, 0] for [batch, heads, queries, keys]); give at least one "
+            "of each",
+        ),
+        (
+            lambda: attention_view(torch.zeros(0, 3, 3)),
+            "attention_view: `weights` has no heads (its shape is [0, 3, 3] for "
+            "[heads, queries, keys]); give at least one of each",
+        ),
+        (
+            lambda: attention_view(torch.zeros(0, 1, 3, 3)),
+            "attention_view: `weights` has no samples (its shape is [0, 1, 3, 3] "
+            "for [batch, heads, queries, keys]); give at least one of each",
+        ),
+        (
+            lambda: patching_view(torch.zeros(2, 0)),
+            "patching_view: `grid` has no positions (its shape is [2, 0] for "
+            "[layers, positions]); give at least one of each",
+        ),
+        (
+            lambda: patching_view(torch.zeros(0, 3)),
+            "patching_view: `grid` has no layers (its shape is [0, 3] for "
+            "[layers, positions]); give at least one of each",
+        ),
+        (
+            lambda: lens_view(torch.zeros(2, 1, 0, 5)),
+            "lens_view: `lens` has no positions (its shape is [2, 1, 0, 5] for "
+            "[layers, batch, positions, vocabulary]); give at least one of each",
+        ),
+        (
+            lambda: lens_view(torch.zeros(0, 3, 5)),
+            "lens_view: `lens` has no layers (its shape is [0, 3, 5] for "
+            "[layers, positions, vocabulary]); give at least one of each",
+        ),
+    ],
+    ids=[
+        "attention-tokens",
+        "attention-heads",
+        "attention-batch",
+        "patching-positions",
+        "patching-layers",
+        "lens-positions",
+        "lens-layers",
+    ],
+)
+def test_an_empty_input_is_refused_naming_its_shape(make, msg):
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        make()
+
+
+def test_an_ood_view_of_empty_scores_is_refused():
+    from scio_recorder.ood import Evaluation  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="empty"):
+        ood_view(Evaluation({"a": torch.zeros(0)}, {"a": torch.ones(3)}, "far"))

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, matplotlib_module, names, new_figure
+from ._base import (
+    View,
+    finite,
+    matplotlib_module,
+    names,
+    new_figure,
+    not_empty,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -105,6 +112,7 @@ def patching_view(
 
     """
     values = matrix(grid, "patching_view", "grid")
+    not_empty(values.shape, ["layers", "positions"], "patching_view", "grid")
     rows, cols = values.shape
     finite_values = values[values.isfinite()]
     low = float(finite_values.min()) if finite_values.numel() else 0.0
