@@ -253,6 +253,7 @@ class View:
         return (
             "<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{html.escape(self.title)}</title>\n"
             f"<style>{style}</style></head>\n"
             f'<body><div class="sv-view sv-{self.kind}">'

@@ -48,13 +48,9 @@ class _PatchingView(View):
         ax = fig.add_subplot()
         low, high = self.data["low"], self.data["high"]
         colors = matplotlib_module("colors")
-        if low < 0 < high:
-            bound = max(-low, high)
-            norm = colors.Normalize(vmin=-bound, vmax=bound)
-            cmap = "RdBu_r"
-        else:
-            norm, cmap = colors.Normalize(vmin=low, vmax=high), "Blues"
-        image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto")
+        bound = max(-low, high) or 1.0  # centred on 0, whatever the signs
+        norm = colors.Normalize(vmin=-bound, vmax=bound)
+        image = ax.imshow(values, cmap="RdBu_r", norm=norm, aspect="auto")
         ax.set_yticks(range(rows), self.data["layers"], fontsize=8)
         ax.set_xticks(range(cols), self.data["positions"], rotation=90, fontsize=8)
         ax.set_xlabel("position")
@@ -74,8 +70,9 @@ def patching_view(
 ) -> View:
     """Return the heat map of a patching grid; hovering a cell shows its value.
 
-    Values of both signs are drawn on a blue-white-red scale centred on 0;
-    values of one sign, white (the lowest) to blue (the highest).
+    Values are drawn on a blue-white-red scale centred on 0 (white is 0,
+    whatever the signs: a grid of one sign draws its lowest cell in colour
+    unless it is 0), from minus to plus the largest magnitude.
 
     Parameters
     ----------
