@@ -1129,3 +1129,98 @@ def test_attention_colour_scale_is_picked_and_shows_its_values(chromium, tmp_pat
     shown = [w for w in weights[0].flatten().tolist() if w > 0]
     assert float(high) <= max(shown) + 1e-6
     assert page.errors() == []
+
+
+# -- issue 47: the static pictures, readable at real sizes ------------------------
+
+
+def undrawn_ticks(fig) -> set[int]:
+    """The ids of tick labels outside their axis' limits (made, not drawn)."""
+    found = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            drawn = {id(tick) for tick in axis._update_ticks()}
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                if id(tick) not in drawn:
+                    found |= {id(tick.label1), id(tick.label2)}
+    return found
+
+
+def texts_apart(fig) -> list[str]:
+    """Every pair of visible texts of ``fig`` that overlap, and any text outside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.text import Text  # noqa: PLC0415 (the plot extra)
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    page = fig.bbox.padded(1)
+    undrawn = undrawn_ticks(fig)
+    boxes = [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in fig.findobj(Text)
+        if id(text) not in undrawn and text.get_visible() and text.get_text().strip()
+    ]
+    boxes = [(name, box) for name, box in boxes if box.width > 0 and box.height > 0]
+    found = [
+        f"outside: {name!r}"
+        for name, box in boxes
+        if not (page.contains(box.x0, box.y0) and page.contains(box.x1, box.y1))
+    ]
+    for k, (name, box) in enumerate(boxes):
+        found += [
+            f"{name!r} overlaps {other!r}"
+            for other, second in boxes[k + 1 :]
+            if box.padded(-0.5).overlaps(second.padded(-0.5))
+        ]
+    return found
+
+
+def big_views() -> dict[str, View]:
+    """Each view at 512 positions with 40-character labels, and small."""
+    tokens = [f"{i:03d}" + LONG[i % 12][3:] for i in range(512)]
+    gen = torch.Generator().manual_seed(6)
+    rnet = Recorder(deep_net(3, 18), input_size=(1, 4))
+    return {
+        "attention-512": attention_view(causal_weights(2, 512), tokens),
+        "attention-12": attention_view(causal_weights(12, 12), LONG),
+        "patching-512": patching_view(
+            torch.randn(12, 512, generator=gen), layers=LONG, positions=tokens
+        ),
+        "patching-6": patching_view(GRID, layers=LONG[:4], positions=LONG[:6]),
+        "lens-512": lens_view(
+            torch.randn(12, 512, 20, generator=gen), tokens, layers=LONG
+        ),
+        "lens-5": lens_view(LENS, LONG[:5], decode=lambda i: LONG[i % 12]),
+        "layers": layer_view(rnet),
+        "ood": ood_view(evaluation()),
+    }
+
+
+@pytest.mark.slow
+def test_every_picture_is_readable_at_real_sizes(tmp_path):
+    """No two texts overlap, none leaves the picture; the PNGs are kept in tmp_path."""
+    pytest.importorskip("matplotlib")
+    for name, view in big_views().items():
+        fig = view.figure()
+        fig.savefig(tmp_path / f"{name}.png", dpi=100)
+        assert texts_apart(fig) == [], name
+
+
+def test_the_layer_picture_draws_every_row_asked_for():
+    pytest.importorskip("matplotlib")
+    rnet = Recorder(deep_net(3, 18), input_size=(1, 4))
+    view = layer_view(rnet)
+    fig = view.figure()
+    drawn = max(fig.texts, key=lambda t: len(t.get_text())).get_text().splitlines()
+    assert len(drawn) == len(rnet.table)  # every row, at every depth
+    assert [line.split()[0] for line in drawn] == [
+        "-".join(map(str, label)) for label in rnet.table
+    ]
+    fig = view.figure(depth=1)
+    drawn = max(fig.texts, key=lambda t: len(t.get_text())).get_text().splitlines()
+    assert len(drawn) == 1 + 3 + 1  # the net, its 3 blocks, the line of the rest
+    assert (
+        drawn[-1]
+        == f"({len(rnet.table) - 4} deeper rows: figure(depth=...) or the HTML view)"
+    )

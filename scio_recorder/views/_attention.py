@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, matplotlib_module, names, new_figure, one_sample
+from ._base import (
+    View,
+    matplotlib_module,
+    names,
+    new_figure,
+    one_sample,
+    short,
+    tick_labels,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -220,19 +228,6 @@ def _rotated(
 MAX_MB = 50.0
 """The largest page :func:`attention_view` writes by default, in megabytes."""
 _BYTES = 4  # a float32 weight
-_TICKS = 24  # at most this many token labels along an axis of a figure
-_LABEL = 14  # characters of a token label kept in a figure
-
-
-def short(label: str, width: int = _LABEL) -> str:
-    """Return ``label`` cut to ``width`` characters (``…`` marking a cut)."""
-    return label if len(label) <= width else label[: width - 1] + "…"
-
-
-def ticks(count: int, most: int = _TICKS) -> list[int]:
-    """Return at most ``most`` evenly spaced positions of ``range(count)``."""
-    step = max(1, math.ceil(count / most))
-    return list(range(0, count, step))
 
 
 def weights_of(data: dict[str, Any]) -> Any:
@@ -268,7 +263,7 @@ class _AttentionView(View):
     def figure(self) -> Figure:
         """Each head's weights; masked cells grey, token labels thinned and cut."""
         weights = weights_of(self.data)
-        heads, n_q, n_k = weights.shape
+        heads = weights.shape[0]
         columns = min(heads, 4)
         rows = math.ceil(heads / columns)
         side = 3.4 if heads > 1 else 6.0
@@ -284,10 +279,11 @@ class _AttentionView(View):
         for h, ax in enumerate(axes):
             image = ax.imshow(weights[h], cmap=cmap, vmin=0, vmax=1)
             ax.set_title(f"head {self.data['heads'][h]}", fontsize=9)
-            at_k, at_q = ticks(n_k), ticks(n_q)
+            at_k = tick_labels(keys, side * 0.6, 6)
+            at_q = tick_labels(queries, side * 0.6, 6)
             ax.set_xticks(at_k, [keys[j] for j in at_k], rotation=90)
             ax.set_yticks(at_q, [queries[i] for i in at_q])
-            ax.tick_params(labelsize=6 if max(len(at_k), len(at_q)) > 12 else 7)  # noqa: PLR2004
+            ax.tick_params(labelsize=6)
             ax.set_xlabel("key", fontsize=8)
             ax.set_ylabel("query", fontsize=8)
         if image is not None:

@@ -23,6 +23,8 @@ __all__ = [
     "one_sample",
     "rounded",
     "script_json",
+    "short",
+    "tick_labels",
 ]
 
 import html
@@ -199,6 +201,42 @@ def new_figure(width: float, height: float) -> Figure:
         figsize=(width, height), layout="constrained"
     )
     return figure
+
+
+LABEL = 16
+"""Characters of a token label kept in a static picture (the page has them all)."""
+
+
+def short(label: str, width: int = LABEL) -> str:
+    """Return ``label`` cut to ``width`` characters, ``…`` marking a cut.
+
+    Examples
+    --------
+    >>> short("a label of forty characters, or about so", 12)
+    'a label of …'
+
+    """
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def tick_labels(labels: Sequence[str], inches: float, points: float) -> list[int]:
+    """Return the positions of ``labels`` to draw along ``inches`` of an axis.
+
+    Evenly spaced, every one when they fit: each takes ``1.4 * points``
+    points across (its height, for labels at a right angle to the axis, with
+    room between them), 72 points an inch.
+
+    Examples
+    --------
+    >>> tick_labels([str(i) for i in range(512)], inches=8, points=7)[:4]
+    [0, 9, 18, 27]
+    >>> tick_labels(["a", "b"], inches=8, points=7)
+    [0, 1]
+
+    """
+    room = max(1, int(inches * 72 / (1.4 * points)))
+    step = max(1, math.ceil(len(labels) / room))
+    return list(range(0, len(labels), step))
 
 
 class View:

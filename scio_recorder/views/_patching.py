@@ -15,6 +15,8 @@ from ._base import (
     names,
     new_figure,
     not_empty,
+    short,
+    tick_labels,
 )
 
 if TYPE_CHECKING:
@@ -44,15 +46,20 @@ class _PatchingView(View):
             ]
         ).numpy()
         rows, cols = values.shape
-        fig = new_figure(min(12, 1.5 + 0.35 * cols), min(10, 1.2 + 0.3 * rows))
+        fig = new_figure(min(13, 4.0 + 0.3 * cols), min(10, 3.0 + 0.3 * rows))
         ax = fig.add_subplot()
         low, high = self.data["low"], self.data["high"]
         colors = matplotlib_module("colors")
         bound = max(-low, high) or 1.0  # centred on 0, whatever the signs
         norm = colors.Normalize(vmin=-bound, vmax=bound)
         image = ax.imshow(values, cmap="RdBu_r", norm=norm, aspect="auto")
-        ax.set_yticks(range(rows), self.data["layers"], fontsize=8)
-        ax.set_xticks(range(cols), self.data["positions"], rotation=90, fontsize=8)
+        width, height = fig.get_size_inches()
+        layers = [short(name) for name in self.data["layers"]]
+        positions = [short(name) for name in self.data["positions"]]
+        at_rows = tick_labels(layers, height - 2.2, 7)
+        at_cols = tick_labels(positions, width - 3.5, 7)
+        ax.set_yticks(at_rows, [layers[i] for i in at_rows], fontsize=7)
+        ax.set_xticks(at_cols, [positions[j] for j in at_cols], rotation=90, fontsize=7)
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
         ax.set_title(self.title, fontsize=10)
