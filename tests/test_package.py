@@ -450,7 +450,7 @@ def test_the_catalogue_is_the_one_list_of_detectors():
     }
     assert exported == set(wanted), "detectors the catalogue does not build"
     docs = REPO / "docs"
-    families = ("ood-logits.md", "ood-features.md", "ood-gradients.md")
+    families = ("ood-logits.md", "ood-features.md", "ood-layers.md", "ood-gradients.md")
     api = re.findall(
         r"^::: scio_recorder\.ood\.(\w+)$",
         "".join((docs / "api" / f).read_text(encoding="utf-8") for f in families),
