@@ -157,7 +157,8 @@ const SV = (() => {
       else return;
       event.preventDefault();
     });
-    canvas.addEventListener("focus", () => focus(...(at || [0, 0])));
+    // focused by the keyboard (not by a click, which the mouse handlers serve)
+    canvas.addEventListener("focus", () => canvas.matches(":focus-visible") && focus(...(at || [0, 0])));
     canvas.addEventListener("blur", () => {
       hide();
       if (onCell) onCell(null, null);
@@ -171,7 +172,7 @@ const SV = (() => {
     node.setAttribute("tabindex", "0");
     node.setAttribute("aria-label", label);
     node.addEventListener("focus", () => {
-      if (!describe) return;
+      if (!describe || !node.matches(":focus-visible")) return;
       const box = node.getBoundingClientRect();
       show({ clientX: box.right, clientY: box.bottom }, describe());
     });
