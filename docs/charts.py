@@ -115,7 +115,7 @@ def overhead() -> Path:
         ax.barh(range(len(names)), ratios, color=colours)
         ax.set_yticks(range(len(names)), names, fontsize=7)
         ax.axvline(1, color="black", linewidth=0.8)
-        ax.set_xlim(0.9, max(1.6, max(ratios) + 0.05))
+        ax.set_xlim(0, max(1.6, max(ratios) + 0.05))  # from 0: bars in proportion
         ax.invert_yaxis()
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("time / plain pass", fontsize=8)

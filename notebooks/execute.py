@@ -71,12 +71,22 @@ def execute(source: Path, target: Path, *, timeout: int = 600) -> float:
     import nbformat  # noqa: PLC0415 (only to execute)
     from nbclient import NotebookClient  # noqa: PLC0415
     from nbclient.exceptions import CellExecutionError, CellTimeoutError  # noqa: PLC0415
+    from traitlets.config import Config  # noqa: PLC0415
 
     notebook = nbformat.read(source, as_version=4)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="scio-notebook-") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="scio-notebook-") as folder,
+        tempfile.TemporaryDirectory(prefix="scio-kernel-") as sockets,
+    ):
+        # the kernel over local sockets, in a folder of their own: over TCP,
+        # ipykernel warns (on stderr, into the build log) that it is unencrypted
+        config = Config()
+        config.KernelManager.transport = "ipc"
+        config.KernelManager.ip = str(Path(sockets, "kernel"))
         client = NotebookClient(
             notebook,
+            config=config,
             timeout=timeout,
             kernel_name="python3",
             resources={"metadata": {"path": folder}},

@@ -32,6 +32,21 @@ BROWSERS = ("chromium", "chromium-headless-shell", "chromium-browser", "google-c
 TIMEOUT = 60.0
 
 
+KEYS = {
+    "Tab": 9,
+    "Enter": 13,
+    "Escape": 27,
+    " ": 32,
+    "End": 35,
+    "Home": 36,
+    "ArrowLeft": 37,
+    "ArrowUp": 38,
+    "ArrowRight": 39,
+    "ArrowDown": 40,
+}
+"""The keys :meth:`Page.press` knows, with their virtual key codes."""
+
+
 class BrowserError(RuntimeError):
     """The browser answered a command with an error, or not in time."""
 
@@ -149,13 +164,19 @@ class Browser:
                 return event
             self.events.append(event)
 
-    def page(self, width: int = 1280, height: int = 900) -> Page:
-        """Open a new tab of ``width`` x ``height`` CSS pixels."""
+    def page(
+        self, width: int = 1280, height: int = 900, *, mobile: bool = False
+    ) -> Page:
+        """Open a new tab of ``width`` x ``height`` CSS pixels (a phone: ``mobile``).
+
+        A mobile tab lays a page out as a phone does: at 980 px scaled down,
+        unless the page has a viewport tag.
+        """
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send(
             "Target.attachToTarget", {"targetId": target, "flatten": True}
         )["sessionId"]
-        return Page(self, session, width, height)
+        return Page(self, session, width, height, mobile=mobile)
 
     def close(self) -> None:
         """End the browser and remove its profile."""
@@ -198,14 +219,27 @@ _ERRORS = {
 class Page:
     """A tab: load a URL, read its errors, move the mouse, evaluate, screenshot."""
 
-    def __init__(self, browser: Browser, session: str, width: int, height: int) -> None:
+    def __init__(
+        self,
+        browser: Browser,
+        session: str,
+        width: int,
+        height: int,
+        *,
+        mobile: bool = False,
+    ) -> None:
         self.browser = browser
         self.session = session
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable")
         self.send(
             "Emulation.setDeviceMetricsOverride",
-            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            {
+                "width": width,
+                "height": height,
+                "deviceScaleFactor": 1,
+                "mobile": mobile,
+            },
         )
         self.requests: list[str] = []
 
@@ -276,6 +310,21 @@ class Page:
             self.send(
                 "Input.dispatchMouseEvent",
                 {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1},
+            )
+
+    def press(self, key: str) -> None:
+        """Press and release ``key`` (``"Tab"``, ``"Enter"``, ``"ArrowRight"``...)."""
+        code = KEYS[key]
+        for kind in ("keyDown", "keyUp"):
+            self.send(
+                "Input.dispatchKeyEvent",
+                {
+                    "type": kind,
+                    "key": key,
+                    "code": "Space" if key == " " else key,
+                    "windowsVirtualKeyCode": code,
+                    "nativeVirtualKeyCode": code,
+                },
             )
 
     def center(self, selector: str) -> tuple[float, float]:

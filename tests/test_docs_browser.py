@@ -46,6 +46,7 @@ PAGES = (
     "api/recorder/",
     "api/ood/",
     "api/ood-detectors/",
+    "api/ood-features/",
     "api/views/",
 )
 """The main pages: the home page, the guides, a notebook, the API."""

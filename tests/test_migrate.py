@@ -272,3 +272,78 @@ def test_captum_gradcam_and_layer_activation_match_ours():
     rnet.record("features.5")
     rnet(x)
     assert torch.equal(activation, rnet.activations_of("features.5")[0])
+
+
+@pytest.mark.slow
+def test_nnsight_invokes_source_skip_and_stop_match_ours():
+    """docs/migrate/nnsight.md, "More of what nnsight users do": four jobs, both ways.
+
+    nnsight batches its invokes as we batch the prompts, and runs the same
+    modules on the same tensors; a batched matmul may still round otherwise
+    than two of one row (another kernel), so rows compare up to a few float32
+    roundings of values of order 1: ``atol = rtol = 64 * eps32``.
+    """
+    nnsight = pytest.importorskip("nnsight")
+    from scio_recorder.calls import CallRecorder  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = gpt2(folder)
+        lm = nnsight.TransformersModel(
+            folder, task="text-generation", dispatch=True, attn_implementation="eager"
+        )
+        lm._module.eval()  # loaded in train mode: dropout
+        close = {"atol": 64 * EPS32, "rtol": 64 * EPS32}
+        rnet = Recorder(model, input_data={"input_ids": torch.zeros(1, 4).long()})
+        rnet.record("transformer.h.0")
+        prompts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+
+        # several prompts in one trace / one batch
+        with lm.trace() as tracer:
+            with tracer.invoke("w1 w2 w3 w4"):
+                first = lm.transformer.h[0].output.save()
+            with tracer.invoke("w5 w6 w7 w8"):
+                second = lm.transformer.h[0].output.save()
+        with torch.no_grad():
+            rnet(input_ids=prompts)
+        ours = rnet.activations_of("transformer.h.0")[0]
+        torch.testing.assert_close(ours[0], first[0], **close)
+        torch.testing.assert_close(ours[1], second[0], **close)
+
+        # .source: the attention weights inside block 0's attention
+        with lm.trace("w1 w2 w3 w4"):
+            source = lm.transformer.h[0].attn.source
+            theirs = source.attention_interface_1.output[1].save()
+        path = "transformers.models.gpt2.modeling_gpt2.eager_attention_forward"
+        with CallRecorder(path) as calls, torch.no_grad():
+            model(input_ids=prompts[:1])
+        torch.testing.assert_close(calls.get(path, 0)[1], theirs, **close)
+
+        # .skip: block 0 passes its input through
+        with lm.trace("w1 w2 w3 w4"):
+            lm.transformer.h[0].skip(lm.transformer.h[0].input)
+            skipped = lm.output.logits.save()
+        kept = {}
+
+        def keep(hidden):
+            kept["input"] = hidden
+
+        with torch.no_grad():
+            logits = rnet(
+                input_ids=prompts[:1],
+                input_postproc={"transformer.h.0": keep},
+                activation_postproc={"transformer.h.0": lambda _: kept["input"]},
+            ).logits
+        torch.testing.assert_close(logits, skipped, **close)
+        with torch.no_grad():
+            plain = model(input_ids=prompts[:1]).logits
+        assert not torch.allclose(plain, logits)  # the skip changed something
+
+        # tracer.stop / early_exit
+        with lm.trace("w1 w2 w3 w4") as tracer:
+            hidden = lm.transformer.h[0].output.save()
+            tracer.stop()
+        with torch.no_grad():
+            assert rnet(input_ids=prompts[:1], early_exit=True) is None
+        torch.testing.assert_close(
+            rnet.activations_of("transformer.h.0")[0], hidden, **close
+        )

@@ -450,12 +450,16 @@ def test_the_catalogue_is_the_one_list_of_detectors():
     }
     assert exported == set(wanted), "detectors the catalogue does not build"
     docs = REPO / "docs"
+    families = ("ood-logits.md", "ood-features.md", "ood-layers.md", "ood-gradients.md")
     api = re.findall(
         r"^::: scio_recorder\.ood\.(\w+)$",
-        (docs / "api" / "ood-detectors.md").read_text(encoding="utf-8"),
+        "".join((docs / "api" / f).read_text(encoding="utf-8") for f in families),
         flags=re.MULTILINE,
     )
-    assert sorted(api) == sorted(wanted), "docs/api/ood-detectors.md"
+    assert sorted(api) == sorted(wanted), "docs/api/ood-*.md, one page a family"
+    index = (docs / "api" / "ood-detectors.md").read_text(encoding="utf-8")
+    listed = re.findall(r"`(\w+)`[,.]", "".join(re.findall(r"(?m)^- .*$", index)))
+    assert sorted(listed) == sorted(wanted), "its index"
     page = (docs / "ood.md").read_text(encoding="utf-8")
     table = page[page.index("| detector | paper |") :].split("\n\n")[0]
     rows = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)

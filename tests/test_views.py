@@ -471,8 +471,8 @@ def test_attention_page_shows_weights_per_head_and_a_tokens_row(chromium, tmp_pa
     # all heads as small multiples: a cell of head 2
     shown = hover_cell(page, 'canvas[data-head="2"]', 4, 1)
     assert shown is not None
-    assert shown.startswith("head 2\nquery 4: e\nkey 1: b\n")
-    assert close(last_value(shown), float(WEIGHTS[0, 2, 4, 1]))
+    assert shown.startswith("head 2\nquery 4: e\nkey 1: b\nweight: ")
+    assert close(shown.splitlines()[3].split()[1], float(WEIGHTS[0, 2, 4, 1]))
     # one head: pick head 1 from the list, hover the query token 3
     page.evaluate(
         "(() => { const s = document.querySelector('select');"
@@ -658,3 +658,569 @@ def test_a_sample_outside_the_batch_is_refused_naming_the_batch():
 def test_values_of_another_shape_are_refused_naming_both_shapes(make, msg):
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         make()
+
+
+# -- hostile text and empty inputs (issue 42, items 5 and 6) --------------------
+
+HOSTILE = "<!--<script>"  # enters the HTML parser's "double escaped" state
+
+
+def test_the_pages_data_holds_no_markup_at_all():
+    """Every ``<``, ``>`` and ``&`` of the data is written ``\\uXXXX`` in the page."""
+    tokens = [HOSTILE, "</script>", "a&b", "x>y"]
+    view = patching_view(torch.ones(1, 4), positions=tokens)
+    page = view.html()
+    data = page.split('id="sv-data">', 1)[1].split("</script>", 1)[0]
+    assert not set("<>&") & set(data)
+    assert json.loads(data)["positions"] == tokens
+
+
+@pytest.mark.slow
+def test_a_token_that_opens_a_comment_and_a_script_is_drawn_as_text(chromium, tmp_path):
+    """``<!--<script>`` in a token: each view's script runs and shows it as text.
+
+    With only ``</`` escaped, the parser reads the rest of the page as script
+    data (the page's own ``</script>`` no longer ends it): nothing is drawn.
+    """
+    tokens = [HOSTILE, "</script>", "b", "c", "d", "e"]
+    made = {
+        "patching": patching_view(GRID, positions=tokens),
+        "attention": attention_view(WEIGHTS[:, :1], tokens),  # one head: labelled
+        "lens": lens_view(LENS, tokens[:5], decode=lambda i: HOSTILE),
+    }
+    for kind, view in made.items():
+        page = opened(chromium, view, tmp_path)
+        shown = page.evaluate(
+            "[...document.querySelectorAll('#sv-root *')]"
+            ".filter((e) => e.children.length === 0).map((e) => e.textContent)"
+        )
+        assert HOSTILE in shown, kind
+        assert page.evaluate("document.querySelectorAll('script').length") == 2, kind
+        assert page.errors() == [], kind
+
+
+@pytest.mark.parametrize(
+    ("make", "msg"),
+    [
+        (
+            lambda: attention_view(torch.zeros(1, 2, 0, 0), []),
+            (
+                "attention_view: `weights` has no queries and no keys (its shape is "
+                "[1, 2, 0, 0] for [batch, heads, queries, keys]); give at least one "
+                "of each"
+            ),
+        ),
+        (
+            lambda: attention_view(torch.zeros(0, 3, 3)),
+            (
+                "attention_view: `weights` has no heads (its shape is [0, 3, 3] for "
+                "[heads, queries, keys]); give at least one of each"
+            ),
+        ),
+        (
+            lambda: attention_view(torch.zeros(0, 1, 3, 3)),
+            (
+                "attention_view: `weights` has no samples (its shape is [0, 1, 3, 3] "
+                "for [batch, heads, queries, keys]); give at least one of each"
+            ),
+        ),
+        (
+            lambda: patching_view(torch.zeros(2, 0)),
+            (
+                "patching_view: `grid` has no positions (its shape is [2, 0] for "
+                "[layers, positions]); give at least one of each"
+            ),
+        ),
+        (
+            lambda: patching_view(torch.zeros(0, 3)),
+            (
+                "patching_view: `grid` has no layers (its shape is [0, 3] for "
+                "[layers, positions]); give at least one of each"
+            ),
+        ),
+        (
+            lambda: lens_view(torch.zeros(2, 1, 0, 5)),
+            (
+                "lens_view: `lens` has no positions (its shape is [2, 1, 0, 5] for "
+                "[layers, batch, positions, vocabulary]); give at least one of each"
+            ),
+        ),
+        (
+            lambda: lens_view(torch.zeros(0, 3, 5)),
+            (
+                "lens_view: `lens` has no layers (its shape is [0, 3, 5] for "
+                "[layers, positions, vocabulary]); give at least one of each"
+            ),
+        ),
+    ],
+    ids=[
+        "attention-tokens",
+        "attention-heads",
+        "attention-batch",
+        "patching-positions",
+        "patching-layers",
+        "lens-positions",
+        "lens-layers",
+    ],
+)
+def test_an_empty_input_is_refused_naming_its_shape(make, msg):
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        make()
+
+
+def test_an_ood_view_of_empty_scores_is_refused():
+    from scio_recorder.ood import Evaluation  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="empty"):
+        ood_view(Evaluation({"a": torch.zeros(0)}, {"a": torch.ones(3)}, "far"))
+
+
+# -- issue 47: encodings that say what they mean --------------------------------
+
+
+@pytest.mark.slow
+def test_ood_list_names_each_detector_with_the_auroc_of_the_set_picked(
+    chromium, tmp_path
+):
+    results = evaluation()
+    page = opened(chromium, ood_view(results), tmp_path)
+    listed = "[...document.querySelector('select').options].map((o) => o.textContent)"
+    for index, name in enumerate(["far", "near"]):
+        page.evaluate(
+            "(() => { const s = document.querySelectorAll('select')[1];"
+            f" s.value = '{index}'; s.dispatchEvent(new Event('change')); }})()"
+        )
+        for detector, option in zip(
+            ["MSP", "Mahalanobis"], page.evaluate(listed), strict=True
+        ):
+            shown = re.fullmatch(rf"{detector} \(AUROC ([\d.]+)\)", option)
+            assert shown is not None, option
+            assert close(shown.group(1), results[name][detector]["AUROC"]), name
+    assert page.errors() == []
+
+
+class _Blocks(nn.Module):
+    """GPT-2's shape: a ModuleList (never called: a container) of called blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.ModuleList(
+            nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.h:
+            x = block(x)
+        return x
+
+
+@pytest.mark.slow
+def test_layer_view_styles_a_container_by_its_own_class_not_its_ancestors(
+    chromium, tmp_path
+):
+    rnet = Recorder(_Blocks(), input_size=(1, 4))
+    rows = {row.name: row for row in rnet.table.values()}
+    assert not rows["h"].recordable
+    assert rows["h.0"].recordable
+    page = opened(chromium, layer_view(rnet), tmp_path)
+    page.evaluate(
+        "[...document.querySelectorAll('.sv-controls button')][0].click()"
+    )  # expand all
+    styles = page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('.sv-tree li')].map((li) =>"
+        " [li.dataset.label, getComputedStyle(li.querySelector(':scope > .sv-node"
+        " > .sv-type')).fontStyle]))"
+    )
+    for row in rnet.table.values():
+        expected = "normal" if row.recordable else "italic"
+        label = "-".join(map(str, row.label))
+        assert styles[label] == expected, (row.name, styles[label])
+
+
+def pixel(page: browser.Page, canvas: str, i: int, j: int) -> list[int]:
+    """The colour at the centre of cell ``(i, j)`` of the heat map ``canvas``."""
+    return page.evaluate(
+        f"(() => {{ const c = document.querySelector({json.dumps(canvas)});"
+        " const s = Number(c.dataset.cell);"
+        f" return [...c.getContext('2d').getImageData(({j} + 0.5) * s, ({i} + 0.5) * s,"
+        " 1, 1).data].slice(0, 3); })()"
+    )
+
+
+@pytest.mark.slow
+def test_patching_grid_of_one_sign_draws_its_lowest_cell_in_colour(chromium, tmp_path):
+    """White is 0, not the minimum: a grid of positive values has no white cell."""
+    grid = torch.tensor([[0.5, 1.0, 2.0], [3.0, 4.0, 0.25]])
+    page = opened(chromium, patching_view(grid), tmp_path)
+    lowest = pixel(page, "canvas.sv-heat", 1, 2)
+    assert lowest != [255, 255, 255]
+    assert lowest[0] > lowest[2]  # red: above 0
+    signed = patching_view(torch.tensor([[-2.0, 0.0, 1.0]]))
+    page = opened(chromium, signed, tmp_path)
+    assert pixel(page, "canvas.sv-heat", 0, 1) == [255, 255, 255]  # 0 is white
+    low = pixel(page, "canvas.sv-heat", 0, 0)
+    assert low[2] > low[0]  # blue: below 0
+
+
+def causal_weights(heads: int, tokens: int, seed: int = 5) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, tokens, 8 * heads, generator=gen)
+    k = torch.randn(1, tokens, 8 * heads, generator=gen)
+    return attention_from_qk(q, k, num_heads=heads)
+
+
+@pytest.mark.slow
+def test_attention_tooltips_list_only_the_keys_drawn_and_masks_are_not_zeros(
+    chromium, tmp_path
+):
+    weights = causal_weights(1, 6)
+    view = attention_view(weights, list("abcdef"))
+    assert view.data["causal"]
+    page = opened(chromium, view, tmp_path)
+    page.hover(*page.center('.sv-row[data-row="1"]'))
+    lines = (tip(page) or "").splitlines()
+    assert lines[0] == "head 0, query 1: b"
+    listed = [line for line in lines if "key " in line]
+    assert sorted(int(line.split("key ")[1].split(":")[0]) for line in listed) == [0, 1]
+    assert lines[-1] == "(4 later keys masked)"
+    masked = hover_cell(page, "canvas.sv-heat", 1, 4)
+    assert masked is not None
+    assert masked.endswith("masked (a key after the query)")
+    # a masked cell is hatched: grey lines on a light ground, not a white zero
+    colours = page.evaluate(
+        "(() => { const c = document.querySelector('canvas.sv-heat');"
+        " const s = Number(c.dataset.cell);"
+        " const d = c.getContext('2d').getImageData(4 * s, 1 * s, s, s).data;"
+        " const seen = new Set(); for (let p = 0; p < d.length; p += 4)"
+        " seen.add(d.slice(p, p + 3).join(',')); return [...seen]; })()"
+    )
+    assert "255,255,255" not in colours
+    assert len(colours) == 2
+
+
+def test_a_causal_pattern_is_stored_as_its_lower_half_and_read_back():
+    from scio_recorder.views._attention import weights_of  # noqa: PLC0415
+
+    weights = causal_weights(3, 40)
+    view = attention_view(weights)
+    full = attention_view(weights + 1e-9)  # no exact zero after the diagonal
+    assert view.data["causal"]
+    assert not full.data["causal"]
+    ratio = len(view.data["weights"]) / len(full.data["weights"])
+    assert ratio == pytest.approx(41 / 80, abs=0.01)  # 40 * 41 / 2 of 40 * 40
+    back = weights_of(view.data)
+    later = torch.ones(40, 40, dtype=torch.bool).triu(1)
+    assert np.isnan(back[:, later.numpy()]).all()
+    # float32 storage: the float32 weights, exactly
+    assert np.array_equal(back[:, ~later.numpy()], weights[0][:, ~later].numpy())
+
+
+def test_a_page_over_the_size_limit_is_refused_naming_its_size():
+    weights = causal_weights(2, 64)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "attention_view: 2 heads x 64 queries x 64 keys make a page of "
+            "0.0222 MB (4 bytes a weight, the masked half left out), over "
+            "max_mb=0.015; pick fewer heads"
+        ),
+    ):
+        attention_view(weights, max_mb=0.015)  # 2 * 64 * 65 / 2 * 4 * 4 / 3 bytes
+    assert attention_view(weights, heads=[1], max_mb=0.015).data["heads"] == [1]
+    with pytest.raises(ValueError, match=r"heads=\[2\]; pick at least one of 0 to 1"):
+        attention_view(weights, heads=[2])
+
+
+# -- issue 47: phones and keyboards ------------------------------------------------
+
+LONG = [f"{i:03d} a token label of forty characters.."[:40] for i in range(12)]
+
+
+def long_views() -> dict[str, View]:
+    """Every view with 40-character labels (and a lens with every probability)."""
+    made = views()
+    made["patching"] = patching_view(GRID[:, :6], layers=LONG[:4], positions=LONG[:6])
+    made["attention"] = attention_view(causal_weights(3, 12), LONG)
+    # top probabilities from 0.3 to 0.98: the cells' text colours all change
+    p = torch.linspace(0.3, 0.98, 15).reshape(3, 5, 1)
+    lens = torch.cat([p.log(), (1 - p).log()], -1)
+    made["lens"] = lens_view(lens, LONG[:5], decode=lambda i: LONG[i], k=2)
+    return made
+
+
+@pytest.mark.slow
+def test_every_view_has_a_viewport_and_fits_a_phone(chromium, tmp_path):
+    for kind, view in long_views().items():
+        assert '<meta name="viewport" content="width=device-width' in view.html()
+        path = view.save(tmp_path / f"{kind}.html")
+        page = chromium.page(390, 844, mobile=True)
+        page.load(path.as_uri())
+        assert page.errors() == [], kind
+        width = page.evaluate(
+            "[window.innerWidth, document.documentElement.scrollWidth]"
+        )
+        assert width == [390, 390], (kind, width)  # laid out at 390, no side scroll
+        shot = page.screenshot()
+        (tmp_path / f"{kind}-390.png").write_bytes(shot)
+        assert browser.inked(shot) > 0.01, kind
+
+
+INTERACTIVE = (
+    "select, button:not([tabindex='-1']), input,"
+    " canvas.sv-heat:not([tabindex='-1']), .sv-head, table.sv-grid td[tabindex='0'],"
+    " svg.sv-plot, .sv-node, .sv-row[tabindex]"
+)
+
+NAME = """(e) => (e.getAttribute('aria-label') || e.textContent
+  || (e.labels && e.labels[0] && e.labels[0].textContent) || '').trim()"""
+
+
+@pytest.mark.slow
+def test_every_control_is_reached_by_tab_and_has_a_name(chromium, tmp_path):
+    for kind, view in long_views().items():
+        page = opened(chromium, view, tmp_path)
+        count = page.evaluate(
+            "(() => { const all = [...document.querySelectorAll("
+            f"{json.dumps(INTERACTIVE)})];"
+            " all.forEach((e, k) => { e.dataset.k = k; }); return all.length; })()"
+        )
+        assert count > 0, kind
+        reached = set()
+        for _ in range(count + 3):
+            page.press("Tab")
+            k = page.evaluate("document.activeElement.dataset.k ?? null")
+            if k is not None:
+                reached.add(int(k))
+        assert reached == set(range(count)), (kind, count, sorted(reached))
+        # nothing focusable is nameless (a leaf's empty button was)
+        nameless = page.evaluate(
+            "[...document.querySelectorAll('button, [tabindex]')]"
+            ".filter((e) => e.tabIndex >= 0 && e.id !== 'sv-tip')"
+            f".filter((e) => !({NAME})(e)).map((e) => e.outerHTML.slice(0, 80))"
+        )
+        assert nameless == [], kind
+        assert page.errors() == [], kind
+
+
+@pytest.mark.slow
+def test_the_keyboard_shows_what_the_mouse_shows(chromium, tmp_path):
+    page = opened(chromium, views()["patching"], tmp_path)
+    page.evaluate("document.querySelector('canvas.sv-heat').focus()")
+    for key in ("ArrowRight", "ArrowRight", "ArrowDown"):
+        page.press(key)
+    shown = tip(page)
+    assert shown is not None
+    assert shown.startswith("layer h.1\nposition 2: c\n")
+    assert close(last_value(shown), float(GRID[1, 2]))
+    # the OoD histogram: a bin by the arrow keys
+    page = opened(chromium, views()["ood"], tmp_path)
+    page.evaluate("document.querySelector('.sv-histogram svg').focus()")
+    page.press("ArrowRight")
+    assert (tip(page) or "").startswith("bin 1: [")
+    # the layer tree: Enter opens a row
+    page = opened(chromium, views()["layers"], tmp_path)
+    before = page.evaluate("document.querySelectorAll('.sv-tree li').length")
+    page.evaluate("document.querySelector('li[data-label=\"1-2\"] > .sv-node').focus()")
+    page.press("Enter")
+    assert page.evaluate("document.querySelectorAll('.sv-tree li').length") > before
+    # the attention thumbnails: Enter opens the head
+    page = opened(chromium, views()["attention"], tmp_path)
+    page.evaluate("document.querySelectorAll('.sv-head')[2].focus()")
+    page.press("Enter")
+    assert page.evaluate("document.querySelector('select').value") == "3"
+    assert page.evaluate("document.querySelectorAll('canvas.sv-heat').length") == 1
+
+
+# WCAG 2's relative luminance and contrast ratio, written out for the test
+CONTRAST = """(() => {
+  const lum = (c) => { const [r, g, b] = c.map((v) => { v /= 255;
+    return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+  const ground = (e) => { for (; e; e = e.parentElement) {
+    const c = rgb(getComputedStyle(e).backgroundColor);
+    if (c.length === 3 || (c.length === 4 && c[3] > 0)) return c.slice(0, 3); }
+    return [255, 255, 255]; };
+  const worst = [];
+  for (const e of document.querySelectorAll('#sv-root *, .sv-title')) {
+    const own = [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !e.getClientRects().length) continue;
+    const style = getComputedStyle(e);
+    const ink = rgb(e instanceof SVGElement ? style.fill : style.color).slice(0, 3);
+    const [a, b] = [lum(ink), lum(ground(e))].sort((x, y) => y - x);
+    const ratio = (a + 0.05) / (b + 0.05);
+    if (ratio < 4.5) worst.push([e.textContent.slice(0, 30), ratio]);
+  }
+  return worst; })()"""
+
+
+@pytest.mark.slow
+def test_every_text_has_a_contrast_of_at_least_4_5(chromium, tmp_path):
+    for kind, view in long_views().items():
+        page = opened(chromium, view, tmp_path)
+        if kind == "layers":
+            page.evaluate("document.querySelector('.sv-controls button').click()")
+        assert page.evaluate(CONTRAST) == [], kind
+
+
+# -- issue 47: attention at real sizes ----------------------------------------------
+
+OVERLAPS = """((selector, vertical) => {
+  const boxes = [...document.querySelectorAll(selector)]
+    .map((e) => e.getBoundingClientRect());
+  const bad = [];
+  for (let k = 1; k < boxes.length; k++) {
+    const [a, b] = [boxes[k - 1], boxes[k]];
+    const gap = vertical ? b.top - a.bottom : b.left - a.right;
+    const room = vertical ? b.height : b.width;
+    if (gap < -0.5 || room < 11) bad.push([k, gap, room]);
+  }
+  return [boxes.length, bad]; })"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [512, 2048])
+def test_attention_at_real_sizes_keeps_labels_apart_in_a_window(
+    chromium, tmp_path, tokens
+):
+    """12 px cells under 11 px labels, in a window the fields move."""
+    weights = causal_weights(1, tokens)
+    labels = [f"{i}:" + LONG[i % 12] for i in range(tokens)]
+    page = opened(chromium, attention_view(weights, labels), tmp_path)
+    count, bad = page.evaluate(OVERLAPS + "('.sv-col', false)")
+    assert 4 <= count < tokens
+    assert bad == []
+    count, bad = page.evaluate(OVERLAPS + "('.sv-row', true)")
+    assert bad == []
+    # move the window: query 300 on, the keys along the diagonal
+    page.evaluate(
+        "(() => { const f = document.querySelector("
+        "'input[aria-label=\"queries from\"]');"
+        " f.value = '300'; f.dispatchEvent(new Event('change')); })()"
+    )
+    canvas = "canvas.sv-heat"
+    assert page.evaluate(f"document.querySelector('{canvas}').dataset.q0") == "300"
+    k0 = int(page.evaluate(f"document.querySelector('{canvas}').dataset.k0"))
+    assert k0 == 300
+    shown = hover_cell(page, canvas, 2, 1)
+    assert shown is not None
+    assert shown.startswith(f"head 0\nquery 302: {labels[302]}\nkey 301: ")
+    assert close(shown.splitlines()[3].split()[1], float(weights[0, 0, 302, 301]))
+    assert page.errors() == []
+
+
+@pytest.mark.slow
+def test_attention_colour_scale_is_picked_and_shows_its_values(chromium, tmp_path):
+    weights = causal_weights(2, 24)
+    page = opened(chromium, attention_view(weights), tmp_path)
+    ends = (
+        "[...document.querySelectorAll('.sv-scale > span')].map((s) => s.textContent)"
+    )
+    low, high, label = page.evaluate(ends)[:3]
+    assert float(low) == 0
+    assert close(high, float(weights.max()))
+    for index, word in ((1, "log scale"), (2, "99th percentile")):
+        page.evaluate(
+            "(() => { const s = document.querySelectorAll('select')[1];"
+            f" s.value = '{index}'; s.dispatchEvent(new Event('change')); }})()"
+        )
+        low, high, label = page.evaluate(ends)[:3]
+        assert word in label
+    shown = [w for w in weights[0].flatten().tolist() if w > 0]
+    assert float(high) <= max(shown) + 1e-6
+    assert page.errors() == []
+
+
+# -- issue 47: the static pictures, readable at real sizes ------------------------
+
+
+def undrawn_ticks(fig) -> set[int]:
+    """The ids of tick labels outside their axis' limits (made, not drawn)."""
+    found = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            drawn = {id(tick) for tick in axis._update_ticks()}
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                if id(tick) not in drawn:
+                    found |= {id(tick.label1), id(tick.label2)}
+    return found
+
+
+def texts_apart(fig) -> list[str]:
+    """Every pair of visible texts of ``fig`` that overlap, and any text outside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.text import Text  # noqa: PLC0415 (the plot extra)
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    page = fig.bbox.padded(1)
+    undrawn = undrawn_ticks(fig)
+    boxes = [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in fig.findobj(Text)
+        if id(text) not in undrawn and text.get_visible() and text.get_text().strip()
+    ]
+    boxes = [(name, box) for name, box in boxes if box.width > 0 and box.height > 0]
+    found = [
+        f"outside: {name!r}"
+        for name, box in boxes
+        if not (page.contains(box.x0, box.y0) and page.contains(box.x1, box.y1))
+    ]
+    for k, (name, box) in enumerate(boxes):
+        found += [
+            f"{name!r} overlaps {other!r}"
+            for other, second in boxes[k + 1 :]
+            if box.padded(-0.5).overlaps(second.padded(-0.5))
+        ]
+    return found
+
+
+def big_views() -> dict[str, View]:
+    """Each view at 512 positions with 40-character labels, and small."""
+    tokens = [f"{i:03d}" + LONG[i % 12][3:] for i in range(512)]
+    gen = torch.Generator().manual_seed(6)
+    rnet = Recorder(deep_net(3, 18), input_size=(1, 4))
+    return {
+        "attention-512": attention_view(causal_weights(2, 512), tokens),
+        "attention-12": attention_view(causal_weights(12, 12), LONG),
+        "patching-512": patching_view(
+            torch.randn(12, 512, generator=gen), layers=LONG, positions=tokens
+        ),
+        "patching-6": patching_view(GRID, layers=LONG[:4], positions=LONG[:6]),
+        "lens-512": lens_view(
+            torch.randn(12, 512, 20, generator=gen), tokens, layers=LONG
+        ),
+        "lens-5": lens_view(LENS, LONG[:5], decode=lambda i: LONG[i % 12]),
+        "layers": layer_view(rnet),
+        "ood": ood_view(evaluation()),
+    }
+
+
+@pytest.mark.slow
+def test_every_picture_is_readable_at_real_sizes(tmp_path):
+    """No two texts overlap, none leaves the picture; the PNGs are kept in tmp_path."""
+    pytest.importorskip("matplotlib")
+    for name, view in big_views().items():
+        fig = view.figure()
+        fig.savefig(tmp_path / f"{name}.png", dpi=100)
+        assert texts_apart(fig) == [], name
+
+
+def test_the_layer_picture_draws_every_row_asked_for():
+    pytest.importorskip("matplotlib")
+    rnet = Recorder(deep_net(3, 18), input_size=(1, 4))
+    view = layer_view(rnet)
+    fig = view.figure()
+    drawn = max(fig.texts, key=lambda t: len(t.get_text())).get_text().splitlines()
+    assert len(drawn) == len(rnet.table)  # every row, at every depth
+    assert [line.split()[0] for line in drawn] == [
+        "-".join(map(str, label)) for label in rnet.table
+    ]
+    fig = view.figure(depth=1)
+    drawn = max(fig.texts, key=lambda t: len(t.get_text())).get_text().splitlines()
+    assert len(drawn) == 1 + 3 + 1  # the net, its 3 blocks, the line of the rest
+    assert (
+        drawn[-1]
+        == f"({len(rnet.table) - 4} deeper rows: figure(depth=...) or the HTML view)"
+    )

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 __all__ = ["attention_from_qk", "attention_view"]
 
+import base64
 import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, names, new_figure, one_sample
+from ._base import (
+    View,
+    matplotlib_module,
+    names,
+    new_figure,
+    one_sample,
+    short,
+    tick_labels,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -216,33 +225,71 @@ def _rotated(
     )
 
 
+MAX_MB = 50.0
+"""The largest page :func:`attention_view` writes by default, in megabytes."""
+_BYTES = 4  # a float32 weight
+
+
+def weights_of(data: dict[str, Any]) -> Any:
+    """Return a page's weights as a numpy ``[heads, queries, keys]`` array.
+
+    Masked cells (the keys after each query, when the page stores only the
+    unmasked half) are NaN, as are the weights that were not finite.
+    """
+    import numpy as np  # noqa: PLC0415 (torch's dependency; only for pictures)
+
+    flat = np.frombuffer(base64.b64decode(data["weights"]), dtype="<f4")
+    heads, n_q, n_k = len(data["heads"]), len(data["queries"]), len(data["keys"])
+    full = np.full((heads, n_q, n_k), np.nan, dtype=np.float64)
+    lengths = row_lengths(n_q, n_k, causal=data["causal"])
+    at = 0
+    for h in range(heads):
+        for i, length in enumerate(lengths):
+            full[h, i, :length] = flat[at : at + length]
+            at += length
+    return full
+
+
+def row_lengths(n_q: int, n_k: int, *, causal: bool) -> list[int]:
+    """Keys stored per query: all, or those up to the query's own (causal)."""
+    if not causal:
+        return [n_k] * n_q
+    return [n_k - n_q + i + 1 for i in range(n_q)]
+
+
 class _AttentionView(View):
     kind = "attention"
 
     def figure(self) -> Figure:
-        weights = torch.tensor(
-            [
-                [[math.nan if v is None else v for v in row] for row in head]
-                for head in self.data["weights"]
-            ]
-        ).numpy()
+        """Each head's weights; masked cells grey, token labels thinned and cut."""
+        weights = weights_of(self.data)
         heads = weights.shape[0]
         columns = min(heads, 4)
         rows = math.ceil(heads / columns)
-        fig = new_figure(2.6 * columns + 0.8, 2.6 * rows + 0.6)
+        side = 3.4 if heads > 1 else 6.0
+        fig = new_figure(side * columns + 1.2, side * rows + 0.8)
         axes = [fig.add_subplot(rows, columns, h + 1) for h in range(heads)]
-        labelled = heads == 1 or len(self.data["keys"]) <= 16  # noqa: PLR2004
+        cmap = matplotlib_module("colors").LinearSegmentedColormap.from_list(
+            "weights", ["#ffffff", "#08306b"]
+        )
+        cmap = cmap.with_extremes(bad="#d0d0d0")  # masked: grey, not white
+        keys = [short(k) for k in self.data["keys"]]
+        queries = [short(q) for q in self.data["queries"]]
+        image = None
         for h, ax in enumerate(axes):
-            image = ax.imshow(weights[h], cmap="Blues", vmin=0, vmax=1)
-            ax.set_title(f"head {h}", fontsize=9)
-            if labelled:
-                ax.set_xticks(range(weights.shape[2]), self.data["keys"], rotation=90)
-                ax.set_yticks(range(weights.shape[1]), self.data["queries"])
-                ax.tick_params(labelsize=7)
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
-        fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+            image = ax.imshow(weights[h], cmap=cmap, vmin=0, vmax=1)
+            ax.set_title(f"head {self.data['heads'][h]}", fontsize=9)
+            at_k = tick_labels(keys, side * 0.6, 6)
+            at_q = tick_labels(queries, side * 0.6, 6)
+            ax.set_xticks(at_k, [keys[j] for j in at_k], rotation=90)
+            ax.set_yticks(at_q, [queries[i] for i in at_q])
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("key", fontsize=8)
+            ax.set_ylabel("query", fontsize=8)
+        if image is not None:
+            fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+        if self.data["causal"]:
+            fig.text(0.01, 0.005, "grey: masked (keys after the query)", fontsize=7)
         fig.suptitle(self.title, fontsize=10)
         return fig
 
@@ -253,15 +300,29 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
     *,
     keys: Sequence[Any] | None = None,
     sample: int = 0,
+    heads: Sequence[int] | None = None,
     layer: str | None = None,
     title: str | None = None,
+    max_mb: float = MAX_MB,
 ) -> View:
     """Return a view of a layer's attention patterns, head by head.
 
-    All heads as small multiples, or one head at a time (picked from a
-    list) as a heat map with the tokens along its sides. Hovering a cell
+    All heads as thumbnails (click one, or press Enter on it, to open it),
+    or one head at a time (picked from a list) as a heat map with the
+    tokens along its sides: past about 60 tokens, a window of them that
+    the "queries from" and "keys from" fields move (the map's cells stay
+    12 px, so that the labels can be read at 2,048 tokens). Hovering a cell
     shows its weight; hovering a query token shows its row, the keys it
-    attends to most first.
+    attends to most first. The colour scale is picked in the page: linear,
+    logarithmic, or clipped at the 99th percentile of the weights drawn,
+    with its values shown. Every part is reachable by keyboard (Tab, then
+    the arrow keys on a map).
+
+    A causal pattern (every weight after each query's own key exactly 0, as
+    a decoder's mask leaves them) is stored as its lower half only: those
+    cells are masked, drawn hatched (not as zero weights) and left out of
+    the tooltips. The weights are stored as float32 (about seven digits),
+    in binary.
 
     Parameters
     ----------
@@ -276,32 +337,56 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
         The key tokens, if not the queries (a cache before them).
     sample : int, default 0
         The sample of the batch shown.
+    heads : sequence of int, optional
+        The heads shown (numbered as in ``weights``); default all.
     layer : str, optional
         The layer's name, shown.
     title : str, optional
         Default ``"Attention"`` (and the layer).
+    max_mb : float, default 50
+        The largest page written, in megabytes (10**6 bytes): a larger one
+        is refused, naming its size.
 
     Returns
     -------
     View
+
+    Raises
+    ------
+    ValueError
+        For a page over ``max_mb``: pick fewer ``heads``, or slice the
+        tokens (``weights[..., a:b, a:b]`` and ``tokens[a:b]``).
 
     Examples
     --------
     >>> import torch
     >>> weights = torch.softmax(torch.randn(1, 2, 3, 3), dim=-1)
     >>> view = attention_view(weights, ["The", " cat", " sat"], layer="h.0.attn")
-    >>> len(view.data["weights"]), view.data["queries"], view.title
-    (2, ['The', ' cat', ' sat'], 'Attention, h.0.attn')
+    >>> view.data["heads"], view.data["queries"], view.data["causal"], view.title
+    ([0, 1], ['The', ' cat', ' sat'], False, 'Attention, h.0.attn')
+    >>> causal = attention_from_qk(
+    ...     torch.randn(1, 3, 8), torch.randn(1, 3, 8), num_heads=2
+    ... )
+    >>> attention_view(causal).data["causal"]  # 6 weights a head stored, not 9
+    True
 
     """
     found = one_sample(
-        torch.as_tensor(weights).detach().to("cpu", torch.float64),
+        torch.as_tensor(weights).detach().to("cpu"),
         ["batch", "heads", "queries", "keys"],
         sample,
         "attention_view",
         "weights",
     )
-    _, n_q, n_k = found.shape
+    n_h, n_q, n_k = found.shape
+    shown = list(range(n_h)) if heads is None else [int(h) for h in heads]
+    if not shown or any(not 0 <= h < n_h for h in shown):
+        msg = (
+            f"attention_view: heads={list(heads or [])}; pick at least one of "
+            f"0 to {n_h - 1}"
+        )
+        raise ValueError(msg)
+    picked = found[shown].to(torch.float32)
     queries = names(tokens, n_q, "tokens", "attention_view")
     if keys is None and n_k != n_q:
         # keys before the queries (a cache): unnamed, then the queries' tokens
@@ -312,8 +397,25 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
         key_names = names(
             keys if keys is not None else tokens, n_k, "keys", "attention_view"
         )
+    later = torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1)
+    causal = n_k >= n_q and bool((picked[:, later] == 0).all())
+    lengths = row_lengths(n_q, n_k, causal=causal)
+    size = len(shown) * sum(lengths) * _BYTES * 4 / 3  # base64
+    if size > max_mb * 1e6:
+        msg = (
+            f"attention_view: {len(shown)} heads x {n_q} queries x {n_k} keys make "
+            f"a page of {size / 1e6:.3g} MB ({_BYTES} bytes a weight"
+            f"{', the masked half left out' if causal else ''}), over max_mb="
+            f"{max_mb:g}; pick fewer heads (heads=[0, 1]) or slice the tokens "
+            "(weights[..., a:b, a:b] with tokens[a:b]), or raise max_mb"
+        )
+        raise ValueError(msg)
+    kept = picked[:, ~later] if causal else picked.reshape(len(shown), -1)
+    payload = kept.contiguous().numpy().astype("<f4").tobytes()
     data = {
-        "weights": [[finite(row) for row in head] for head in found.tolist()],
+        "weights": base64.b64encode(payload).decode("ascii"),
+        "heads": shown,
+        "causal": causal,
         "queries": queries,
         "keys": key_names,
         "layer": layer,
@@ -321,5 +423,5 @@ def attention_view(  # noqa: PLR0913 (the weights, then keyword-only options)
     view = _AttentionView(
         data, title=title or ("Attention" + (f", {layer}" if layer else ""))
     )
-    view.height = 560
+    view.height = 640
     return view

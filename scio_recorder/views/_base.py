@@ -14,7 +14,18 @@ one page keep their own scripts.
 
 from __future__ import annotations
 
-__all__ = ["DIGITS", "View", "finite", "names", "one_sample", "rounded"]
+__all__ = [
+    "DIGITS",
+    "View",
+    "finite",
+    "names",
+    "not_empty",
+    "one_sample",
+    "rounded",
+    "script_json",
+    "short",
+    "tick_labels",
+]
 
 import html
 import importlib
@@ -58,6 +69,65 @@ def rounded(value: float, digits: int = DIGITS) -> float | None:
     return float(f"{value:.{digits}g}")
 
 
+def script_json(data: Any) -> str:
+    r"""Return ``data`` as JSON that is safe inside an HTML ``<script>`` element.
+
+    The HTML parser reads a script's text before JSON does: ``</script>``
+    would end the element, and ``<!--`` followed by ``<script>`` sends the
+    parser into its "double escaped" state, where the page's own
+    ``</script>`` no longer ends it (the page's script never runs). JSON
+    may write any character as ``\uXXXX``: every ``<``, ``>`` and ``&`` is
+    written so, and no markup can appear in the text at all.
+
+    Raises
+    ------
+    ValueError
+        For a number that is not finite (JSON has none: use
+        :func:`rounded`).
+
+    Examples
+    --------
+    >>> script_json({"token": "<!--<script>"})
+    '{"token":"\\u003c!--\\u003cscript\\u003e"}'
+
+    """
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def not_empty(shape: Sequence[int], axes: Sequence[str], who: str, what: str) -> None:
+    """Refuse a ``shape`` with an axis of size 0, naming it and the shape.
+
+    A page with nothing to draw would be blank, or its script would fail.
+
+    Raises
+    ------
+    ValueError
+        Naming the empty axes and the whole shape.
+
+    Examples
+    --------
+    >>> not_empty([2, 3], ["layers", "positions"], "patching_view", "grid")
+    >>> try:
+    ...     not_empty([2, 0], ["layers", "positions"], "patching_view", "grid")
+    ... except ValueError as error:
+    ...     print(str(error).split(";")[0])
+    patching_view: `grid` has no positions (its shape is [2, 0] for [layers, positions])
+
+    """
+    empty = [
+        "samples" if axis == "batch" else axis
+        for axis, size in zip(axes, shape, strict=True)
+        if size == 0
+    ]
+    if empty:
+        msg = (
+            f"{who}: `{what}` has no {' and no '.join(empty)} (its shape is "
+            f"{list(shape)} for [{', '.join(axes)}]); give at least one of each"
+        )
+        raise ValueError(msg)
+
+
 def finite(values: Iterable[float], digits: int = DIGITS) -> list[float | None]:
     """Return :func:`rounded` of each value, as a list for JSON."""
     return [rounded(float(v), digits) for v in values]
@@ -75,11 +145,16 @@ def one_sample(
     Raises
     ------
     ValueError
-        Naming both shapes, for ``values`` of another number of dimensions.
+        Naming both shapes, for ``values`` of another number of dimensions;
+        naming the shape, for ``values`` with an axis of size 0
+        (:func:`not_empty`).
     IndexError
         Naming the batch's size, for a sample outside it.
     """
     dim = list(axes).index("batch")
+    one = [axis for axis in axes if axis != "batch"]
+    if values.dim() in {len(axes), len(one)}:
+        not_empty(values.shape, axes if values.dim() == len(axes) else one, who, what)
     if values.dim() == len(axes):
         if not 0 <= sample < values.shape[dim]:
             msg = (
@@ -88,8 +163,7 @@ def one_sample(
             )
             raise IndexError(msg)
         return values.select(dim, sample)
-    if values.dim() != len(axes) - 1:
-        one = [axis for axis in axes if axis != "batch"]
+    if values.dim() != len(one):
         msg = (
             f"{who}: `{what}` must be [{', '.join(axes)}] or "
             f"[{', '.join(one)}]; got {list(values.shape)}"
@@ -127,6 +201,42 @@ def new_figure(width: float, height: float) -> Figure:
         figsize=(width, height), layout="constrained"
     )
     return figure
+
+
+LABEL = 16
+"""Characters of a token label kept in a static picture (the page has them all)."""
+
+
+def short(label: str, width: int = LABEL) -> str:
+    """Return ``label`` cut to ``width`` characters, ``…`` marking a cut.
+
+    Examples
+    --------
+    >>> short("a label of forty characters, or about so", 12)
+    'a label of …'
+
+    """
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def tick_labels(labels: Sequence[str], inches: float, points: float) -> list[int]:
+    """Return the positions of ``labels`` to draw along ``inches`` of an axis.
+
+    Evenly spaced, every one when they fit: each takes ``1.4 * points``
+    points across (its height, for labels at a right angle to the axis, with
+    room between them), 72 points an inch.
+
+    Examples
+    --------
+    >>> tick_labels([str(i) for i in range(512)], inches=8, points=7)[:4]
+    [0, 9, 18, 27]
+    >>> tick_labels(["a", "b"], inches=8, points=7)
+    [0, 1]
+
+    """
+    room = max(1, int(inches * 72 / (1.4 * points)))
+    step = max(1, math.ceil(len(labels) / room))
+    return list(range(0, len(labels), step))
 
 
 class View:
@@ -175,14 +285,13 @@ class View:
 
     def html(self) -> str:
         """Return the page: one HTML document, its style and scripts inline."""
-        payload = json.dumps(self.data, allow_nan=False, separators=(",", ":"))
-        # inside <script>, "</" would end the element: JSON allows "<\/"
-        payload = payload.replace("</", "<\\/")
+        payload = script_json(self.data)
         style = _static("base.css") + _static(f"{self.kind}.css")
         script = _static("base.js") + _static(f"{self.kind}.js")
         return (
             "<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{html.escape(self.title)}</title>\n"
             f"<style>{style}</style></head>\n"
             f'<body><div class="sv-view sv-{self.kind}">'

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from scio_recorder.layers import DepthIdx, Layer
 
-_LINES = 60  # rows in the static picture, at most
+_LINES = 400  # rows in the static picture, at most (its figure(most=))
 
 
 def _parents(rows: tuple[Layer, ...]) -> list[int]:
@@ -41,31 +41,53 @@ def _size(size: list[Any]) -> str:
 class _LayerView(View):
     kind = "layers"
 
-    def figure(self) -> Figure:
+    def figure(self, depth: int | None = None, most: int = _LINES) -> Figure:
+        """Return the table as an indented list: every row to ``depth``.
+
+        Parameters
+        ----------
+        depth : int, optional
+            The deepest level drawn (0: the net alone); default all.
+        most : int, default 400
+            Rows drawn at most (a line then says how many are left).
+        """
         rows = self.data["rows"]
-        depth: dict[int, int] = {}
+        level: dict[int, int] = {}
         shown = []
         for index, row in enumerate(rows):
             parent = row[10]
-            depth[index] = 0 if parent < 0 else depth[parent] + 1
-            if depth[index] <= self.data["open"]:
+            level[index] = 0 if parent < 0 else level[parent] + 1
+            if depth is None or level[index] <= depth:
                 shown.append(index)
         lines = []
-        for index in shown[:_LINES]:
+        for index in shown[:most]:
             label, name, kind, *_, output, _, recordable, _, recorded, _ = rows[index]
             mark = "  [recorded]" if recorded else ""
             shape = f"  {output}" if recordable else ""
             lines.append(
-                f"{'  ' * depth[index]}{label}  {name or '(net)'}  {kind}{shape}{mark}"
+                f"{'  ' * level[index]}{label}  {name or '(net)'}  {kind}{shape}{mark}"
             )
-        if len(shown) > _LINES:
-            lines.append(f"... {len(shown) - _LINES} more rows at this depth")
+        if len(shown) > most:
+            lines.append(f"... {len(shown) - most} more rows: figure(most=...)")
         hidden = len(rows) - len(shown)
         if hidden:
-            lines.append(f"({hidden} deeper rows not shown: open the HTML view)")
-        fig = new_figure(9, 0.6 + 0.19 * len(lines))
-        fig.text(0.01, 0.99, "\n".join(lines), family="monospace", fontsize=8, va="top")
-        fig.suptitle(self.title, fontsize=10, x=0.01, ha="left")
+            lines.append(f"({hidden} deeper rows: figure(depth=...) or the HTML view)")
+        line = 8 * 1.25 / 72  # inches a line of 8 pt text takes
+        top = 0.45  # inches above the first line: the title's
+        height = top + line * len(lines) + 0.15
+        width = max(6.0, 0.6 + 8 * 0.6 / 72 * max(map(len, lines)))
+        fig = new_figure(width, height)
+        fig.set_layout_engine("none")
+        fig.text(
+            0.1 / width,
+            1 - top / height,
+            "\n".join(lines),
+            family="monospace",
+            fontsize=8,
+            va="top",
+            linespacing=1.25,
+        )
+        fig.text(0.1 / width, 1 - 0.12 / height, self.title, fontsize=10, va="top")
         return fig
 
 

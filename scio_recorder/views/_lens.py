@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, names, new_figure, one_sample, rounded
+from ._base import View, names, new_figure, one_sample, rounded, short, tick_labels
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -40,17 +40,30 @@ class _LensView(View):
         top = self.data["top"]
         probs = torch.tensor([[cell[0][1] or 0.0 for cell in row] for row in top])
         rows, cols = probs.shape
-        fig = new_figure(min(16, 1.8 + 0.9 * cols), min(12, 1.0 + 0.4 * rows))
+        fig = new_figure(min(16, 4.0 + 0.9 * cols), min(12, 2.6 + 0.4 * rows))
         ax = fig.add_subplot()
         image = ax.imshow(probs.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
-        for i, row in enumerate(top):
-            for j, cell in enumerate(row):
-                token, p = cell[0][0], cell[0][1] or 0.0
-                shown = token if len(token) <= _TEXT else token[: _TEXT - 1] + "…"
-                colour = "white" if p > 0.55 else "black"  # noqa: PLR2004
-                ax.text(j, i, shown, ha="center", va="center", fontsize=7, color=colour)
-        ax.set_yticks(range(rows), self.data["layers"], fontsize=8)
-        ax.set_xticks(range(cols), self.data["positions"], rotation=90, fontsize=8)
+        width, height = fig.get_size_inches()
+        if (width - 3.5) / cols >= 0.7:  # noqa: PLR2004 (room for _TEXT characters at 7 pt)
+            for i, row in enumerate(top):
+                for j, cell in enumerate(row):
+                    token, p = cell[0][0], cell[0][1] or 0.0
+                    colour = "white" if p > 0.5 else "black"  # noqa: PLR2004 (the darker half)
+                    ax.text(
+                        j,
+                        i,
+                        short(token, _TEXT),
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color=colour,
+                    )
+        layers = [short(name) for name in self.data["layers"]]
+        positions = [short(name) for name in self.data["positions"]]
+        at_rows = tick_labels(layers, height - 2.2, 8)
+        at_cols = tick_labels(positions, width - 3.5, 8)
+        ax.set_yticks(at_rows, [layers[i] for i in at_rows], fontsize=8)
+        ax.set_xticks(at_cols, [positions[j] for j in at_cols], rotation=90, fontsize=8)
         ax.set_xlabel("input position")
         ax.set_ylabel("layer")
         ax.set_title(self.title, fontsize=10)

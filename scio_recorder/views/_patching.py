@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, matplotlib_module, names, new_figure
+from ._base import (
+    View,
+    finite,
+    matplotlib_module,
+    names,
+    new_figure,
+    not_empty,
+    short,
+    tick_labels,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,19 +46,20 @@ class _PatchingView(View):
             ]
         ).numpy()
         rows, cols = values.shape
-        fig = new_figure(min(12, 1.5 + 0.35 * cols), min(10, 1.2 + 0.3 * rows))
+        fig = new_figure(min(13, 4.0 + 0.3 * cols), min(10, 3.0 + 0.3 * rows))
         ax = fig.add_subplot()
         low, high = self.data["low"], self.data["high"]
         colors = matplotlib_module("colors")
-        if low < 0 < high:
-            bound = max(-low, high)
-            norm = colors.Normalize(vmin=-bound, vmax=bound)
-            cmap = "RdBu_r"
-        else:
-            norm, cmap = colors.Normalize(vmin=low, vmax=high), "Blues"
-        image = ax.imshow(values, cmap=cmap, norm=norm, aspect="auto")
-        ax.set_yticks(range(rows), self.data["layers"], fontsize=8)
-        ax.set_xticks(range(cols), self.data["positions"], rotation=90, fontsize=8)
+        bound = max(-low, high) or 1.0  # centred on 0, whatever the signs
+        norm = colors.Normalize(vmin=-bound, vmax=bound)
+        image = ax.imshow(values, cmap="RdBu_r", norm=norm, aspect="auto")
+        width, height = fig.get_size_inches()
+        layers = [short(name) for name in self.data["layers"]]
+        positions = [short(name) for name in self.data["positions"]]
+        at_rows = tick_labels(layers, height - 2.2, 7)
+        at_cols = tick_labels(positions, width - 3.5, 7)
+        ax.set_yticks(at_rows, [layers[i] for i in at_rows], fontsize=7)
+        ax.set_xticks(at_cols, [positions[j] for j in at_cols], rotation=90, fontsize=7)
         ax.set_xlabel("position")
         ax.set_ylabel("layer")
         ax.set_title(self.title, fontsize=10)
@@ -67,8 +77,9 @@ def patching_view(
 ) -> View:
     """Return the heat map of a patching grid; hovering a cell shows its value.
 
-    Values of both signs are drawn on a blue-white-red scale centred on 0;
-    values of one sign, white (the lowest) to blue (the highest).
+    Values are drawn on a blue-white-red scale centred on 0 (white is 0,
+    whatever the signs: a grid of one sign draws its lowest cell in colour
+    unless it is 0), from minus to plus the largest magnitude.
 
     Parameters
     ----------
@@ -105,6 +116,7 @@ def patching_view(
 
     """
     values = matrix(grid, "patching_view", "grid")
+    not_empty(values.shape, ["layers", "positions"], "patching_view", "grid")
     rows, cols = values.shape
     finite_values = values[values.isfinite()]
     low = float(finite_values.min()) if finite_values.numel() else 0.0

@@ -19,6 +19,10 @@ const SV = (() => {
     return node;
   }
 
+  // The tooltip is also a live region: what a keyboard focus shows is read out.
+  tip.setAttribute("role", "status");
+  tip.setAttribute("aria-live", "polite");
+
   function show(event, text) {
     tip.textContent = text;
     tip.hidden = false;
@@ -63,12 +67,36 @@ const SV = (() => {
   function css(rgb) {
     return `rgb(${rgb[0]},${rgb[1]},${rgb[2]})`;
   }
+  // WCAG 2 relative luminance and contrast ratio of two colours.
+  function luminance(rgb) {
+    const [r, g, b] = rgb.map((c) => {
+      const v = c / 255;
+      return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  }
+  function contrast(a, b) {
+    const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+    return (hi + 0.05) / (lo + 0.05);
+  }
+  // The text colour (white or black) that reads best on `rgb`: at least 4.58:1
+  // on any background (near-black, #1a1a1a, falls to 4.2:1 on a mid blue).
+  function ink(rgb) {
+    return contrast(rgb, WHITE) >= contrast(rgb, [0, 0, 0]) ? "#fff" : "#000";
+  }
+  const HATCH = [[242, 242, 242], [168, 168, 168]];
 
   // A heat map on a canvas: rows x cols cells of `size` px; `colour(i, j)`
-  // gives a cell's [r, g, b]; `text(i, j)` what hovering it shows. The cell
-  // size is kept on the canvas (data-cell) for whoever computes positions.
-  function heat(rows, cols, size, colour, text, onCell) {
-    const canvas = el("canvas", { class: "sv-heat" });
+  // gives a cell's [r, g, b] (`null`: a cell that is not drawn, hatched);
+  // `text(i, j)` what hovering it shows. The cell size is kept on the canvas
+  // (data-cell) for whoever computes positions. The canvas takes the
+  // keyboard focus (named `label`): the arrow keys move a cursor from cell to
+  // cell, Home and End go to a row's ends, and each cell's text is shown.
+  function heat(rows, cols, size, colour, text, onCell, label) {
+    const canvas = el("canvas", {
+      class: "sv-heat", tabindex: 0, role: "img",
+      "aria-label": (label || "heat map") + `: ${rows} x ${cols} cells; arrow keys move from cell to cell`,
+    });
     canvas.width = cols * size;
     canvas.height = rows * size;
     canvas.dataset.rows = rows;
@@ -78,10 +106,11 @@ const SV = (() => {
     const image = ctx.createImageData(canvas.width, canvas.height);
     for (let i = 0; i < rows; i++) {
       for (let j = 0; j < cols; j++) {
-        const rgb = colour(i, j);
+        const drawn = colour(i, j);
         for (let y = i * size; y < (i + 1) * size; y++) {
           let p = (y * canvas.width + j * size) * 4;
           for (let x = 0; x < size; x++, p += 4) {
+            const rgb = drawn || HATCH[(j * size + x + y) % 4 === 0 ? 1 : 0];
             image.data[p] = rgb[0];
             image.data[p + 1] = rgb[1];
             image.data[p + 2] = rgb[2];
@@ -107,7 +136,55 @@ const SV = (() => {
       hide();
       if (onCell) onCell(null, null);
     });
+    let at = null; // the keyboard's cell
+    function focus(i, j) {
+      at = [Math.min(rows - 1, Math.max(0, i)), Math.min(cols - 1, Math.max(0, j))];
+      const box = canvas.getBoundingClientRect();
+      const w = box.width / cols, h = box.height / rows;
+      canvas.dataset.at = at.join(",");
+      show({ clientX: box.left + (at[1] + 1) * w, clientY: box.top + (at[0] + 1) * h }, text(at[0], at[1]));
+      if (onCell) onCell(at[0], at[1]);
+    }
+    const MOVES = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    canvas.addEventListener("keydown", (event) => {
+      const [i, j] = at || [0, 0];
+      if (event.key in MOVES) {
+        const [di, dj] = MOVES[event.key];
+        focus(at ? i + di : 0, at ? j + dj : 0);
+      } else if (event.key === "Home") focus(i, 0);
+      else if (event.key === "End") focus(i, cols - 1);
+      else if (event.key === "Escape") { hide(); return; }
+      else return;
+      event.preventDefault();
+    });
+    // focused by the keyboard (not by a click, which the mouse handlers serve)
+    canvas.addEventListener("focus", () => canvas.matches(":focus-visible") && focus(...(at || [0, 0])));
+    canvas.addEventListener("blur", () => {
+      hide();
+      if (onCell) onCell(null, null);
+    });
     return canvas;
+  }
+
+  // Make `node` reachable by keyboard: focusable, named `label`, showing
+  // `describe()` in the tooltip when focused; Enter and Space call `activate`.
+  function keyed(node, label, describe, activate) {
+    node.setAttribute("tabindex", "0");
+    node.setAttribute("aria-label", label);
+    node.addEventListener("focus", () => {
+      if (!describe || !node.matches(":focus-visible")) return;
+      const box = node.getBoundingClientRect();
+      show({ clientX: box.right, clientY: box.bottom }, describe());
+    });
+    node.addEventListener("blur", hide);
+    if (activate) {
+      node.addEventListener("keydown", (event) => {
+        if (event.key !== "Enter" && event.key !== " ") return;
+        event.preventDefault();
+        activate(event);
+      });
+    }
+    return node;
   }
 
   // A colour bar from `low` to `high` with its end values.
@@ -144,7 +221,7 @@ const SV = (() => {
     });
     const rows = el("div", { class: "sv-rows" });
     rowNames.forEach((name, i) => {
-      const label = el("span", { class: "sv-row", text: name });
+      const label = el("span", { class: "sv-row", text: name, title: `${i}: ${name}` });
       label.style.height = size + "px";
       label.style.lineHeight = size + "px";
       label.dataset.row = i;
@@ -165,6 +242,7 @@ const SV = (() => {
 
   return {
     data, root, tip, el, show, hide, fmt, sequential, diverging, css, heat, scale,
-    choice, labelled, cellSize,
+    choice, labelled, cellSize, luminance, contrast, ink, keyed, mix, WHITE, BLUE, RED, GREY,
+    HATCH,
   };
 })();

@@ -1,7 +1,7 @@
 // The layer table as a tree: collapsed below `open` levels, children drawn
 // when first opened (a net of thousands of modules keeps a small page).
 (() => {
-  const { data, root, el, show, hide } = SV;
+  const { data, root, el, show, hide, keyed } = SV;
   const rows = data.rows; // [label, name, type, call, input, output, params, recordable, reason, recorded, parent]
   const children = rows.map(() => []);
   const inside = rows.map(() => 0); // recorded rows below each row
@@ -36,7 +36,11 @@
     li.dataset.label = label;
     li.dataset.recorded = recorded;
     if (!recordable) li.classList.add("sv-container");
-    const toggle = el("button", { class: "sv-toggle", text: children[i].length ? "▸" : " " });
+    // the row is the control (Tab reaches it, Enter opens it); its arrow is
+    // for the mouse, and a leaf has none
+    const toggle = children[i].length
+      ? el("button", { type: "button", class: "sv-toggle", text: "▸", tabindex: -1, "aria-hidden": "true" })
+      : el("span", { class: "sv-toggle", "aria-hidden": "true" });
     const line = el("span", { class: "sv-node" },
       el("span", { class: "sv-label", text: label }),
       el("span", { text: name || "(net)" }),
@@ -47,6 +51,10 @@
     line.addEventListener("mousemove", (event) => show(event, describe(i)));
     line.addEventListener("mouseleave", hide);
     line.addEventListener("click", () => setOpen(i, !li.classList.contains("sv-open")));
+    keyed(line, `${label} ${name || "(the whole net)"} ${type}${recorded ? ", recorded" : ""}` +
+      (children[i].length ? `, ${children[i].length} children` : ""), () => describe(i),
+    () => setOpen(i, !li.classList.contains("sv-open")));
+    if (children[i].length) line.setAttribute("aria-expanded", "false");
     toggle.addEventListener("click", (event) => {
       event.stopPropagation();
       setOpen(i, !li.classList.contains("sv-open"));
@@ -68,6 +76,7 @@
     }
     if (list) list.hidden = !open;
     li.classList.toggle("sv-open", open);
+    li.querySelector(":scope > .sv-node").setAttribute("aria-expanded", String(open));
     li.querySelector(":scope > .sv-toggle").textContent = open ? "▾" : "▸";
   }
 

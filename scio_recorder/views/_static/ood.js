@@ -51,17 +51,32 @@
         plot.append(svg("rect", { class: cls, x, y: H - h, width: Math.max(1, w - 1), height: h }));
       }
     }
+    const describe = (b) => {
+      const low = b === 0 && p.clipped ? "≤ " : "";
+      const high = b === bins - 1 && p.clipped ? " (and above)" : "";
+      return `bin ${b}: ${low}[${edge(edges[b], width)}, ${edge(edges[b + 1], width)}${b === bins - 1 ? "]" : ")"}${high}\n` +
+        `in-distribution ${p.id[b]}${pct(p.id[b], nId)}\n${s.name} ${p.ood[b]}${pct(p.ood[b], nOod)}`;
+    };
+    const hits = [];
     for (let b = 0; b < bins; b++) {
       const hit = svg("rect", { class: "sv-bin", x: L + b * w, y: 0, width: w, height: H });
       hit.dataset.bin = b;
-      const low = b === 0 && p.clipped ? "≤ " : "";
-      const high = b === bins - 1 && p.clipped ? " (and above)" : "";
-      hit.addEventListener("mousemove", (event) => show(event,
-        `bin ${b}: ${low}[${edge(edges[b], width)}, ${edge(edges[b + 1], width)}${b === bins - 1 ? "]" : ")"}${high}\n` +
-        `in-distribution ${p.id[b]}${pct(p.id[b], nId)}\n${s.name} ${p.ood[b]}${pct(p.ood[b], nOod)}`));
+      hit.addEventListener("mousemove", (event) => show(event, describe(b)));
       hit.addEventListener("mouseleave", hide);
+      hits.push(hit);
       plot.append(hit);
     }
+    // by keyboard: the plot takes the focus; the arrow keys move from bin to bin
+    let at = 0;
+    const focusBin = (b) => {
+      hits[at].classList.remove("sv-at");
+      at = Math.min(bins - 1, Math.max(0, b));
+      hits[at].classList.add("sv-at");
+      const box = hits[at].getBoundingClientRect();
+      show({ clientX: box.right, clientY: box.top + box.height / 2 }, describe(at));
+    };
+    steps(plot, `score histograms of in-distribution and ${s.name} data, ${bins} bins; arrow keys move from bin to bin`,
+      () => focusBin(at), (d) => focusBin(at + d), () => hits[at].classList.remove("sv-at"));
     plot.append(svg("line", { class: "sv-axis", x1: L, y1: H, x2: W, y2: H }));
     plot.append(text(L, H + 14, edge(edges[0], width)), text(W, H + 14, edge(edges[bins], width), { "text-anchor": "end" }));
     plot.append(text((L + W) / 2, H + 28, p.clipped
@@ -71,6 +86,22 @@
       el("span", {}, el("i", { style: "background:#1f77b4" }), `in-distribution (${nId})`),
       el("span", {}, el("i", { style: "background:#ff7f0e" }), `${s.name} (${nOod})`));
     return el("div", { class: "sv-panel sv-histogram" }, el("h2", { text: "Scores" }), legend, plot);
+  }
+
+  // `node` in the Tab order, named `label`; Left/Right call `move(-1 | 1)`
+  // (Home/End: a long way), `enter()` on focus, `leave()` on blur.
+  function steps(node, label, enter, move, leave) {
+    node.setAttribute("tabindex", "0");
+    node.setAttribute("role", "img");
+    node.setAttribute("aria-label", label);
+    node.addEventListener("focus", enter);
+    node.addEventListener("blur", () => { hide(); leave(); });
+    node.addEventListener("keydown", (event) => {
+      const d = { ArrowLeft: -1, ArrowRight: 1, ArrowDown: -1, ArrowUp: 1, Home: -1e9, End: 1e9 }[event.key];
+      if (d === undefined) return;
+      event.preventDefault();
+      move(d);
+    });
   }
 
   function roc(p, s) {
@@ -85,17 +116,28 @@
     plot.append(text(-8, S / 2, "true positive rate", { "text-anchor": "middle", transform: `rotate(-90 -8 ${S / 2})` }));
     const dot = svg("circle", { r: 4, fill: "#d62728", visibility: "hidden" });
     const hit = svg("rect", { class: "sv-bin sv-roc-hit", x: 0, y: 0, width: S, height: S });
+    let at = 0;
+    const point = (best, event) => {
+      at = Math.min(fpr.length - 1, Math.max(0, best));
+      dot.setAttribute("cx", X(fpr[at]));
+      dot.setAttribute("cy", Y(tpr[at]));
+      dot.setAttribute("visibility", "visible");
+      if (!event) {
+        const box = dot.getBoundingClientRect();
+        event = { clientX: box.right, clientY: box.bottom };
+      }
+      show(event, `FPR ${fmt(fpr[at])}\nTPR ${fmt(tpr[at])}\n(${s.name} positive)`);
+    };
     hit.addEventListener("mousemove", (event) => {
       const box = hit.getBoundingClientRect();
       const f = (event.clientX - box.left) / box.width;
       let best = 0;
       for (let k = 1; k < fpr.length; k++) if (Math.abs(fpr[k] - f) < Math.abs(fpr[best] - f)) best = k;
-      dot.setAttribute("cx", X(fpr[best]));
-      dot.setAttribute("cy", Y(tpr[best]));
-      dot.setAttribute("visibility", "visible");
-      show(event, `FPR ${fmt(fpr[best])}\nTPR ${fmt(tpr[best])}\n(${s.name} positive)`);
+      point(best, event);
     });
     hit.addEventListener("mouseleave", () => { hide(); dot.setAttribute("visibility", "hidden"); });
+    steps(plot, `ROC curve, AUROC ${fmt(p.metrics.AUROC)}, ${fpr.length} points; arrow keys move along it`,
+      () => point(at), (d) => point(at + d), () => dot.setAttribute("visibility", "hidden"));
     plot.append(dot, hit);
     return el("div", { class: "sv-panel sv-roc" }, el("h2", { text: `ROC, AUROC ${fmt(p.metrics.AUROC)}` }), plot);
   }
@@ -105,11 +147,17 @@
     panels.replaceChildren(histogram(p, s), roc(p, s));
     metrics.textContent = Object.entries(p.metrics).map(([k, v]) => `${k} ${fmt(v)}`).join("   ");
   }
-  const controls = el("div", { class: "sv-controls" },
-    choice("detector", data.detectors.map((d, k) => `${d} (AUROC ${fmt(data.sets[0].panels[k].metrics.AUROC)})`),
-      (k) => { detector = k; draw(); }));
+  // each detector named with its AUROC on the OoD set picked (kept in step)
+  const named = () => data.detectors.map((d, k) => `${d} (AUROC ${fmt(data.sets[set].panels[k].metrics.AUROC)})`);
+  const picker = choice("detector", named(), (k) => { detector = k; draw(); });
+  const controls = el("div", { class: "sv-controls" }, picker);
   if (data.sets.length > 1) {
-    controls.append(choice("OoD set", data.sets.map((s) => s.name), (k) => { set = k; draw(); }));
+    controls.append(choice("OoD set", data.sets.map((s) => s.name), (k) => {
+      set = k;
+      const options = picker.querySelector("select").options;
+      named().forEach((name, d) => { options[d].textContent = name; });
+      draw();
+    }));
   }
   root.append(controls, metrics, panels);
   draw();
