@@ -19,6 +19,8 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 | family | functions |
 |---|---|
 | heatmaps of a convolutional layer | :func:`grad_cam` (Selvaraju et al. 2017) |
+| gradients, integrated or not (as captum) | :func:`integrated_gradients`, |
+| | :func:`saliency`, :func:`input_x_gradient`, :func:`smoothgrad` |
 | a source run's activations in a target run | :func:`patch`, :func:`cache_run`, |
 | | :class:`ActivationCache` |
 | the patching grid, layers x positions | :func:`patch_sweep` |
@@ -27,7 +29,7 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 | layers zeroed or set to their mean | :func:`ablate`, :func:`layer_means` |
 
 This package is the public face; one family a private module
-(``_gradcam``, ``_patching``, ``_sweeps``, ``_attribution``, ``_lens``,
+(``_gradcam``, ``_gradients``, ``_patching``, ``_sweeps``, ``_attribution``, ``_lens``,
 ``_ablation``), what they share in ``_base`` (the inputs' one form, layers
 by call, edits in call order, the residual stream of a block), and in
 ``_prefix`` how :func:`patch_sweep` runs a block stack's prefix once (the
@@ -58,15 +60,20 @@ __all__ = [
     "attribution_patch",
     "cache_run",
     "grad_cam",
+    "input_x_gradient",
+    "integrated_gradients",
     "layer_means",
     "logit_lens",
     "patch",
     "patch_sweep",
+    "saliency",
+    "smoothgrad",
 ]
 
 from ._ablation import ablate, layer_means
 from ._attribution import attribution_patch
 from ._gradcam import grad_cam
+from ._gradients import input_x_gradient, integrated_gradients, saliency, smoothgrad
 from ._lens import logit_lens
 from ._patching import ActivationCache, cache_run, patch
 from ._sweeps import patch_sweep
