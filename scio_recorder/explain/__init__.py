@@ -27,11 +27,14 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 | its linear estimate, one backward pass | :func:`attribution_patch` |
 | the final norm and unembedding on residual streams | :func:`logit_lens` |
 | layers zeroed or set to their mean | :func:`ablate`, :func:`layer_means` |
+| circuits: a score per edge between components | :func:`edge_attribution`, |
+| | :class:`EdgeScores`, :class:`Components` |
 
 This package is the public face; one family a private module
-(``_gradcam``, ``_gradients``, ``_patching``, ``_sweeps``, ``_attribution``, ``_lens``,
-``_ablation``), what they share in ``_base`` (the inputs' one form, layers
-by call, edits in call order, the residual stream of a block), and in
+(``_gradcam``, ``_gradients``, ``_edges``, ``_patching``, ``_sweeps``,
+``_attribution``, ``_lens``, ``_ablation``), what they share in ``_base``
+(the inputs' one form, layers by call, edits in call order, the residual
+stream of a block), and in
 ``_prefix`` how :func:`patch_sweep` runs a block stack's prefix once (the
 blocks before a patch answered from the corrupted run).
 
@@ -56,9 +59,12 @@ from __future__ import annotations
 
 __all__ = [
     "ActivationCache",
+    "Components",
+    "EdgeScores",
     "ablate",
     "attribution_patch",
     "cache_run",
+    "edge_attribution",
     "grad_cam",
     "input_x_gradient",
     "integrated_gradients",
@@ -72,6 +78,7 @@ __all__ = [
 
 from ._ablation import ablate, layer_means
 from ._attribution import attribution_patch
+from ._edges import Components, EdgeScores, edge_attribution
 from ._gradcam import grad_cam
 from ._gradients import input_x_gradient, integrated_gradients, saliency, smoothgrad
 from ._lens import logit_lens
