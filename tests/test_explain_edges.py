@@ -359,3 +359,196 @@ def test_scores_are_edge_scores() -> None:
     scores = EdgeScores(torch.tensor([[1.0, 2.0]]), ["input"], ["a", "logits"])
     assert list(scores.edges()) == [("input", "a"), ("input", "logits")]
     assert float(scores["input", "logits"]) == 2.0
+
+
+# -- a port of the authors' code --------------------------------------------------
+# Ported from hannamw/EAP-IG (MIT licence), commit
+# 795f5607b25638935aec89aee3c1cb4bd9ed72f1: `make_hooks_and_matrices`
+# (src/eap/utils.py), `get_scores_eap` and `get_scores_eap_ig`
+# (src/eap/attribute.py), and the graph's indices (src/eap/graph.py:
+# `_forward_index`, `_backward_index`, `prev_index`), for GPT-2. The
+# TransformerLens hook points are emulated by torch hooks on the Hugging Face
+# modules: hook_embed -> block 0's input (its position term cancels in the
+# differences), attn.hook_result -> each head's slice of c_proj's input times
+# its rows of the weight, hook_{q,k,v}_input -> per-head copies of ln_1's
+# input (each head's projection computed from its own copy, as TL's
+# use_split_qkv_input), hook_mlp_in / hook_mlp_out -> ln_2's input / the MLP's
+# output, blocks.{L-1}.hook_resid_post -> ln_f's input. The one change, marked:
+# the EAP-IG loop runs over the paper's k = 1..m instead of range(0, steps).
+
+
+def authors_scores(  # noqa: C901, PLR0915 (a port, kept in the authors' shape)
+    model: nn.Module, clean: Tensor, corrupted: Tensor, steps: int | None = None
+) -> tuple[Tensor, list[str], list[str]]:
+    cfg = model.config
+    n_layers, n_heads = cfg.n_layer, cfg.n_head
+    d_model, size = cfg.n_embd, cfg.n_embd // cfg.n_head
+    n_forward = 1 + n_layers * (n_heads + 1)
+    n_backward = n_layers * (3 * n_heads + 1) + 1
+    batch_size, n_pos = clean.shape
+    scores = torch.zeros((n_forward, n_backward), dtype=torch.float64)
+    activation_difference = torch.zeros((batch_size, n_pos, n_forward, d_model))
+
+    def activation_hook(index: Any, acts: Tensor, add: bool = True) -> None:
+        if add:
+            activation_difference[:, :, index] += acts.detach()
+        else:
+            activation_difference[:, :, index] -= acts.detach()
+
+    def gradient_hook(prev_index: int, bwd_index: Any, gradients: Tensor) -> None:
+        grads = gradients.detach()
+        if grads.ndim == 3:
+            grads = grads.unsqueeze(2)
+        s = torch.einsum(
+            "bpfh,bpkh->fk",
+            activation_difference[:, :, :prev_index].double(),
+            grads.double(),
+        )
+        s = s.squeeze(1)
+        scores[:prev_index, bwd_index] += s
+
+    blocks = model.transformer.h
+
+    def hooks(  # noqa: C901 (the authors' hooks, one place)
+        mode: str, input_replacement: Tensor | None = None
+    ) -> list[Any]:
+        handles = []
+        add = mode == "corrupted"
+        record = mode in {"corrupted", "clean"}
+
+        def embed_hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
+            x = args[0]
+            if input_replacement is not None:
+                x = input_replacement.clone()
+                x.requires_grad = True  # as the authors' input_interpolation_hook
+            if record:
+                activation_hook(0, x, add)
+            return (x, *args[1:]) if input_replacement is not None else None
+
+        handles.append(blocks[0].register_forward_pre_hook(embed_hook))
+        for layer, blk in enumerate(blocks):
+            i = 1 + layer * (n_heads + 1)
+
+            def result_hook(m: nn.Module, args: tuple[Any, ...], i: int = i) -> None:
+                z = args[0].detach().reshape(batch_size, n_pos, n_heads, size)
+                w = m.weight.reshape(n_heads, size, d_model)
+                if record:
+                    activation_hook(
+                        slice(i, i + n_heads), torch.einsum("bphs,hsd->bphd", z, w), add
+                    )
+
+            def mlp_hook(
+                m: nn.Module, a: Any, out: Tensor, index: int = i + n_heads
+            ) -> None:
+                if record:
+                    activation_hook(index, out, add)
+
+            handles.append(blk.attn.c_proj.register_forward_pre_hook(result_hook))
+            handles.append(blk.mlp.register_forward_hook(mlp_hook))
+            if mode != "grad":
+                continue
+            seen: dict[str, Tensor] = {}
+
+            def ln1_hook(
+                m: nn.Module, args: tuple[Any, ...], seen: dict = seen
+            ) -> None:
+                seen["x"] = args[0]
+
+            def qkv_hook(  # noqa: PLR0917 (a torch hook, then defaults)
+                m: nn.Module, a: Any, out: Tensor, blk: Any = blk, layer: int = layer,
+                seen: dict = seen,
+            ) -> Tensor:  # fmt: skip
+                out = out.clone()
+                prev_index = 1 + layer * (n_heads + 1)
+                for q in range(3):  # q, k, v
+                    split = (
+                        seen["x"].unsqueeze(2).repeat(1, 1, n_heads, 1)
+                    )  # hook_{q}_input
+                    bwd = slice(
+                        layer * (3 * n_heads + 1) + q * n_heads,
+                        layer * (3 * n_heads + 1) + (q + 1) * n_heads,
+                    )
+                    split.register_hook(partial_hook(prev_index, bwd))
+                    for h in range(n_heads):
+                        own = m.forward(blk.ln_1.forward(split[:, :, h]))
+                        cols = slice(
+                            q * d_model + h * size, q * d_model + (h + 1) * size
+                        )
+                        out[..., cols] = own[..., cols]
+                return out
+
+            def in_hook(
+                m: nn.Module, args: tuple[Any, ...], prev: int, bwd: int
+            ) -> Any:
+                x = args[0].clone()
+                x.register_hook(partial_hook(prev, bwd))
+                return (x, *args[1:])
+
+            handles.append(blk.ln_1.register_forward_pre_hook(ln1_hook))
+            handles.append(blk.attn.c_attn.register_forward_hook(qkv_hook))
+            mlp_prev = 1 + layer * (n_heads + 1) + n_heads
+            mlp_bwd = layer * (3 * n_heads + 1) + 3 * n_heads
+            handles.append(blk.ln_2.register_forward_pre_hook(
+                lambda m, a, p=mlp_prev, b=mlp_bwd: in_hook(m, a, p, b)
+            ))  # fmt: skip
+        if mode == "grad":
+            handles.append(model.transformer.ln_f.register_forward_pre_hook(
+                lambda m, a: in_hook(m, a, n_forward, -1)
+            ))  # fmt: skip
+        return handles
+
+    def partial_hook(prev_index: int, bwd_index: Any) -> Any:
+        return lambda grad: gradient_hook(prev_index, bwd_index, grad)
+
+    def run(ids: Tensor, mode: str, replacement: Tensor | None = None) -> Tensor:
+        handles = hooks(mode, replacement)
+        try:
+            return model(input_ids=ids).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    with torch.no_grad():
+        run(corrupted, "corrupted")
+        input_corrupted = activation_difference[:, :, 0].clone()
+        run(clean, "clean")
+        input_clean = input_corrupted - activation_difference[:, :, 0]
+    if steps is None:  # get_scores_eap
+        metric(run(clean, "grad")).backward()
+    else:  # get_scores_eap_ig
+        for step in range(1, steps + 1):  # the authors: range(0, steps)
+            new_input = input_corrupted + (step / steps) * (
+                input_clean - input_corrupted
+            )
+            metric(run(clean, "grad", new_input)).backward()
+        scores /= steps
+    scores /= batch_size  # the authors' mean over examples
+    sources = ["input"] + [
+        name for i in range(n_layers) for name in
+        [*(f"a{i}.h{h}" for h in range(n_heads)), f"m{i}"]
+    ]  # fmt: skip
+    dests = [
+        *(
+            name for i in range(n_layers) for name in
+            [*(f"a{i}.h{h}<{x}>" for x in "qkv" for h in range(n_heads)), f"m{i}"]
+        ),
+        "logits",
+    ]  # fmt: skip
+    return scores, sources, dests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [None, 3])
+def test_a_port_of_the_authors_code_gives_the_same_scores(steps: int | None) -> None:
+    model = lms.gpt2()
+    clean, corrupted = pair(2)
+    method = "eap" if steps is None else "eap-ig"
+    ours = edge_attribution(
+        rnet_of(model, clean), clean, corrupted, metric, method, steps
+    )
+    theirs, sources, dests = authors_scores(model, clean, corrupted, steps)
+    for u, v in ours.edges():
+        got = float(ours[u, v]) / len(clean)  # the authors divide by the batch
+        want = float(theirs[sources.index(u), dests.index(v)])
+        assert abs(got - want) <= 1e-6, (u, v, got, want)
+    assert theirs.abs().max() > 1e-5
