@@ -552,3 +552,35 @@ def test_a_port_of_the_authors_code_gives_the_same_scores(steps: int | None) -> 
         want = float(theirs[sources.index(u), dests.index(v)])
         assert abs(got - want) <= 1e-6, (u, v, got, want)
     assert theirs.abs().max() > 1e-5
+
+
+def test_atp_qk_fix_recovers_a_saturated_head() -> None:
+    """Head a1.h0's softmax made saturated by hand: EAP scores 0, AtP* the effect."""
+    model = lms.gpt2()
+    with torch.no_grad():  # queries and keys of layer 1, head 0, scaled up
+        weight = model.transformer.h[1].attn.c_attn.weight
+        weight[:, 0:8] *= 300.0
+        weight[:, 16:24] *= 300.0
+    clean = torch.randint(
+        1, lms.VOCAB, (1, 6), generator=torch.Generator().manual_seed(0)
+    )
+    corrupted = clean.clone()
+    corrupted[0, 2] = 18  # moves the head's maximum (found by a search over tokens)
+    rnet = rnet_of(model, clean)
+    exact = edge_attribution(rnet, clean, corrupted, metric, "exact")
+    eap = edge_attribution(rnet, clean, corrupted, metric)
+    fixed = edge_attribution(rnet, clean, corrupted, metric, qk_fix=True)
+    edge = ("input", "a1.h0<k>")
+    effect = float(exact[edge])
+    assert abs(effect) > 1e-3
+    assert abs(float(eap[edge])) < 0.01 * abs(effect)  # the saturated softmax
+    assert abs(float(fixed[edge]) - effect) < 0.3 * abs(effect)  # linear after A
+    others = [
+        j for j, d in enumerate(eap.destinations) if "<q>" not in d and "<k>" not in d
+    ]
+    assert torch.equal(fixed.values[:, others], eap.values[:, others])
+    with pytest.raises(ValueError, match="qk_fix"):
+        edge_attribution(rnet, clean, corrupted, metric, "exact", qk_fix=True)
+    llama = lms.llama()
+    with pytest.raises(ValueError, match="qk_fix"):
+        edge_attribution(rnet_of(llama, clean), clean, corrupted, metric, qk_fix=True)

@@ -44,7 +44,14 @@ from scio_recorder._engine.state import CallInputs
 from scio_recorder._outputs import logits_of
 from scio_recorder._quantized import refuse_gradients
 
-from ._base import arguments, check_callable, check_pair, check_recorder, run_net
+from ._base import (
+    arguments,
+    check_callable,
+    check_flag,
+    check_pair,
+    check_recorder,
+    run_net,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +88,26 @@ class _Dest:
     """For a head's q/k/v: the projection after ``norm`` ..."""
     cols: slice | None = None
     """... and the head's columns of its output."""
+    qk: _Attention | None = None
+    """For a head's q or k on a net whose projections give the attention's
+    queries and keys as they are (no rotation): what AtP*'s fix reads."""
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """A head's attention, recomputed from its projections (AtP*'s QK fix)."""
+
+    attention: str
+    """The attention module (its ``scaling``)."""
+    output: str
+    """The output projection, whose input holds the head's output ..."""
+    head: slice
+    """... at these columns."""
+    queries: slice
+    keys: slice
+    values: slice
+    """The head's columns of the projection's output."""
+    letter: str
 
 
 @dataclass
@@ -175,14 +202,28 @@ def _gpt2(config: Any) -> _Layout:
                     cols,
                 )
             )
+            spans = [
+                slice(i * width + head * size, i * width + (head + 1) * size)
+                for i in range(3)
+            ]
             for i, letter in enumerate("qkv"):
+                qk = _Attention(
+                    f"{block}.attn",
+                    f"{block}.attn.c_proj",
+                    cols,
+                    queries=spans[0],
+                    keys=spans[1],
+                    values=spans[2],
+                    letter=letter,
+                )
                 dests.append(
                     _Dest(
                         f"a{layer}.h{head}<{letter}>",
                         2 * layer + 1,
                         f"{block}.ln_1",
                         f"{block}.attn.c_attn",
-                        slice(i * width + head * size, i * width + (head + 1) * size),
+                        spans[i],
+                        qk if letter != "v" else None,
                     )
                 )
         sources.append(_Source(f"m{layer}", 2 * layer + 2, f"{block}.mlp", "output"))
@@ -374,6 +415,8 @@ class _Run:
     inputs: dict[str, Tensor]
     metric: Tensor
     grads: dict[str, Tensor] = field(default_factory=dict)
+    projected: dict[str, Tensor] = field(default_factory=dict)
+    """The projections' outputs (the heads' queries, keys and values)."""
 
 
 def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
@@ -399,6 +442,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     terms: dict[str, Tensor] = {}
     seen: dict[str, Tensor] = {}
     live: dict[str, Tensor] = {}
+    projected: dict[str, Tensor] = {}
     leaves: dict[str, Tensor] = {}
     patches = patches or {}
     in_edits: dict[str, Callable[[Any], Any]] = {}
@@ -423,6 +467,10 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
             for source in by_module.get(module, []):
                 if source.kind in {"input", "head"}:
                     terms[source.name] = _term(rnet, source, out).detach().clone()
+            heads = any(s.kind == "head" for s in by_module.get(module, []))
+            if gradients and heads:  # the heads' outputs' gradient (AtP*'s fix)
+                leaves[f"z:{module}"] = torch.zeros_like(out, requires_grad=True)
+                out = out + leaves[f"z:{module}"]
             if module in norms:
                 seen[module] = out.detach().clone()
                 live[module] = out  # in the graph: a patched head's path to it
@@ -451,6 +499,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
                     terms[source.name] = kept.detach().clone()
             if module not in projs:
                 return None
+            projected[module] = value.detach().clone()
             out = value
             dests = projs[module]
             patched = [d for d in dests if d.name in patches]
@@ -489,7 +538,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
                     for i in range(0, logits.shape[0], per_copy)
                 ]
             )
-        run = _Run(terms, seen, value.detach())
+        run = _Run(terms, seen, value.detach(), projected=projected)
         if gradients:
             names = list(leaves)
             grads = torch.autograd.grad(
@@ -502,6 +551,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
             for dest in layout.dests:
                 if dest.proj is None:
                     run.grads[dest.name] = got[dest.name]
+            run.grads.update({n: g for n, g in got.items() if n.startswith("z:")})
             run.grads.update(_through_projections(rnet, layout, seen, got, patches))
     return run
 
@@ -689,6 +739,63 @@ def _exact(  # noqa: PLR0913, PLR0917 (the run's parts)
     return values
 
 
+def _qk_fix(  # noqa: PLR0913, PLR0917 (the run's parts)
+    rnet: Recorder,
+    layout: _Layout,
+    clean: Any,
+    clean_run: _Run,
+    diffs: dict[str, Tensor],
+    values: Tensor,
+) -> Tensor:
+    r"""Return ``values`` with the edges into queries and keys scored as AtP*.
+
+    Kramár et al. (2024): the attention pattern of the edge's head is
+    recomputed with the patched query (or key), $A'$, and only what follows
+    it is linearised: $\sum \partial m / \partial z_h \cdot (A' - A) V_h$,
+    $z_h = A V_h$ the head's output. A saturated softmax, whose gradient is
+    about 0, no longer hides the effect of moving its maximum.
+    """
+    modules = dict(rnet.net.named_modules())
+    real = _real(layout)
+    values = values.clone()
+    kwargs = arguments(clean)[1]
+    keep = kwargs.get("attention_mask")
+    with torch.no_grad():
+        for j, dest in enumerate(layout.dests):
+            qk = dest.qk
+            if qk is None or dest.proj is None:
+                continue
+            out = clean_run.projected[dest.proj]
+            q, k, v = out[..., qk.queries], out[..., qk.keys], out[..., qk.values]
+            grad_z = clean_run.grads[f"z:{qk.output}"][..., qk.head]
+            scale = float(
+                getattr(modules[qk.attention], "scaling", q.shape[-1] ** -0.5)
+            )
+            length = q.shape[1]
+            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+            mask = mask[None].expand(q.shape[0], length, length)
+            if isinstance(keep, Tensor) and keep.dim() == 2:  # noqa: PLR2004 ([batch, keys])
+                mask = mask & keep.to(q.device).bool()[:, None, :]
+
+            def pattern(
+                queries: Tensor, keys: Tensor, mask: Tensor = mask, scale: float = scale
+            ) -> Tensor:
+                scores = (queries @ keys.transpose(-1, -2)) * scale
+                low = torch.finfo(scores.dtype).min
+                return torch.softmax(scores.masked_fill(~mask, low), dim=-1)
+
+            base = pattern(q, k)
+            slope = (grad_z @ v.transpose(-1, -2)).double()  # d m / d pattern
+            stream = clean_run.inputs[dest.norm]
+            for i, source in enumerate(layout.sources):
+                if not real[i, j]:
+                    continue
+                new = _split(rnet, dest, stream, diffs[source.name])
+                moved = pattern(new, k) if qk.letter == "q" else pattern(q, new)
+                values[i, j] = ((moved - base).double() * slope).sum()
+    return values
+
+
 def _rows(
     args: Sequence[Any], kwargs: dict[str, Any], batch: int, rows: Tensor
 ) -> CallInputs:
@@ -713,6 +820,7 @@ def edge_attribution(  # noqa: PLR0913, PLR0917 (the interface, then options)
     ig: str = "inputs",
     components: Components | None = None,
     max_edges: int = 64,
+    qk_fix: bool = False,
 ) -> EdgeScores:
     r"""Return a score for every edge ``u -> v`` of the net's graph.
 
@@ -761,6 +869,13 @@ def edge_attribution(  # noqa: PLR0913, PLR0917 (the interface, then options)
         The net's components, for a net other than GPT-2 or Llama.
     max_edges : int, default 64
         Exact patching: the most edges in one pass.
+    qk_fix : bool, default False
+        With ``"eap"``, score the edges into heads' queries and keys with
+        AtP*'s QK fix (Kramár et al. 2024): the head's attention pattern
+        recomputed with the patched query or key, only what follows it
+        linearised, so that a saturated softmax does not hide an edge. For
+        nets whose projections give the attention's queries and keys as
+        they are (GPT-2; not rotary ones such as Llama).
 
     Returns
     -------
@@ -812,27 +927,20 @@ def edge_attribution(  # noqa: PLR0913, PLR0917 (the interface, then options)
     """
     check_recorder(rnet, _WHO)
     check_callable(metric, "metric", _WHO, "lambda logits: logits[:, -1, 3].mean()")
-    if method not in _METHODS:
-        msg = f"{_WHO}: `method={method!r}` is none of {list(_METHODS)}."
-        raise ValueError(msg)
-    if method != "eap-ig" and steps is not None:
-        msg = f"{_WHO}: `steps` is for `method='eap-ig'`; leave it None for {method!r}."
-        raise ValueError(msg)
-    if ig not in {"inputs", "activations"}:
-        msg = f"{_WHO}: `ig={ig!r}` must be 'inputs' or 'activations'."
-        raise ValueError(msg)
-    steps = 5 if steps is None else steps
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        msg = f"{_WHO}: `steps={steps!r}` must be a positive int."
-        raise ValueError(msg)
-    if not isinstance(max_edges, int) or isinstance(max_edges, bool) or max_edges < 1:
-        msg = f"{_WHO}: `max_edges={max_edges!r}` must be a positive int."
-        raise ValueError(msg)
+    steps = _check_options(method, steps, ig, max_edges, qk_fix=qk_fix)
     batch = check_pair(clean, corrupted, ("clean", "corrupted"), _WHO)
     _check_lengths(clean, corrupted)
     if method != "exact":
         refuse_gradients(rnet.net, _WHO)
     layout = _layout(rnet.net, components)
+    if qk_fix and (method != "eap" or not any(d.qk for d in layout.dests)):
+        msg = (
+            f"{_WHO}: `qk_fix=True` is AtP*'s fix of EAP on nets whose query and "
+            "key projections give the attention's queries and keys as they are "
+            f"(GPT-2); it does not apply to method={method!r} on "
+            f"{type(rnet.net).__name__}: leave `qk_fix=False`."
+        )
+        raise ValueError(msg)
     corrupted_run = _pass(rnet, layout, corrupted, metric)
     if method == "exact":
         clean_run = _pass(rnet, layout, clean, metric)
@@ -852,7 +960,34 @@ def edge_attribution(  # noqa: PLR0913, PLR0917 (the interface, then options)
         s.name: corrupted_run.terms[s.name] - clean_run.terms[s.name]
         for s in layout.sources
     }
-    return _result(layout, _scores(layout, diffs, grads))
+    values = _scores(layout, diffs, grads)
+    if qk_fix:
+        values = _qk_fix(rnet, layout, clean, clean_run, diffs, values)
+    return _result(layout, values)
+
+
+def _check_options(
+    method: str, steps: int | None, ig: str, max_edges: int, *, qk_fix: bool
+) -> int:
+    """Refuse options of the wrong kind; return EAP-IG's number of steps."""
+    if method not in _METHODS:
+        msg = f"{_WHO}: `method={method!r}` is none of {list(_METHODS)}."
+        raise ValueError(msg)
+    if method != "eap-ig" and steps is not None:
+        msg = f"{_WHO}: `steps` is for `method='eap-ig'`; leave it None for {method!r}."
+        raise ValueError(msg)
+    if ig not in {"inputs", "activations"}:
+        msg = f"{_WHO}: `ig={ig!r}` must be 'inputs' or 'activations'."
+        raise ValueError(msg)
+    check_flag(qk_fix, "qk_fix", _WHO)
+    steps = 5 if steps is None else steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        msg = f"{_WHO}: `steps={steps!r}` must be a positive int."
+        raise ValueError(msg)
+    if not isinstance(max_edges, int) or isinstance(max_edges, bool) or max_edges < 1:
+        msg = f"{_WHO}: `max_edges={max_edges!r}` must be a positive int."
+        raise ValueError(msg)
+    return steps
 
 
 def _result(layout: _Layout, values: Tensor) -> EdgeScores:
