@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from scio_recorder import Recorder
-from scio_recorder.explain import edge_attribution
-from scio_recorder.explain._edges import Components, EdgeScores
+from scio_recorder.explain import Components, EdgeScores, edge_attribution, faithfulness
 from tests import lms
 
 EPS = torch.finfo(torch.float32).eps
@@ -112,6 +112,15 @@ class Hooks:
     def terms(self, ids: Tensor) -> dict[str, Tensor]:
         """Each source's term in the stream, on ``ids``."""
         out: dict[str, Tensor] = {}
+        handles = self.term_hooks(out)
+        with torch.no_grad():
+            self.model(input_ids=ids)
+        for handle in handles:
+            handle.remove()
+        return out
+
+    def term_hooks(self, out: dict[str, Tensor]) -> list[Any]:
+        """Hooks writing each source's term into ``out`` as the pass makes it."""
         handles = []
         for s in self.sources:
             if s.kind == "output":
@@ -122,11 +131,41 @@ class Hooks:
                 handles.append(s.module.register_forward_pre_hook(
                     lambda m, a, s=s: out.__setitem__(s.name, self._term(s, a[0]))
                 ))  # fmt: skip
-        with torch.no_grad():
-            self.model(input_ids=ids)
-        for handle in handles:
-            handle.remove()
-        return out
+        return handles
+
+    def circuit(
+        self, clean: Tensor, corrupted: Tensor, keep: set[tuple[str, str]]
+    ) -> Tensor:
+        """The metric on ``clean`` with every edge outside ``keep`` patched."""
+        corrupt = self.terms(corrupted)
+        live: dict[str, Tensor] = {}
+
+        def key(name: str) -> tuple[float, int]:
+            if name == "input":
+                return (-1, 1)
+            if name == "logits":
+                return (float("inf"), 0)
+            layer = int(name[1:].split(".", maxsplit=1)[0])
+            return (layer, 0 if name[0] == "a" else 1)
+
+        def shift(v: str) -> Tensor:
+            changes = [
+                corrupt[u.name] - live[u.name]
+                for u in self.sources
+                if key(u.name) < key(v.split("<", maxsplit=1)[0])
+                and (u.name, v) not in keep
+            ]
+            return sum(changes, torch.zeros_like(corrupt["input"]))
+
+        handles = self.term_hooks(live)
+        try:
+            value, _ = self.run(
+                clean, {d.name: (lambda v=d.name: shift(v)) for d in self.dests}
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
+        return value
 
     def _term(self, s: Source, x: Tensor) -> Tensor:
         if s.kind == "input":
@@ -162,6 +201,8 @@ class Hooks:
 
         def extra(d: Dest, x: Tensor) -> Tensor:
             add = shifts.get(d.name, torch.zeros_like(x))
+            if callable(add):  # computed as the pass reaches d
+                add = add()
             if grads:
                 zeros[d.name] = torch.zeros_like(x, requires_grad=True)
                 add = add + zeros[d.name]
@@ -584,3 +625,54 @@ def test_atp_qk_fix_recovers_a_saturated_head() -> None:
     llama = lms.llama()
     with pytest.raises(ValueError, match="qk_fix"):
         edge_attribution(rnet_of(llama, clean), clean, corrupted, metric, qk_fix=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", models())
+def test_faithfulness_equals_a_hand_run(make: Any) -> None:
+    model = make()
+    clean, corrupted = pair(3)
+    rnet = rnet_of(model, clean)
+    scores = edge_attribution(rnet, clean, corrupted, metric)
+    circuit = scores.top(12)
+    got = faithfulness(rnet, clean, corrupted, metric, circuit)
+    hooks = Hooks(model)
+    keep = {(u, scores.aliases.get(v, v)) for u, v in circuit}
+    want = float(hooks.circuit(clean, corrupted, keep))
+    assert abs(got["circuit"] - want) <= 1e-6
+    every = faithfulness(rnet, clean, corrupted, metric, list(scores.edges()))
+    none = faithfulness(rnet, clean, corrupted, metric, [])
+    # all edges kept: the clean run; none: the corrupted run (sums of terms)
+    assert abs(every["circuit"] - got["clean"]) <= 1e-5
+    assert abs(none["circuit"] - got["corrupted"]) <= 1e-5
+    assert abs(got["clean"] - got["corrupted"]) > 1e-4
+    assert got["faithfulness"] == pytest.approx(
+        (got["circuit"] - got["corrupted"]) / (got["clean"] - got["corrupted"])
+    )
+
+
+def test_top_above_save_load(tmp_path: Any) -> None:
+    values = torch.tensor([[0.5, -2.0, 0.0], [0.0, 1.0, 0.25]], dtype=torch.float64)
+    real = torch.tensor([[True, True, True], [False, True, True]])
+    scores = EdgeScores(values, ["input", "a0.h0"], ["a0.h0<q>", "m0", "logits"], real)
+    assert scores.top(2) == [("input", "m0"), ("a0.h0", "m0")]
+    assert scores.above(0.3) == [
+        ("input", "m0"),
+        ("a0.h0", "m0"),
+        ("input", "a0.h0<q>"),
+    ]
+    path = tmp_path / "graph.safetensors"
+    scores.save(path, circuit=scores.top(2))
+    again, circuit = EdgeScores.load(path)
+    assert torch.equal(again.values, values)
+    assert torch.equal(again.real, real)
+    assert again.sources == scores.sources
+    assert again.destinations == scores.destinations
+    assert circuit == [("input", "m0"), ("a0.h0", "m0")]
+    scores.save(path)
+    assert EdgeScores.load(path)[1] is None
+    with pytest.raises(ValueError, match="n="):
+        scores.top(-1)
+    save_file({"x": torch.zeros(1)}, str(path))
+    with pytest.raises(ValueError, match="no graph"):
+        EdgeScores.load(path)

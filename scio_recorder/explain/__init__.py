@@ -28,7 +28,7 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 | the final norm and unembedding on residual streams | :func:`logit_lens` |
 | layers zeroed or set to their mean | :func:`ablate`, :func:`layer_means` |
 | circuits: a score per edge between components | :func:`edge_attribution`, |
-| | :class:`EdgeScores`, :class:`Components` |
+| | :func:`faithfulness`, :class:`EdgeScores`, :class:`Components` |
 
 This package is the public face; one family a private module
 (``_gradcam``, ``_gradients``, ``_edges``, ``_patching``, ``_sweeps``,
@@ -65,6 +65,7 @@ __all__ = [
     "attribution_patch",
     "cache_run",
     "edge_attribution",
+    "faithfulness",
     "grad_cam",
     "input_x_gradient",
     "integrated_gradients",
@@ -78,7 +79,7 @@ __all__ = [
 
 from ._ablation import ablate, layer_means
 from ._attribution import attribution_patch
-from ._edges import Components, EdgeScores, edge_attribution
+from ._edges import Components, EdgeScores, edge_attribution, faithfulness
 from ._gradcam import grad_cam
 from ._gradients import input_x_gradient, integrated_gradients, saliency, smoothgrad
 from ._lens import logit_lens

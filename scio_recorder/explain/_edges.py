@@ -32,8 +32,9 @@ its output to it).
 
 from __future__ import annotations
 
-__all__ = ["Components", "EdgeScores", "edge_attribution"]
+__all__ = ["Components", "EdgeScores", "edge_attribution", "faithfulness"]
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ from ._base import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
+    from pathlib import Path
 
     from scio_recorder.recorder import Recorder
 
@@ -366,6 +368,124 @@ class EdgeScores:
         """Return the number of edges."""
         return int(self.real.sum())
 
+    def top(self, n: int) -> list[tuple[str, str]]:
+        """Return the ``n`` edges of largest absolute score, largest first.
+
+        Ties keep the order of :meth:`edges`.
+
+        Examples
+        --------
+        >>> import torch
+        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
+        >>> scores.top(1)
+        [('input', 'logits')]
+
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            msg = f"EdgeScores.top: `n={n!r}` must be an int of at least 0."
+            raise ValueError(msg)
+        edges = list(self.edges())
+        sizes = [abs(float(self[edge])) for edge in edges]
+        order = sorted(range(len(edges)), key=lambda i: -sizes[i])
+        return [edges[i] for i in order[:n]]
+
+    def above(self, threshold: float) -> list[tuple[str, str]]:
+        """Return the edges of absolute score at least ``threshold``, largest first.
+
+        Examples
+        --------
+        >>> import torch
+        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
+        >>> scores.above(0.5)
+        [('input', 'logits'), ('input', 'a')]
+
+        """
+        edges = self.top(len(self))
+        return [edge for edge in edges if abs(float(self[edge])) >= threshold]
+
+    def mask(self, edges: Sequence[tuple[str, str]]) -> Tensor:
+        """Return ``[sources, destinations]``, True at ``edges`` (a circuit)."""
+        keep = torch.zeros_like(self.real)
+        for u, v in edges:
+            keep[self.index(u, v)] = True
+        return keep
+
+    def save(
+        self, path: str | Path, circuit: Sequence[tuple[str, str]] | None = None
+    ) -> None:
+        """Write the graph to ``path`` (safetensors, node names in its JSON metadata).
+
+        The scores (``values``), where edges are (``real``), and optionally a
+        circuit's edges (``circuit``, a mask); :meth:`load` reads it back.
+
+        Examples
+        --------
+        >>> import tempfile, pathlib, torch
+        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "graph.safetensors"
+        >>> scores.save(path, circuit=[("input", "logits")])
+        >>> again, circuit = EdgeScores.load(path)
+        >>> torch.equal(again.values, scores.values), circuit
+        (True, [('input', 'logits')])
+
+        """
+        from safetensors.torch import save_file  # noqa: PLC0415 (a dependency)
+
+        tensors = {
+            "values": self.values.detach().cpu().contiguous(),
+            "real": self.real.cpu().contiguous(),
+        }
+        if circuit is not None:
+            tensors["circuit"] = self.mask(circuit).cpu().contiguous()
+        names = {
+            "sources": self.sources,
+            "destinations": self.destinations,
+            "aliases": self.aliases,
+        }
+        save_file(tensors, str(path), metadata={"graph": json.dumps(names)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[EdgeScores, list[tuple[str, str]] | None]:
+        """Read a graph written by :meth:`save`: the scores, and the circuit or None.
+
+        Raises
+        ------
+        ValueError
+            If the file is not a graph written by :meth:`save`.
+
+        Examples
+        --------
+        See :meth:`save`.
+
+        """
+        from safetensors import safe_open  # noqa: PLC0415 (a dependency)
+
+        with safe_open(str(path), framework="pt") as file:
+            metadata = file.metadata() or {}
+            if "graph" not in metadata or "values" not in file.keys():  # noqa: SIM118 (not a dict)
+                msg = (
+                    f"EdgeScores.load: {path} holds no graph (no 'graph' metadata or "
+                    "'values' tensor): read a file written by EdgeScores.save."
+                )
+                raise ValueError(msg)
+            tensors = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118
+        names = json.loads(metadata["graph"])
+        scores = cls(
+            tensors["values"],
+            names["sources"],
+            names["destinations"],
+            tensors["real"],
+            names["aliases"],
+        )
+        circuit = None
+        if "circuit" in tensors:
+            circuit = [
+                edge
+                for edge in scores.edges()
+                if tensors["circuit"][scores.index(*edge)]
+            ]
+        return scores, circuit
+
     def __repr__(self) -> str:
         """Describe the graph's size."""
         return (
@@ -429,6 +549,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     replace_input: Tensor | None = None,
     patches: dict[str, Tensor] | None = None,
     per_copy: int | None = None,
+    circuit: tuple[Tensor, dict[str, Tensor]] | None = None,
 ) -> _Run:
     """Run ``inputs`` once; keep the sources' terms and the destinations' inputs.
 
@@ -437,7 +558,10 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     ``replace_input``, the stream entering the first block is replaced; with
     ``patches``, ``patches[v]`` is added to the input of destination ``v``
     (and of it only). With ``per_copy``, the metric is taken on each
-    ``per_copy`` rows and returned as a vector.
+    ``per_copy`` rows and returned as a vector. With ``circuit = (keep,
+    corrupted terms)``, each edge ``u -> v`` not kept is patched: the term
+    of ``u`` in this run is replaced by its corrupted one in the input of
+    ``v`` (the authors' ``evaluate_graph``).
     """
     terms: dict[str, Tensor] = {}
     seen: dict[str, Tensor] = {}
@@ -445,6 +569,22 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     projected: dict[str, Tensor] = {}
     leaves: dict[str, Tensor] = {}
     patches = patches or {}
+    index = {s.name: i for i, s in enumerate(layout.sources)}
+    real = _real(layout)
+
+    def extra(dest: _Dest) -> Tensor | None:
+        """Return what is added to ``dest``'s input in this run, or None."""
+        added = patches.get(dest.name)
+        if circuit is None:
+            return added
+        keep, corrupted_terms = circuit
+        j = layout.dests.index(dest)
+        for name, i in index.items():
+            if real[i, j] and not keep[i, j]:
+                change = corrupted_terms[name] - terms[name]
+                added = change if added is None else added + change
+        return added
+
     in_edits: dict[str, Callable[[Any], Any]] = {}
     out_edits: dict[str, Callable[[Any], Any]] = {}
     by_module: dict[str, list[_Source]] = {}
@@ -476,8 +616,9 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
                 live[module] = out  # in the graph: a patched head's path to it
                 whole = [d for d in layout.dests if d.norm == module and d.proj is None]
                 for dest in whole:
-                    if dest.name in patches:
-                        out = out + patches[dest.name]
+                    added = extra(dest)
+                    if added is not None:
+                        out = out + added
                     if gradients:  # a zero added: the gradient along this path only
                         leaves[dest.name] = torch.zeros_like(out, requires_grad=True)
                         out = out + leaves[dest.name]
@@ -502,12 +643,13 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
             projected[module] = value.detach().clone()
             out = value
             dests = projs[module]
-            patched = [d for d in dests if d.name in patches]
-            if patched:
+            patched = [(d, extra(d)) for d in dests]
+            if any(added is not None for _, added in patched):
                 out = out.clone()
-                for dest in patched:
-                    new = _split(rnet, dest, live[dest.norm], patches[dest.name])
-                    out[..., dest.cols] = new
+                for dest, added in patched:
+                    if added is not None:
+                        new = _split(rnet, dest, live[dest.norm], added)
+                        out[..., dest.cols] = new
             if gradients:
                 leaves[module] = torch.zeros_like(out, requires_grad=True)
                 out = out + leaves[module]
@@ -1013,3 +1155,96 @@ def _check_lengths(clean: Any, corrupted: Any) -> None:
                 "an `attention_mask`) or pick pairs of one length."
             )
             raise ValueError(msg)
+
+
+def faithfulness(  # noqa: PLR0913 (the interface of edge_attribution, then edges)
+    rnet: Recorder,
+    clean: Any,
+    corrupted: Any,
+    metric: Callable[[Tensor], Tensor],
+    edges: Sequence[tuple[str, str]],
+    *,
+    components: Components | None = None,
+) -> dict[str, float]:
+    r"""Return the metric of a circuit: every edge outside ``edges`` patched.
+
+    One pass on ``clean`` in which, for every edge ``u -> v`` not in
+    ``edges``, the term of ``u`` in the input of ``v`` is replaced by its
+    value on ``corrupted`` (the authors' ``evaluate_graph`` with
+    ``intervention="patching"``): the circuit's edges carry the clean run,
+    the others the corrupted one. With every edge, the clean run; with none,
+    the corrupted run.
+
+    Parameters
+    ----------
+    rnet, clean, corrupted, metric, components
+        As for :func:`edge_attribution`.
+    edges : sequence of (str, str)
+        The circuit, e.g. ``scores.top(20)``.
+
+    Returns
+    -------
+    dict
+        ``"circuit"``, ``"clean"`` and ``"corrupted"``: the metric on the
+        three runs; ``"faithfulness"``: $(m_\mathrm{circuit} -
+        m_\mathrm{corrupted}) / (m_\mathrm{clean} - m_\mathrm{corrupted})$
+        (NaN when the clean and corrupted metrics are equal).
+
+    Raises
+    ------
+    KeyError
+        An edge that is not in the graph.
+    ValueError, TypeError
+        As :func:`edge_attribution`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from scio_recorder import Recorder
+    >>> class Toy(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed, self.a, self.out = (
+    ...             nn.Embedding(5, 3),
+    ...             nn.Linear(3, 3),
+    ...             nn.Linear(3, 2),
+    ...         )
+    ...
+    ...     def forward(self, ids):
+    ...         x = self.embed(ids)
+    ...         return self.out(x + self.a(x))
+    >>> rnet = Recorder(Toy(), input_data=[torch.zeros(1, 4, dtype=torch.long)])
+    >>> parts = Components("embed", ["a"], "out")
+    >>> clean, corrupted = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 2, 3, 0]])
+    >>> metric = lambda logits: logits[:, -1, 0].mean()
+    >>> every = [("input", "a"), ("input", "logits"), ("a", "logits")]
+    >>> run = faithfulness(rnet, clean, corrupted, metric, every, components=parts)
+    >>> run["circuit"] == run["clean"], round(run["faithfulness"], 6)
+    (True, 1.0)
+
+    """
+    check_recorder(rnet, "faithfulness")
+    check_callable(
+        metric, "metric", "faithfulness", "lambda logits: logits[:, -1, 3].mean()"
+    )
+    check_pair(clean, corrupted, ("clean", "corrupted"), "faithfulness")
+    _check_lengths(clean, corrupted)
+    layout = _layout(rnet.net, components)
+    graph = _result(layout, torch.zeros(len(layout.sources), len(layout.dests)))
+    keep = graph.mask(list(edges))
+    corrupted_run = _pass(rnet, layout, corrupted, metric)
+    clean_run = _pass(rnet, layout, clean, metric)
+    run = _pass(rnet, layout, clean, metric, circuit=(keep, corrupted_run.terms))
+    m, m_clean, m_corr = (
+        float(run.metric),
+        float(clean_run.metric),
+        float(corrupted_run.metric),
+    )
+    span = m_clean - m_corr
+    return {
+        "circuit": m,
+        "clean": m_clean,
+        "corrupted": m_corr,
+        "faithfulness": (m - m_corr) / span if span else float("nan"),
+    }
