@@ -291,6 +291,7 @@ def run_session(session: str, where: str) -> None:
 # pages whose examples take over ~0.5 s on an idle 2-core machine (models
 # trained, compiled, many detectors fitted, the command line on a GPT-2)
 SLOW_PAGES = {
+    "docs/attribution.md",
     "docs/cli.md",
     "docs/compile.md",
     "docs/migrate/nnsight.md",
