@@ -292,6 +292,7 @@ def run_session(session: str, where: str) -> None:
 # trained, compiled, many detectors fitted, the command line on a GPT-2)
 SLOW_PAGES = {
     "docs/activations.md",  # its "Many machines" runs two workers' processes
+    "docs/attribution.md",
     "docs/cli.md",
     "docs/collect.md",  # idem
     "docs/compile.md",

@@ -19,17 +19,22 @@ kwargs)`` both. (A net whose one argument is a dict takes ``(mapping,)``.)
 | family | functions |
 |---|---|
 | heatmaps of a convolutional layer | :func:`grad_cam` (Selvaraju et al. 2017) |
+| gradients, integrated or not (as captum) | :func:`integrated_gradients`, |
+| | :func:`saliency`, :func:`input_x_gradient`, :func:`smoothgrad` |
 | a source run's activations in a target run | :func:`patch`, :func:`cache_run`, |
 | | :class:`ActivationCache` |
 | the patching grid, layers x positions | :func:`patch_sweep` |
 | its linear estimate, one backward pass | :func:`attribution_patch` |
 | the final norm and unembedding on residual streams | :func:`logit_lens` |
 | layers zeroed or set to their mean | :func:`ablate`, :func:`layer_means` |
+| circuits: a score per edge between components | :func:`edge_attribution`, |
+| | :func:`faithfulness`, :class:`EdgeScores`, :class:`Components` |
 
 This package is the public face; one family a private module
-(``_gradcam``, ``_patching``, ``_sweeps``, ``_attribution``, ``_lens``,
-``_ablation``), what they share in ``_base`` (the inputs' one form, layers
-by call, edits in call order, the residual stream of a block), and in
+(``_gradcam``, ``_gradients``, ``_edges``, ``_patching``, ``_sweeps``,
+``_attribution``, ``_lens``, ``_ablation``), what they share in ``_base``
+(the inputs' one form, layers by call, edits in call order, the residual
+stream of a block), and in
 ``_prefix`` how :func:`patch_sweep` runs a block stack's prefix once (the
 blocks before a patch answered from the corrupted run).
 
@@ -54,19 +59,29 @@ from __future__ import annotations
 
 __all__ = [
     "ActivationCache",
+    "Components",
+    "EdgeScores",
     "ablate",
     "attribution_patch",
     "cache_run",
+    "edge_attribution",
+    "faithfulness",
     "grad_cam",
+    "input_x_gradient",
+    "integrated_gradients",
     "layer_means",
     "logit_lens",
     "patch",
     "patch_sweep",
+    "saliency",
+    "smoothgrad",
 ]
 
 from ._ablation import ablate, layer_means
 from ._attribution import attribution_patch
+from ._edges import Components, EdgeScores, edge_attribution, faithfulness
 from ._gradcam import grad_cam
+from ._gradients import input_x_gradient, integrated_gradients, saliency, smoothgrad
 from ._lens import logit_lens
 from ._patching import ActivationCache, cache_run, patch
 from ._sweeps import patch_sweep

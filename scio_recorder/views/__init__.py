@@ -13,6 +13,7 @@ works offline and in an exported notebook) that Jupyter shows, that
 | :func:`patching_view` | :func:`~scio_recorder.explain.patch_sweep` | the value |
 | :func:`layer_view` | the layer table as a tree | shapes, parameters |
 | :func:`ood_view` | :func:`~scio_recorder.ood.evaluate` | bin counts, ROC points |
+| :func:`circuit_view` | a circuit (``edge_attribution``) | an edge's score |
 
 The attention weights are recorded (eager attention), or recomputed from
 recorded queries and keys by :func:`attention_from_qk`.
@@ -41,6 +42,7 @@ __all__ = [
     "View",
     "attention_from_qk",
     "attention_view",
+    "circuit_view",
     "layer_view",
     "lens_view",
     "ood_view",
@@ -49,6 +51,7 @@ __all__ = [
 
 from ._attention import attention_from_qk, attention_view
 from ._base import View
+from ._circuit import circuit_view
 from ._layers import layer_view
 from ._lens import lens_view
 from ._ood import ood_view
