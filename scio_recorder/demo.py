@@ -9,7 +9,7 @@ digits CNN in about a second, wraps it in a :class:`~scio_recorder.Recorder`,
 fits the detectors of :data:`DETECTORS` (``detectors=None``, the CLI's
 ``--all``: every detector of :mod:`scio_recorder.ood`) with one shared pass
 over the training data, and rates them (:func:`~scio_recorder.ood.evaluate`);
-it prints AUROC and FPR@95 (ID positive, OpenOOD's) as mean ± std over the
+it prints AUROC and FPR@95 (ID positive, OpenOOD v1.5's) as mean ± std over the
 seeds, and writes pictures of the first seed: score histograms, ROC
 curves, a Grad-CAM overlay and the execution graph. Deterministic for a
 given seed on a given machine.
