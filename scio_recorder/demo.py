@@ -70,8 +70,8 @@ Each costs more than a second per seed on two cores, with passes (or a fit)
 of its own: ``Odds`` (32 noisy passes of every sample, to fit and to score:
 a third of the whole catalogue's time), ``AdaScale``, ``IsoMax`` (1,000
 optimiser steps), ``Trust``, ``RankFeat``, ``NAC`` and ``FeatureSqueezing``.
-Without them the demo runs in about a third of the time (``docs/cli.md``
-has the figures)."""
+Without them the demo runs in about half the time (``--all`` takes 1.6x to
+2.2x as long; ``docs/cli.md`` has the figures)."""
 
 DETECTORS = tuple(name for name in CATALOGUE if name not in SLOW)
 """The detectors the demo rates by default: the catalogue but :data:`SLOW`
