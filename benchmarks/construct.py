@@ -5,7 +5,12 @@ Two nets, CPU, one thread, eval mode, no download:
 * ``mlp``: a 2,000-module MLP, ``Sequential`` of 1,000 ``Linear(64, 64)`` +
   ``ReLU`` pairs (2,001 module calls), a batch of 8;
 * ``gpt2``: GPT-2 from a config (12 layers, width 512 by default, random
-  weights), a batch of 2 x 64 tokens.
+  weights), a batch of 2 x 64 tokens. ``--pad-token-id`` sets the config's
+  ``pad_token_id`` (0; the ids are drawn from 1 up, no padding), which makes
+  transformers read a value of the ids in its padding warning when no
+  attention mask is given (``reference_tensors="fake"`` then falls back to
+  the real pass); ``--mask`` passes an all-ones ``attention_mask`` too
+  (no read).
 
 Each round times, in a freshly shuffled order, one plain forward under
 ``torch.no_grad()``, one ``torchinfo.summary(net, input_data=x,
@@ -18,10 +23,11 @@ scenario:
 * ``fake``: ``reference_tensors="fake"``, ``force_static_flow=False``;
 * ``fake+check``: ``reference_tensors="fake"`` with the default check.
 
-Two ratios per scenario, each the median over rounds of the ratio of two
+Three ratios per scenario, each the median over rounds of the ratio of two
 times of the same round (paired, so slow drifts of a shared machine cancel):
-to one plain forward, and to ``torchinfo.summary`` plus one forward (issue
-35's target: at most 2). ``python benchmarks/construct.py --help`` lists the
+to one plain forward, to ``torchinfo.summary`` plus one forward (issue
+35's target: at most 2), and to the ``default`` construction (which of
+real and fake reference tensors is faster for this net and input). ``python benchmarks/construct.py --help`` lists the
 options; ``--quick`` runs one small round of each net.
 """
 
@@ -71,29 +77,45 @@ def mlp(pairs: int, width: int, batch: int) -> tuple[nn.Module, torch.Tensor, st
 
 
 def gpt2(
-    layers: int, width: int, batch: int, seq: int
-) -> tuple[nn.Module, torch.Tensor, str]:
-    """GPT-2 from a config and a batch of token ids."""
+    layers: int,
+    width: int,
+    batch: int,
+    seq: int,
+    *,
+    pad_token_id: bool = False,
+    mask: bool = False,
+) -> tuple[nn.Module, Any, str]:
+    """GPT-2 from a config and a batch of token ids (a dict with ``mask``)."""
     config = transformers.GPT2Config(
         n_layer=layers,
         n_embd=width,
         n_head=max(1, width // 64),
         n_positions=max(1024, seq),
+        pad_token_id=0 if pad_token_id else None,
     )
     net = transformers.GPT2LMHeadModel(config).eval()
     params = sum(p.numel() for p in net.parameters()) / 1e6
     described = (
         f"GPT-2, {layers} layers, width {width} ({params:.0f}M), batch {batch} x {seq}"
+        + (", config pad_token_id=0" if pad_token_id else "")
+        + (", with an attention_mask" if mask else "")
     )
-    return net, torch.randint(0, config.vocab_size, (batch, seq)), described
+    ids = torch.randint(1, config.vocab_size, (batch, seq))
+    if mask:
+        return (
+            net,
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            described,
+        )
+    return net, ids, described
 
 
-def measure(net: nn.Module, x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
+def measure(net: nn.Module, x: Any, rounds: int) -> dict[str, list[float]]:
     """Time every job once per round, in a shuffled order; return the times."""
 
     def forward() -> None:
         with torch.no_grad():
-            net(x)
+            net(**x) if isinstance(x, dict) else net(x)
 
     def summary() -> None:
         torchinfo.summary(net, input_data=x, verbose=0)
@@ -122,18 +144,20 @@ def report(times: dict[str, list[float]]) -> None:
     forward, summary = times["forward"], times["torchinfo"]
     baseline = [f + s for f, s in zip(forward, summary, strict=True)]
     print(
-        "| scenario | median s | ratio to one forward | ratio to torchinfo + forward |"
+        "| scenario | median s | ratio to one forward | ratio to torchinfo + forward "
+        "| ratio to default |"
     )
-    print("|---|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|")
     for name in ["forward", "torchinfo", *SCENARIOS]:
         own = times[name]
-        to_forward = statistics.median(t / f for t, f in zip(own, forward, strict=True))
-        to_baseline = statistics.median(
-            t / b for t, b in zip(own, baseline, strict=True)
-        )
+        ratios = [
+            statistics.median(t / b for t, b in zip(own, base, strict=True))
+            for base in (forward, baseline, times["default"])
+        ]
         print(
-            f"| {name} | {statistics.median(own):.3f} | {to_forward:.2f} | "
-            f"{to_baseline:.2f} |"
+            f"| {name} | {statistics.median(own):.3f} | "
+            + " | ".join(f"{ratio:.2f}" for ratio in ratios)
+            + " |"
         )
 
 
@@ -148,6 +172,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="tiny nets, one round")
+    parser.add_argument(
+        "--pad-token-id", action="store_true", help="GPT-2's config sets pad_token_id"
+    )
+    parser.add_argument(
+        "--mask", action="store_true", help="GPT-2 given an attention_mask too"
+    )
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.layers, args.width, args.seq, args.rounds = 20, 1, 64, 8, 1
@@ -158,7 +188,16 @@ def main() -> None:
     if args.net in {"mlp", "both"}:
         nets.append(mlp(args.pairs, 64, 8))
     if args.net in {"gpt2", "both"}:
-        nets.append(gpt2(args.layers, args.width, args.batch, args.seq))
+        nets.append(
+            gpt2(
+                args.layers,
+                args.width,
+                args.batch,
+                args.seq,
+                pad_token_id=args.pad_token_id,
+                mask=args.mask,
+            )
+        )
     for net, x, described in nets:
         times = measure(net, x, args.rounds)
         print(

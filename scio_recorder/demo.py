@@ -9,7 +9,7 @@ digits CNN in about a second, wraps it in a :class:`~scio_recorder.Recorder`,
 fits the detectors of :data:`DETECTORS` (``detectors=None``, the CLI's
 ``--all``: every detector of :mod:`scio_recorder.ood`) with one shared pass
 over the training data, and rates them (:func:`~scio_recorder.ood.evaluate`);
-it prints AUROC and FPR@95 (ID positive, OpenOOD's) as mean ± std over the
+it prints AUROC and FPR@95 (ID positive, OpenOOD v1.5's) as mean ± std over the
 seeds, and writes pictures of the first seed: score histograms, ROC
 curves, a Grad-CAM overlay and the execution graph. Deterministic for a
 given seed on a given machine.
@@ -70,8 +70,8 @@ Each costs more than a second per seed on two cores, with passes (or a fit)
 of its own: ``Odds`` (32 noisy passes of every sample, to fit and to score:
 a third of the whole catalogue's time), ``AdaScale``, ``IsoMax`` (1,000
 optimiser steps), ``Trust``, ``RankFeat``, ``NAC`` and ``FeatureSqueezing``.
-Without them the demo runs in about a third of the time (``docs/cli.md``
-has the figures)."""
+Without them the demo runs in about half the time (``--all`` takes 1.6x to
+2.2x as long; ``docs/cli.md`` has the figures)."""
 
 DETECTORS = tuple(name for name in CATALOGUE if name not in SLOW)
 """The detectors the demo rates by default: the catalogue but :data:`SLOW`

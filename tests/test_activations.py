@@ -1469,6 +1469,7 @@ def test_a_set_written_before_the_checksums_reads_unverified(tmp_path, monkeypat
     ds = toy_set(tmp_path)
     assert ds.manifest["format"] == "scio_recorder.activations/1"
     assert all("crc32" not in entry for entry in ds.manifest["shards"])
+    assert [part["checksums"] for part in ds.manifest["parts"]] == [False]
     truth = ds[:]["proj"].clone()
     monkeypatch.setattr(activations._shards, "CHECKSUM", True)
     gen = torch.Generator().manual_seed(6)
@@ -1485,6 +1486,70 @@ def test_a_set_written_before_the_checksums_reads_unverified(tmp_path, monkeypat
     flip(tmp_path / new[0]["file"], (tmp_path / new[0]["file"]).stat().st_size - 2)
     with pytest.raises(ValueError, match=r"is damaged: its bytes have the CRC-32 "):
         ActivationDataset(tmp_path)[len(truth)]
+
+
+def _lowered(m):
+    """A set of format 2 lowered to format 1 by hand, its checksums taken out."""
+    m["format"] = "scio_recorder.activations/1"
+    for entry in m["shards"]:
+        entry.pop("crc32")
+    m.pop("stats_crc32")
+
+
+@pytest.mark.parametrize("marker", ["checksums", "rank_rows"])
+def test_a_set_lowered_to_format_1_by_hand_is_refused(tmp_path, marker):
+    """Its parts say that they were written with checksums (``checksums``;
+    before that field, ``rank_rows``, which came with them)."""
+    # A damaged value read back as it was, with no error.
+    ds = toy_set(tmp_path, stats=True)
+    assert [part["checksums"] for part in ds.manifest["parts"]] == [True]
+    shard = ds.manifest["shards"][2]["file"]
+    flip(tmp_path / shard, (tmp_path / shard).stat().st_size - 2)  # a value
+    if marker == "rank_rows":  # a set written before the parts' "checksums"
+        edited_manifest(tmp_path, lambda m: m["parts"][0].pop("checksums"))
+    original = (tmp_path / "manifest.json").read_text()
+    edited_manifest(tmp_path, _lowered)
+    why = (
+        "although part 0 was written by a version that stores a checksum for "
+        "each file and writes the format 'scio_recorder.activations/2' (the "
+        "manifest says 'scio_recorder.activations/1': was it lowered by hand?), "
+        "so it could not be verified. "
+    )
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + "the shard 'shard-p0-r0-00000.safetensors' has no 'crc32', "
+        + why
+        + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+    (tmp_path / "manifest.json").write_text(original)
+    edited_manifest(tmp_path, lambda m: m.pop("stats_crc32"))
+    edited_manifest(tmp_path, lambda m: m.update(format="scio_recorder.activations/1"))
+    message = (
+        DAMAGED.format(tmp_path / "manifest.json")
+        + f"the statistics file '{ds.manifest['stats']}' has no 'stats_crc32', "
+        + why
+        + REWRITE
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ActivationDataset(tmp_path)
+
+
+def test_a_set_of_format_1_written_before_the_checksums_still_reads(tmp_path):
+    """No ``checksums`` and no ``rank_rows`` in its part: written before them."""
+    truth = toy_set(tmp_path, stats=True)[:]["proj"].clone()
+
+    def older(m):
+        _lowered(m)
+        for part in m["parts"]:
+            del part["checksums"], part["rank_rows"]
+
+    edited_manifest(tmp_path, older)
+    assert torch.equal(ActivationDataset(tmp_path)[:]["proj"], truth)
+    edited_manifest(tmp_path, lambda m: m["parts"][0].update(checksums="yes"))
+    with pytest.raises(ValueError, match=r"was edited: 'parts' is \["):
+        ActivationDataset(tmp_path)
 
 
 def test_verify_must_be_a_bool(tmp_path):

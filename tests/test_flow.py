@@ -284,6 +284,34 @@ def test_hugging_face_models_with_a_pad_token_wrap_and_record_exactly(factory, p
     torch.testing.assert_close(rnet.activations[label], kept[0], rtol=0, atol=0)
 
 
+def test_fake_reference_tensors_fall_back_on_the_padding_warning_s_read():
+    """docs/transformers.md: a config with `pad_token_id`, ids without a mask.
+
+    transformers' padding warning reads `pad_token_id in input_ids[:, [-1,
+    0]]`, which fake tensors cannot answer: the table comes from the real
+    pass, with a warning saying so. With an attention mask there is no read,
+    and the fake pass builds it.
+    """
+    # The docs said such a config passes with reference_tensors="fake".
+    net = gpt2(pad_token_id=0)  # (BERT, here, runs no such warning)
+    ids = torch.randint(1, 100, (2, 16))
+    real = Recorder(net, input_data={"input_ids": ids})
+    with pytest.warns(UserWarning, match="ran on real tensors") as caught:
+        fake = Recorder(net, input_data={"input_ids": ids}, reference_tensors="fake")
+    (message,) = (str(w.message) for w in caught)
+    assert message.startswith(
+        '`reference_tensors="fake"` ran on real tensors: the forward reads a tensor '
+        "value at "
+    )
+    assert message.endswith(
+        "(`if self.config.pad_token_id in input_ids[:, [-1, 0]]:`)."
+    )
+    assert _calls(fake) == _calls(real)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    masked = Recorder(net, input_data=batch, reference_tensors="fake")  # no warning
+    assert _calls(masked) == _calls(Recorder(net, input_data=batch))
+
+
 def _calls(rnet):
     return [
         (r.label, r.name, r.module, r.call_index, r.end_order) for r in rnet.table.rows

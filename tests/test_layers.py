@@ -1218,3 +1218,47 @@ def test_a_net_torchinfo_moves_off_its_tensors_type_is_put_back(monkeypatch):
     build_table(net, {"input_size": (1, 3)})
     build_table(net, {"input_data": torch.zeros(1, 3)})
     assert net[0].weight.device.type == "cpu"
+
+
+class _Tokens(nn.Module):
+    """A plain token model: an embedding first, no `input_ids` in its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+@pytest.mark.parametrize("reference_tensors", ["real", "fake"])
+@pytest.mark.parametrize("which", ["gpt2", "plain"])
+def test_a_token_model_given_input_size_says_it_wants_input_ids(
+    which, reference_tensors
+):
+    # torchinfo's bare "Failed to run torchinfo", with no hint.
+    from tests.lms import VOCAB, gpt2  # noqa: PLC0415 (transformers when used)
+
+    net, vocab = (gpt2(), VOCAB) if which == "gpt2" else (_Tokens(), 11)
+    msg = (
+        f"The reference pass of {type(net).__name__} failed on torchinfo's random "
+        "inputs of `input_size=(1, 8)`, which are floating point, but it reads "
+        "token ids (integers). Give it token ids instead: "
+        + (
+            f'`input_data={{"input_ids": torch.randint({vocab}, (1, 8))}}`.'
+            if which == "gpt2"
+            else f"`input_data=torch.randint({vocab}, (1, 8))`."
+        )
+    )
+    with pytest.raises(RuntimeError, match=f"^{re.escape(msg)}$") as caught:
+        Recorder(net, input_size=(1, 8), reference_tensors=reference_tensors)
+    assert "Failed to run torchinfo" in str(caught.value.__cause__)
+    ids = torch.randint(vocab, (1, 8))  # as it says
+    data = {"input_ids": ids} if which == "gpt2" else ids
+    Recorder(net, input_data=data, reference_tensors=reference_tensors)
+
+
+def test_a_float_model_that_fails_on_its_input_size_gets_no_token_hint():
+    with pytest.raises(RuntimeError, match=r"^Failed to run torchinfo"):
+        Recorder(nn.Linear(3, 2), input_size=(1, 4))

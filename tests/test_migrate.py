@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -176,6 +177,51 @@ def test_nnsight_trace_save_and_edit_match_ours():
     assert torch.equal(theirs, ours)
 
 
+class _Twice(nn.Module):
+    """One module called twice in a forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.layer(self.layer(x))
+
+
+def test_nnsight_0_8_reads_several_calls_with_tracer_iter_as_the_page_says():
+    """docs/migrate/nnsight.md: several calls of one module, ``.all()``."""
+    # The page used `.next()`, which nnsight 0.8.1 does not have, and a
+    # module's `.all()`, which it deprecates for `tracer.all()`.
+    nnsight = pytest.importorskip("nnsight")
+    torch.manual_seed(0)
+    net, x = _Twice(), torch.randn(2, 3)
+    wrapped = nnsight.NNsight(net)
+    assert not hasattr(wrapped.layer, "next")
+    with wrapped.trace(x) as tracer:
+        theirs = list().save()  # noqa: C408 (nnsight saves a list made in the trace)
+        for _ in tracer.iter[:2]:
+            theirs.append(wrapped.layer.output)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with wrapped.trace(x):  # (its own statement: nnsight reads the block)
+            for _ in wrapped.layer.all():
+                wrapped.layer.output.save()  # (a loop reaching no module never ends)
+    deprecations = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, nnsight.NNsightDeprecationWarning)  # FutureWarning
+    ]
+    assert deprecations == ["model.all() is deprecated; use tracer.all() instead."]
+    rnet = Recorder(net, input_data=x)
+    labels = [layer.label for layer in rnet.table.calls_of(net.layer)]
+    rnet.record(*labels)
+    with torch.no_grad():
+        rnet(x)
+    ours = [rnet.activations_of(label)[0] for label in labels]
+    assert len(theirs) == len(ours) == 2
+    assert all(map(torch.equal, theirs, ours))
+
+
 def digits_net():
     """A small classifier of the digits 0-5, trained for a few epochs."""
     from scio_recorder.data import load_digits, train_classifier  # noqa: PLC0415
@@ -193,6 +239,21 @@ def digits_net():
         images[seen][600:],
         images[~seen],
     )
+
+
+def test_pytorch_ood_0_4_fit_takes_the_loader_alone():
+    """docs/migrate/pytorch-ood.md: `fit(loader)`, no `device=`; KNN's k = 50."""
+    # The page said `detector.fit(loader, device=)`, which 0.4.0's is not.
+    pytest.importorskip("pytorch_ood")
+    torchvision_operators()
+    import inspect  # noqa: PLC0415 (the check of this test)
+
+    from pytorch_ood.api import Detector  # noqa: PLC0415 (skipped when absent)
+    from pytorch_ood.detector import KNN, Mahalanobis  # noqa: PLC0415
+
+    for fit in (Detector.fit, KNN.fit, Mahalanobis.fit):
+        assert list(inspect.signature(fit).parameters) == ["self", "data_loader"]
+    assert inspect.signature(KNN).parameters["k"].default == 50
 
 
 @pytest.mark.slow

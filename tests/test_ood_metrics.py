@@ -120,6 +120,70 @@ def test_fpr_both_conventions_equal_their_definitions(id_scores, ood_scores, rec
         )
 
 
+# OpenOOD's "FPR@95", ported as the oracle of the next test from
+# github.com/Jingkang50/OpenOOD, openood/evaluators/metrics.py (MIT licence):
+# `fpr_recall` as of tag v1.5 (commit 8d44375e4c695d03d2b97850b754f24fd4bda447,
+# 2023-06-26), ID positive; `auc_and_fpr_recall` since commit
+# 873e8c291b6d983a5dfb7e9e824128000caa51a5 ("fix ood eval (ood as pos)",
+# 2023-08-10), OoD positive. OpenOOD's `conf` is higher for ID: our scores negated;
+# its labels are -1 for OoD.
+def _openood_inputs(ind, ood):
+    conf = -np.asarray([*ind, *ood], dtype=np.float64)
+    label = np.asarray([0] * len(ind) + [-1] * len(ood))
+    return conf, label
+
+
+def openood_v15_fpr(ind, ood, tpr=0.95):
+    conf, label = _openood_inputs(ind, ood)
+    gt = np.ones_like(label)
+    gt[label == -1] = 0
+    fpr_list, tpr_list, _ = sk.roc_curve(gt, conf)
+    return fpr_list[np.argmax(tpr_list >= tpr)]
+
+
+def openood_873e8c2_fpr(ind, ood, tpr_th=0.95):
+    conf, label = _openood_inputs(ind, ood)
+    ood_indicator = np.zeros_like(label)
+    ood_indicator[label == -1] = 1
+    fpr_list, tpr_list, _ = sk.roc_curve(ood_indicator, -conf)
+    return fpr_list[np.argmax(tpr_list >= tpr_th)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.floats(-5, 5, allow_subnormal=False), min_size=2, max_size=50, unique=True
+    ),
+    st.data(),
+)
+def test_fpr95_id_is_openood_v1_5_and_fpr95_ood_is_openood_since_873e8c2(scores, data):
+    """Scores without ties (OpenOOD's `roc_curve` drops intermediate points,
+    which with ties can skip the first one reaching 95 %)."""
+    # The docs said FPR95-ID was OpenOOD's FPR@95: only until August 2023.
+    cut = data.draw(st.integers(1, len(scores) - 1))
+    ind, ood = scores[:cut], scores[cut:]
+    assert fpr_at_id_recall(ind, ood) == openood_v15_fpr(ind, ood)
+    assert fpr_at_ood_recall(ind, ood) == openood_873e8c2_fpr(ind, ood)
+
+
+def test_openood_changed_its_positive_class_in_873e8c2():
+    ind = [float(i) for i in range(20)]  # as below: the conventions differ here
+    ood = [18.5, 19.5, 30.0, 31.0]
+    assert openood_v15_fpr(ind, ood) == fpr_at_id_recall(ind, ood) == 0.0
+    assert openood_873e8c2_fpr(ind, ood) == fpr_at_ood_recall(ind, ood) == 1 / 20
+
+
+def test_the_legend_names_openood_s_version_of_each_fpr():
+    from scio_recorder.ood._results import legend  # noqa: PLC0415 (private)
+
+    # It said "FPR95-ID ... (ID positive, OpenOOD's FPR@95)", true of v1.5 only.
+    assert legend("FPR95-ID").startswith(
+        "FPR95-ID: false-positive rate at 95 % ID recall (ID positive, OpenOOD "
+        "v1.5's FPR@95; OpenOOD's since August 2023 is FPR95-OOD): "
+    )
+    assert "(OoD positive, OpenOOD's FPR@95 since August 2023)" in legend("FPR95-OOD")
+
+
 def test_the_two_fpr_conventions_differ_and_are_named():
     ind = [float(i) for i in range(20)]  # 0..19
     ood = [18.5, 19.5, 30.0, 31.0]

@@ -242,6 +242,79 @@ def test_from_state_copies_and_checks_the_tensors():
         sae.encode(torch.zeros(2, 5))
 
 
+def _weights(d_in=4, d_sae=6):
+    w = torch.randn(d_in, d_sae)
+    return {
+        "W_enc": w,
+        "b_enc": torch.zeros(d_sae),
+        "W_dec": w.T,
+        "b_dec": torch.zeros(d_in),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "shown"),
+    [
+        ("W_enc", float("nan"), "nan"),
+        ("b_enc", float("inf"), "inf"),
+        ("W_dec", float("-inf"), "-inf"),
+        ("b_dec", float("nan"), "nan"),
+        ("threshold", float("nan"), "nan"),
+        ("W_skip", float("inf"), "inf"),
+    ],
+)
+def test_from_state_refuses_a_non_finite_weight_naming_the_tensor(name, bad, shown):
+    # Accepted: every latent was NaN.
+    tensors = _weights()
+    extra = {"threshold": torch.zeros(6), "W_skip": torch.zeros(4, 4)}
+    tensors.update({key: value for key, value in extra.items() if key == name})
+    tensors[name] = tensors[name].clone()
+    where = [1] * tensors[name].dim()
+    tensors[name][tuple(where)] = bad
+    activation = "jumprelu" if name == "threshold" else "relu"
+    msg = (
+        f"`{name}` has 1 non-finite value (the first, at {where}, is {shown}): "
+        "every latent it reaches would be NaN: pass finite weights."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        SparseAutoencoder.from_state(**tensors, activation=activation)
+
+
+def test_from_state_refuses_weights_that_overflow_the_dtype():
+    tensors = _weights()
+    tensors["W_dec"] = tensors["W_dec"].clone()
+    tensors["W_dec"][2, 3] = 1e6  # finite in float32, above float16's 65504
+    tensors["W_dec"][4, 0] = -1e6
+    msg = (
+        "`W_dec` has 2 non-finite values (the first, at [2, 3], is inf): its "
+        "finite values overflow torch.float16: choose a wider `dtype`."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        SparseAutoencoder.from_state(**tensors, dtype=torch.float16)
+
+
+def test_from_state_names_integer_weights_and_their_dtype():
+    # torch's "Only Tensors of floating point ... can require gradients".
+    tensors = {name: value.round().long() for name, value in _weights().items()}
+    msg = (
+        "`W_enc` has dtype torch.int64, but an SAE's weights are floating point: "
+        "pass floating-point tensors (`W_enc.float()`), or choose the parameters' "
+        "dtype with `dtype=torch.float32`."
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+        SparseAutoencoder.from_state(**tensors)
+    sae = SparseAutoencoder.from_state(**tensors, dtype=torch.float32)  # as it says
+    assert torch.equal(sae.W_enc, tensors["W_enc"].float())
+    msg = (
+        "`dtype` must be a floating-point torch.dtype (an SAE's parameters are "
+        "trained), got torch.int32."
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+        SparseAutoencoder.from_state(**_weights(), dtype=torch.int32)
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+        SparseAutoencoder(4, 6, dtype=torch.int32)
+
+
 # -- SAELens's format (the parity with SAELens: test_sae_saelens.py) ------------
 
 
@@ -296,6 +369,20 @@ def test_load_saelens_names_what_it_cannot_read(tmp_path):
     save_saelens(tmp_path / "jump", {"architecture": "jumprelu", "d_in": D}, state)
     with pytest.raises(ValueError, match=r"SAE lacks \['threshold'\]"):
         load_saelens(tmp_path / "jump")
+    # A top-k config without its k: a bare KeyError: 'k'.
+    save_saelens(tmp_path / "topk", {"architecture": "topk", "d_in": D}, state)
+    path = tmp_path / "topk" / "cfg.json"
+    msg = (
+        f"'{path}' is a 'topk' SAE but has no 'k' (the number of latents it "
+        'keeps, which SAELens\'s top-k configs store): add it, e.g. `"k": 32`, '
+        "as the SAE was trained."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        load_saelens(tmp_path / "topk")
+    path.write_text(json.dumps({"architecture": "topk", "d_in": D, "k": 2.5}))
+    msg = f"'{path}' has 'k' = 2.5: it must be an integer (the latents kept)."
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        load_saelens(tmp_path / "topk")
 
 
 # -- edits ----------------------------------------------------------------------

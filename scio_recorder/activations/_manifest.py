@@ -30,6 +30,7 @@ __all__ = [
     "model_info",
     "read_manifest",
     "stats_name",
+    "wrote_checksums",
 ]
 
 import json
@@ -149,8 +150,6 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
             or ("crc32" in entry and not is_crc32(entry["crc32"]))
         ):
             raise _damaged(path, f"the shard entry {entry!r} is not valid", fix)
-        if checked and "crc32" not in entry:
-            raise _damaged(path, _missing(f"the shard {entry['file']!r}", "crc32"), fix)
     for field in ("tokens", "rows"):
         if not is_count(data.get(field)):
             raise _damaged(path, f"{field!r} is {data.get(field)!r}", fix)
@@ -159,7 +158,9 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
         not isinstance(parts, list)
         or not parts
         or not all(
-            isinstance(part, dict) and isinstance(part.get("fingerprint"), dict)
+            isinstance(part, dict)
+            and isinstance(part.get("fingerprint"), dict)
+            and isinstance(part.get("checksums", False), bool)
             for part in parts
         )
     ):
@@ -167,24 +168,73 @@ def read_manifest(folder: Path, *, fix: str) -> dict[str, Any] | None:  # noqa: 
     problem = _inconsistent(data)
     if problem is not None:
         raise _damaged(path, problem, fix)
+    for entry in shards:
+        if "crc32" not in entry:
+            why = _unverified(data, entry["part"], checked=checked)
+            if why is not None:
+                raise _damaged(
+                    path, _missing(f"the shard {entry['file']!r}", "crc32", why), fix
+                )
     stats = data.get("stats")
     if stats is not None and not is_file_name(stats):
         raise _damaged(path, f"'stats' is {stats!r}", fix)
     crc = data.get("stats_crc32")
     if crc is not None and not is_crc32(crc):
         raise _damaged(path, f"'stats_crc32' is {crc!r}", fix)
-    if checked and stats is not None and crc is None:
-        raise _damaged(
-            path, _missing(f"the statistics file {stats!r}", "stats_crc32"), fix
-        )
+    if stats is not None and crc is None:
+        # The statistics are written (and checksummed) by the set's last part.
+        why = _unverified(data, len(parts) - 1, checked=checked)
+        if why is not None:
+            raise _damaged(
+                path,
+                _missing(f"the statistics file {stats!r}", "stats_crc32", why),
+                fix,
+            )
     return data
 
 
-def _missing(what: str, key: str) -> str:
-    return (
-        f"{what} has no {key!r}, which every set of format {FORMAT!r} records, "
-        "so it could not be verified"
-    )
+def wrote_checksums(part: Mapping[str, Any]) -> bool:
+    """Return whether the version that wrote ``part`` stored checksums.
+
+    A part records it (``"checksums"``); a part written before that field,
+    but by a version that stored its ranks' rows (``"rank_rows"``, which
+    came with the checksums), had them too.
+
+    Examples
+    --------
+    >>> wrote_checksums({"checksums": False, "rank_rows": [3]})
+    False
+    >>> wrote_checksums({"rank_rows": [3]}), wrote_checksums({"rows": 3})
+    (True, False)
+
+    """
+    recorded = part.get("checksums")
+    if isinstance(recorded, bool):
+        return recorded
+    return "rank_rows" in part
+
+
+def _unverified(data: Mapping[str, Any], part: int, *, checked: bool) -> str | None:
+    """Say why a checksum missing from part ``part`` is refused (``None``: it is not).
+
+    A set of format 2 has every checksum; one of format 1 has those of the
+    parts written by a version that stores them, whatever its format says:
+    a format lowered by hand, with the checksums taken out, must not turn
+    the check off.
+    """
+    if checked:
+        return f"which every set of format {FORMAT!r} records"
+    if wrote_checksums(data["parts"][part]):
+        return (
+            f"although part {part} was written by a version that stores a "
+            f"checksum for each file and writes the format {FORMAT!r} (the "
+            f"manifest says {FORMAT_UNCHECKED!r}: was it lowered by hand?)"
+        )
+    return None
+
+
+def _missing(what: str, key: str, why: str) -> str:
+    return f"{what} has no {key!r}, {why}, so it could not be verified"
 
 
 _SHARD = re.compile(r"shard-p(\d+)-r(\d+)-(\d+)\.safetensors")
@@ -440,6 +490,9 @@ def assemble(  # noqa: PLR0913 (what a part adds)
                 "rows": offset - rows_before,
                 "world": len(ranks),
                 "rank_rows": [int(summary["rows"]) for summary in ranks],
+                "checksums": all(
+                    "crc32" in entry for summary in ranks for entry in summary["shards"]
+                ),
             },
         ],
         "shards": shards,

@@ -184,7 +184,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--all",
         action="store_true",
         help="every detector of the catalogue, the 7 slowest included "
-        "(scio_recorder.demo.SLOW): about three times as long",
+        "(scio_recorder.demo.SLOW): about twice as long",
     )
     summary = sub.add_parser(
         "summary",

@@ -37,6 +37,7 @@ from torchinfo.layer_info import prod
 from scio_recorder._net.preserve import placed_by_accelerate, preserved
 from scio_recorder._support.tree import iter_tensors
 
+from ._hints import token_model_hint
 from ._torchinfo import (
     SUMMARY_OPTIONS,
     Row,
@@ -356,7 +357,13 @@ def run_reference(
             summary_patches(log.rows),
             around() if around is not None else contextlib.nullcontext(),
         ):
-            summary = torchinfo.summary(net, **kwargs)
+            try:
+                summary = torchinfo.summary(net, **kwargs)
+            except RuntimeError as error:
+                hint = token_model_hint(net, summary_kwargs, error)
+                if hint is None:
+                    raise
+                raise RuntimeError(hint) from error
             # Read before the net's buffers and parameters are put back (in
             # place): only the pass's own in-place operations count.
             overwritten = log.overwritten()

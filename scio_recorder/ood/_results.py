@@ -42,10 +42,11 @@ _LEGEND = {
     "AUROC": "AUROC: OoD positive, higher is better.\n"
     "AUROC < 0.5 means a reversed ranking: the detector ranks ID above OoD.",
     "FPR95-ID": "FPR95-ID: false-positive rate at 95 % ID recall (ID positive, "
-    "OpenOOD's FPR@95): the fraction of OoD samples taken for ID at the threshold "
+    "OpenOOD v1.5's FPR@95; OpenOOD's since August 2023 is FPR95-OOD): the "
+    "fraction of OoD samples taken for ID at the threshold "
     "keeping 95 % of ID; lower is better.",
     "FPR95-OOD": "FPR95-OOD: the fraction of ID samples flagged at 95 % OoD recall "
-    "(OoD positive); lower is better.",
+    "(OoD positive, OpenOOD's FPR@95 since August 2023); lower is better.",
     "FPR95TPR": "FPR95TPR: FPR95-OOD under its old name (OoD positive).",
     "AUPR-IN": "AUPR-IN: average precision, ID positive; higher is better.",
     "AUPR-OUT": "AUPR-OUT: average precision, OoD positive; higher is better.",
@@ -64,8 +65,9 @@ class Evaluation(Mapping[str, dict[str, float]]):
 
     Each detector's metrics are :data:`~scio_recorder.ood.metrics.ALL_METRICS`:
     ``AUROC``, ``AUPR-IN``, ``AUPR-OUT``, ``FPR95TPR`` (OoD positive, the old
-    name), ``FPR95-ID`` (ID positive, OpenOOD's FPR@95) and ``FPR95-OOD``
-    (OoD positive, the same as ``FPR95TPR``). Any other metric of
+    name), ``FPR95-ID`` (ID positive, OpenOOD v1.5's FPR@95) and ``FPR95-OOD``
+    (OoD positive, the same as ``FPR95TPR``; OpenOOD's FPR@95 since August
+    2023). Any other metric of
     :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
     ``pAUROC@0.1``, ...) is computed on request from the kept scores
     (:meth:`metric`, and the results tables' ``metrics=``).
@@ -359,7 +361,7 @@ class OoDResults(Mapping[str, Evaluation]):
         ----------
         metrics : sequence of str, optional
             Default :data:`~scio_recorder.ood.metrics.TABLE_METRICS`:
-            ``AUROC``, ``FPR95-ID`` (ID positive, as OpenOOD), ``AUPR-IN``,
+            ``AUROC``, ``FPR95-ID`` (ID positive, as OpenOOD v1.5), ``AUPR-IN``,
             ``AUPR-OUT``; any name of
             :func:`~scio_recorder.ood.metrics.metric_function` (``MCC``,
             ``pAUROC@0.1``, ``TPR@FPR0.05``, ...) on request.

@@ -10,14 +10,22 @@ positive class, as in pytorch-ood's ``OODMetrics``:
 * ``AUPR-IN``: the average precision with ID samples as positives (scores
   negated); ``AUPR-OUT``: with OoD samples as positives;
 * ``FPR95-ID`` (:func:`fpr_at_id_recall`): the false-positive rate at 95 %
-  in-distribution recall, **ID as the positive class**, as OpenOOD and the
-  ODIN and Energy papers report "FPR@95": the fraction of OoD samples scored
+  in-distribution recall, **ID as the positive class**, as the ODIN and
+  Energy papers and OpenOOD up to v1.5 (June 2023) report "FPR@95" (see
+  below for OpenOOD since): the fraction of OoD samples scored
   at or below the threshold that keeps 95 % of the ID samples (OoD taken for
   ID). The default FPR of the results tables (:class:`~scio_recorder.ood.OoDResults`);
 * ``FPR95-OOD`` (:func:`fpr_at_ood_recall`): the other convention, **OoD as
   the positive class**: the fraction of ID samples flagged as OoD at the
   threshold that flags 95 % of the OoD samples. ``FPR95TPR``
   (:func:`fpr_at_tpr`, :func:`ood_metrics`) is this one, under its old name.
+  OpenOOD's "FPR@95" is this one since its commit 873e8c2 (August 2023,
+  "fix ood eval (ood as pos)": ``auc_and_fpr_recall`` in
+  ``openood/evaluators/metrics.py`` takes OoD as the positive class);
+  before, its ``fpr_recall`` took ID as positive, ``FPR95-ID``. Both are
+  tested against a port of OpenOOD's code, on scores without ties (its
+  ``roc_curve`` drops intermediate points, which with ties can skip the
+  first one reaching 95 %).
 
 The two FPRs differ in general (one counts OoD samples, the other ID
 samples); name the convention when reporting one. An ``AUROC`` below 0.5
@@ -113,7 +121,7 @@ ALL_METRICS = ("AUROC", "AUPR-IN", "AUPR-OUT", "FPR95-ID", "FPR95-OOD", "FPR95TP
 
 TABLE_METRICS = ("AUROC", "FPR95-ID", "AUPR-IN", "AUPR-OUT")
 """The metrics a results table shows by default (FPR with ID positive, as
-OpenOOD)."""
+OpenOOD up to v1.5 and the ODIN and Energy papers)."""
 
 
 def _array(scores: Scores, what: str) -> npt.NDArray[np.float64]:
@@ -233,8 +241,9 @@ def fpr_at_tpr(id_scores: Scores, ood_scores: Scores, tpr: float = 0.95) -> floa
 
     **OoD is the positive class**: the fraction of ID samples flagged at the
     threshold that flags a fraction ``tpr`` of the OoD samples (the first ROC
-    point reaching it). The same as :func:`fpr_at_ood_recall`; OpenOOD's
-    "FPR@95" is the other convention, :func:`fpr_at_id_recall`.
+    point reaching it). The same as :func:`fpr_at_ood_recall`, and OpenOOD's
+    "FPR@95" since its commit 873e8c2 (August 2023); OpenOOD v1.5's was the
+    other convention, :func:`fpr_at_id_recall`.
 
     Examples
     --------
@@ -274,12 +283,14 @@ def fpr_at_id_recall(
 ) -> float:
     """Return the fraction of OoD samples taken for ID at ``recall`` of the ID ones.
 
-    **ID is the positive class** (``FPR95-ID``), the "FPR@95" of OpenOOD and
-    of the ODIN and Energy papers: the threshold is the lowest one that keeps
-    (scores at or below) at least a fraction ``recall`` of the ID samples,
-    and the result is the fraction of OoD samples at or below it. (OpenOOD
-    keeps the ``int(recall * n)`` lowest-scored ID samples, one fewer when
-    ``recall * n`` is not an integer; the difference vanishes with ``n``.)
+    **ID is the positive class** (``FPR95-ID``), the "FPR@95" of the ODIN and
+    Energy papers and of OpenOOD up to v1.5 (its ``fpr_recall``; since its
+    commit 873e8c2 of August 2023 OpenOOD reports :func:`fpr_at_ood_recall`):
+    the threshold is the lowest one that keeps (scores at or below) at
+    least a fraction ``recall`` of the ID samples, and the result is the
+    fraction of OoD samples at or below it. (OpenOOD before April 2022 kept
+    the ``int(recall * n)`` lowest-scored ID samples, one fewer when
+    ``recall * n`` is not an integer.)
 
     Examples
     --------
@@ -643,9 +654,9 @@ def ood_metrics(
         Scores of in-distribution and OoD samples (higher: more OoD).
     names : sequence of str, default :data:`METRICS`
         Which metrics, among :data:`ALL_METRICS` (``FPR95-ID``: ID positive,
-        OpenOOD's FPR@95; ``FPR95-OOD``: OoD positive, equal to
-        ``FPR95TPR``) and the others :func:`metric_function` knows
-        (``MCC``, ``pAUROC@0.1``, ...).
+        OpenOOD v1.5's FPR@95; ``FPR95-OOD``: OoD positive, equal to
+        ``FPR95TPR``, OpenOOD's FPR@95 since August 2023) and the others
+        :func:`metric_function` knows (``MCC``, ``pAUROC@0.1``, ...).
 
     Returns
     -------

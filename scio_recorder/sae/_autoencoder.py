@@ -111,6 +111,41 @@ def _check_shapes(
     return d_in, d_sae, d_out
 
 
+def _check_dtype(dtype: object) -> None:
+    """Refuse a parameters' dtype that is not floating point (naming it)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        msg = (
+            f"`dtype` must be a floating-point torch.dtype (an SAE's parameters "
+            f"are trained), got {dtype!r}."
+        )
+        raise TypeError(msg)
+
+
+def _check_finite(name: str, given: Tensor | float, copied: Tensor) -> None:
+    """Refuse a tensor of ``from_state`` with a NaN or an infinity, naming it.
+
+    ``given`` is what was passed, ``copied`` its copy in the parameters'
+    dtype (a finite value can overflow there).
+    """
+    bad = ~torch.isfinite(copied)
+    if not bool(bad.any()):
+        return
+    where = [int(i) for i in bad.nonzero()[0]]
+    value = copied[tuple(where)].item()
+    count = int(bad.sum())
+    values = "value" if count == 1 else "values"
+    given = torch.as_tensor(given)
+    if bool(torch.isfinite(given).all()):
+        cause = f"its finite values overflow {copied.dtype}: choose a wider `dtype`"
+    else:
+        cause = "every latent it reaches would be NaN: pass finite weights"
+    msg = (
+        f"`{name}` has {count} non-finite {values} (the first, at {where}, is "
+        f"{value}): {cause}."
+    )
+    raise ValueError(msg)
+
+
 def _thresholds(threshold: Tensor | float, d_sae: int) -> Tensor:
     """Return JumpReLU's thresholds ``[d_sae]`` (one number: the same for all)."""
     value = torch.as_tensor(threshold)
@@ -257,6 +292,8 @@ class SparseAutoencoder(nn.Module):
         self.normalize = normalize
         self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
         self.hook_z = bool(hook_z)
+        if dtype is not None:
+            _check_dtype(dtype)
         options: dict[str, Any] = {"dtype": dtype, "device": device}
         w_dec = torch.empty(d_sae, self.d_out, **options)
         nn.init.kaiming_uniform_(w_dec)
@@ -340,7 +377,11 @@ class SparseAutoencoder(nn.Module):
         ------
         ValueError
             If the shapes do not fit together, or ``k`` or ``threshold`` is
-            missing where it is needed or given where it is not.
+            missing where it is needed or given where it is not, or a tensor
+            has a NaN or an infinity (named).
+        TypeError
+            If the weights (with no ``dtype``) or ``dtype`` are not floating
+            point.
 
         Examples
         --------
@@ -367,7 +408,15 @@ class SparseAutoencoder(nn.Module):
                 "leave it out."
             )
             raise ValueError(msg)
+        if dtype is None and not W_enc.is_floating_point():
+            msg = (
+                f"`W_enc` has dtype {W_enc.dtype}, but an SAE's weights are floating "
+                "point: pass floating-point tensors (`W_enc.float()`), or choose "
+                "the parameters' dtype with `dtype=torch.float32`."
+            )
+            raise TypeError(msg)
         dtype = W_enc.dtype if dtype is None else dtype
+        _check_dtype(dtype)
         device = W_enc.device if device is None else device
         sae = cls(
             d_in,
@@ -395,6 +444,8 @@ class SparseAutoencoder(nn.Module):
             .clone(memory_format=torch.contiguous_format)
             for name, value in state.items()
         }
+        for name, value in copied.items():
+            _check_finite(name, state[name], value)
         sae.load_state_dict(copied, assign=True)
         return sae
 

@@ -116,6 +116,22 @@ def _check_weights(
         raise ValueError(msg)
 
 
+def _top_k(config: dict[str, Any], path: Path) -> int:
+    """Return a top-k config's ``k``, or say in the file's name what is wrong."""
+    if "k" not in config:
+        msg = (
+            f"'{path}' is a {config['architecture']!r} SAE but has no 'k' (the "
+            "number of latents it keeps, which SAELens's top-k configs store): "
+            'add it, e.g. `"k": 32`, as the SAE was trained.'
+        )
+        raise ValueError(msg)
+    k = config["k"]
+    if isinstance(k, bool) or not isinstance(k, int):
+        msg = f"'{path}' has 'k' = {k!r}: it must be an integer (the latents kept)."
+        raise ValueError(msg)  # noqa: TRY004 (a bad file, not a bad argument type)
+    return k
+
+
 def load_saelens(
     folder: str | os.PathLike[str],
     *,
@@ -161,7 +177,8 @@ def load_saelens(
         If the folder holds no ``cfg.json`` or no weights.
     ValueError
         For an architecture or normalisation this reader does not compute
-        (gated SAEs, ...), or weights that do not match the config.
+        (gated SAEs, ...), weights that do not match the config, a top-k
+        config without its ``k``, or weights with a NaN or an infinity.
 
     Examples
     --------
@@ -215,7 +232,7 @@ def load_saelens(
         W_dec=state["W_dec"],
         b_dec=state["b_dec"],
         activation=activation,
-        k=int(config["k"]) if activation == "topk" else None,
+        k=_top_k(config, root / CONFIG) if activation == "topk" else None,
         threshold=state.get("threshold"),
         apply_b_dec_to_input=bool(config.get("apply_b_dec_to_input", False))
         and not transcoder,

@@ -185,7 +185,7 @@ class BenchmarkResults:
             Among :data:`~scio_recorder.ood.metrics.ALL_METRICS` and the others
             :func:`~scio_recorder.ood.metrics.metric_function` knows (``MCC``,
             ``pAUROC@0.1``, ...); the legend names each one's convention
-            (``FPR95-ID``: ID positive, OpenOOD's).
+            (``FPR95-ID``: ID positive, OpenOOD v1.5's).
         columns : sequence of str, optional
             Sets and groups to show; default all (:attr:`columns`).
         """
