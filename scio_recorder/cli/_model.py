@@ -349,7 +349,9 @@ _TOKEN_IDS = re.compile(r"embedding|'indices'|Long, Int|token", re.IGNORECASE)
 
 def _forward_error(error: BaseException, given: _Inputs, where: str = "") -> CLIError:
     """Say which argument to fix when the model's forward raised on ``given``."""
-    cause = error.__cause__ or error
+    cause = error  # the model's own error, under the wrappers that name a hint
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
     text = str(cause)
     raised = (
         f"the model's forward raised {type(cause).__name__}{where}: {first_line(cause)}"
