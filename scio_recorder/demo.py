@@ -151,7 +151,7 @@ def run_demo(  # noqa: PLR0913 (keyword-only knobs)
     >>> list(result.evaluations)
     ['digits-6-9', 'noise', 'inverted', 'rotated']
     >>> len(result.evaluations.detectors), result.evaluations.detectors[:3]
-    (32, ['MSP', 'MaxLogit', 'Energy'])
+    (35, ['MSP', 'MaxLogit', 'Energy'])
 
     """
     unknown = [name for name in ood if name not in OOD_SETS]

@@ -89,7 +89,7 @@ def catalogue(
     >>> from scio_recorder.ood.benchmark import catalogue
     >>> detectors = catalogue(Recorder(digits_cnn(6), input_size=(1, 1, 8, 8)))
     >>> len(detectors), list(detectors)[:4]
-    (39, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
+    (42, ['MSP', 'MaxLogit', 'Energy', 'Entropy'])
 
     """
     linears = [m for m in rnet.net.modules() if isinstance(m, torch.nn.Linear)]
