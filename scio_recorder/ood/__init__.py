@@ -41,6 +41,9 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | an edit of a block in flight | :class:`RankFeat`, :class:`VRA` |
 | the input moved | :class:`FeatureSqueezing`, :class:`Odds` (noise); ``epsilon=`` of |
 | | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
+| a language model, per token | :class:`Surprisal`; ``token="each"`` of |
+| | :class:`Mahalanobis`, :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, |
+| | :class:`Entropy`, :class:`GEN` (``score_tokens``, ``calibrate``) |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
@@ -118,6 +121,7 @@ __all__ = [
     "Residual",
     "Scale",
     "StateEntry",
+    "Surprisal",
     "TempScale",
     "Trust",
     "ViM",
@@ -177,6 +181,7 @@ __getattr__, __dir__ = lazy_attributes(
         "SHE": "._prototypes",
         "Scale": "._shaping",
         "StateEntry": "._saving",
+        "Surprisal": "._lm",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -201,6 +206,7 @@ if TYPE_CHECKING:
     from ._gradient import GradNorm
     from ._isomax import IsoMax
     from ._jtla import JTLA
+    from ._lm import Surprisal
     from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
     from ._multilayer import Gram, MahalanobisEnsemble
     from ._neighbours import LID, DkNN, Trust
