@@ -91,7 +91,7 @@ class Surprisal(TokenScoring):
         return mask.reshape(shape) != 0
 
     def token_scores(self, result: Pass) -> Tensor:
-        r"""Return $-\log p(x_t \\mid x_{<t})$, NaN where no real token precedes."""
+        r"""Return $-\log p(x_t \mid x_{<t})$, NaN where no real token precedes."""
         ids = self.kept("ids", result)
         logits = result.logits
         if ids is None or logits.dim() != 3:  # noqa: PLR2004 (a language model's [B, T, V])
