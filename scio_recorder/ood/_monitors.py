@@ -115,9 +115,12 @@ def _check_monitors(
 
 
 def _eos_ids(rnet: Recorder, kwargs: Mapping[str, Any]) -> set[int]:
-    found = kwargs.get("eos_token_id")
-    if found is None:
-        config = getattr(rnet.net, "generation_config", None)
+    if "eos_token_id" in kwargs:  # the call's, None too (no end token)
+        found = kwargs["eos_token_id"]
+    else:
+        config = kwargs.get("generation_config") or getattr(
+            rnet.net, "generation_config", None
+        )
         found = getattr(config, "eos_token_id", None)
     if found is None:
         return set()
