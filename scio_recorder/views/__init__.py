@@ -13,6 +13,7 @@ works offline and in an exported notebook) that Jupyter shows, that
 | :func:`patching_view` | :func:`~scio_recorder.explain.patch_sweep` | the value |
 | :func:`layer_view` | the layer table as a tree | shapes, parameters |
 | :func:`ood_view` | :func:`~scio_recorder.ood.evaluate` | bin counts, ROC points |
+| :func:`token_view` | a text shaded by per-token scores | a token's score |
 
 The attention weights are recorded (eager attention), or recomputed from
 recorded queries and keys by :func:`attention_from_qk`.
@@ -45,6 +46,7 @@ __all__ = [
     "lens_view",
     "ood_view",
     "patching_view",
+    "token_view",
 ]
 
 from ._attention import attention_from_qk, attention_view
@@ -53,3 +55,4 @@ from ._layers import layer_view
 from ._lens import lens_view
 from ._ood import ood_view
 from ._patching import patching_view
+from ._tokens import token_view
