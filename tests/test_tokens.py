@@ -24,6 +24,7 @@ from scio_recorder.ood import (
     Energy,
     Entropy,
     Mahalanobis,
+    MahalanobisEnsemble,
     MaxLogit,
     Surprisal,
     fit_detectors,
@@ -452,3 +453,30 @@ def test_monitor_refusals(lm: tuple[torch.nn.Module, Recorder, str]) -> None:
             monitors={"s": Surprisal(rnet)},
             stop_when={"x": 1.0},
         )
+
+
+def test_mahalanobis_ensemble_per_token_is_the_weighted_sum_of_hand_distances(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    net, rnet, layer = lm
+    first = layer.replace(".1", ".0")
+    data = fit_batches()
+    det = MahalanobisEnsemble(
+        rnet, [first, layer], token=EACH, mask="attention_mask", weights=[0.5, 2.0]
+    ).fit(data, target="labels")
+    batch = padded("right", seed=23)
+    want = torch.zeros(batch["input_ids"].shape, dtype=torch.float64)
+    for name, weight in ((first, 0.5), (layer, 2.0)):
+        module = module_of(net, name)
+        means, cov = hand_statistics(net, module, data, "labels")
+        hand_means = torch.stack([means[c] for c in sorted(means)])
+        precision = torch.linalg.pinv(cov, hermitian=True)
+        d = hand_features(net, module, batch)[:, :, None, :] - hand_means[None, None]
+        want += weight * torch.einsum("btcf,fg,btcg->btc", d, precision, d).amin(2)
+    want = want.masked_fill(batch["attention_mask"] == 0, math.nan)
+    torch.testing.assert_close(
+        det.score_tokens(batch), want, rtol=0, atol=1e-6, equal_nan=True
+    )
+    assert "each" not in MahalanobisEnsemble(rnet, [layer]).config().values()
+    with pytest.raises(ValueError, match="drop `at=`"):
+        MahalanobisEnsemble(rnet, [layer], token=EACH, at="predicted")

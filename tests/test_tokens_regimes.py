@@ -138,7 +138,7 @@ def test_a_calibrated_monitor_stops_generation_on_an_injected_span(
         ids = walks(100, 0, gen)
         if kind == "span":
             ids, _ = inject(ids, gen, prompt + 2, LENGTH - SPAN)
-        rnet.generate(
+        out = rnet.generate(
             input_ids=ids[:, :prompt],
             attention_mask=torch.ones_like(ids[:, :prompt]),
             max_new_tokens=LENGTH - prompt,
@@ -151,6 +151,12 @@ def test_a_calibrated_monitor_stops_generation_on_an_injected_span(
             monitors={"s": det},
             stop_when={"s": threshold},
         )
-        stopped[kind] = float((rnet.monitor_stops >= 0).double().mean())
+        stops = rnet.monitor_stops
+        stopped[kind] = float((stops >= 0).double().mean())
+        for row in torch.nonzero(stops >= 0).reshape(-1).tolist():
+            # the forced tokens up to the stop, then nothing but padding
+            at = prompt + int(stops[row])
+            assert torch.equal(out[row, prompt : at + 1], ids[row, prompt : at + 1])
+            assert bool((out[row, at + 1 :] == 0).all())
     assert stopped["span"] >= 0.9
     assert stopped["clean"] <= 0.1

@@ -102,12 +102,15 @@ class Surprisal(TokenScoring):
                 f"{list(logits.shape)}."
             )
             raise ValueError(msg)
-        logp = torch.log_softmax(logits.detach().to(torch.float64), dim=-1)
-        ids = ids.to(logp.device).reshape(logits.shape[:2])
+        # -log softmax(z)[x] = logsumexp(z) - z[x], of the positions that
+        # predict a token only (in float64)
+        z = logits.detach()[:, :-1].to(torch.float64)
+        ids = ids.to(z.device).reshape(logits.shape[:2])
         out = torch.full(logits.shape[:2], math.nan, dtype=torch.float64)
-        out = out.to(logp.device)
-        out[:, 1:] = -logp[:, :-1].gather(2, ids[:, 1:, None])[..., 0]
-        real = self.token_mask(result, logits.shape[:2]).to(logp.device)
+        out = out.to(z.device)
+        picked = z.gather(2, ids[:, 1:, None])[..., 0]
+        out[:, 1:] = torch.logsumexp(z, dim=-1) - picked
+        real = self.token_mask(result, logits.shape[:2]).to(z.device)
         preceded = torch.zeros_like(real)
         preceded[:, 1:] = real[:, :-1]
         return out.masked_fill(~preceded, math.nan)

@@ -127,6 +127,17 @@ def _eos_ids(rnet: Recorder, kwargs: Mapping[str, Any]) -> set[int]:
     return {int(i) for i in (found if isinstance(found, list | tuple) else [found])}
 
 
+def _pad_id(rnet: Recorder, kwargs: Mapping[str, Any]) -> int | None:
+    if "pad_token_id" in kwargs:
+        found = kwargs["pad_token_id"]
+    else:
+        config = kwargs.get("generation_config") or getattr(
+            rnet.net, "generation_config", None
+        )
+        found = getattr(config, "pad_token_id", None)
+    return None if found is None else int(found)
+
+
 class _Watch:
     """The hooks and the per-step scoring of one monitored ``generate``."""
 
@@ -305,8 +316,29 @@ def generate_monitored(  # noqa: PLR0913 (generate's arguments, then the monitor
         def __call__(self, input_ids: Tensor, scores: Tensor, **_: Any) -> Tensor:  # noqa: ARG002 (transformers' signature)
             return watch.score_step(input_ids)
 
+    class _Pad(transformers.LogitsProcessor):
+        """Make a row stopped by a monitor emit only the pad token."""
+
+        def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:  # noqa: ARG002 (transformers' signature)
+            stopped = (watch.stops >= 0).to(scores.device)
+            if pad is None or not bool(stopped.any()):
+                return scores
+            only = torch.full_like(scores[0], -math.inf)
+            only[pad] = 0.0
+            return torch.where(stopped[:, None], only, scores)
+
+    pad = _pad_id(rnet, kwargs)
+    if rules and pad is None:
+        msg = (
+            "generate: stop_when pads the rows it stops, but no pad token is "
+            "known; pass `pad_token_id=`."
+        )
+        raise ValueError(msg)
     criteria = transformers.StoppingCriteriaList(kwargs.pop("stopping_criteria", []))
     criteria.append(_Criterion())
+    processors = transformers.LogitsProcessorList(kwargs.pop("logits_processor", []))
+    processors.append(_Pad())
+    kwargs["logits_processor"] = processors
     watch.hook()
     try:
         out = rnet.call_method(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._base import View, finite, new_figure
+from ._base import View, finite, new_figure, rounded
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,7 +53,8 @@ class _TokenView(View):
                 level = (
                     0.0 if value is None or span <= 0 else (value - score["low"]) / span
                 )
-                face = _shade(0.0 if value is None else 0.85 * level)
+                # the shown values are rounded, the range not: clamp
+                face = _shade(0.0 if value is None else 0.85 * min(max(level, 0), 1))
                 ax.text(
                     i % _PER_LINE + 0.5,
                     i // _PER_LINE + 0.5,
@@ -126,8 +127,8 @@ def token_view(
             {
                 "name": str(name),
                 "values": finite(row.tolist()),
-                "low": float(shown.min()) if shown.numel() else 0.0,
-                "high": float(shown.max()) if shown.numel() else 1.0,
+                "low": rounded(float(shown.min())) if shown.numel() else 0.0,
+                "high": rounded(float(shown.max())) if shown.numel() else 1.0,
             }
         )
     view = _TokenView({"tokens": words, "scores": panels}, title=title)

@@ -42,7 +42,7 @@
       node.dataset.index = String(i);
       node.textContent = token;
       if (value !== null) {
-        const level = span > 0 ? (value - score.low) / span : 0;
+        const level = span > 0 ? Math.min(1, Math.max(0, (value - score.low) / span)) : 0;
         node.style.backgroundColor = "rgba(214, 39, 40, " + (0.85 * level).toFixed(3) + ")";
       }
       node.addEventListener("mousemove", (event) => {
