@@ -480,3 +480,26 @@ def test_mahalanobis_ensemble_per_token_is_the_weighted_sum_of_hand_distances(
     assert "each" not in MahalanobisEnsemble(rnet, [layer]).config().values()
     with pytest.raises(ValueError, match="drop `at=`"):
         MahalanobisEnsemble(rnet, [layer], token=EACH, at="predicted")
+
+
+def test_monitors_follow_num_return_sequences(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    _, rnet, _ = lm
+    batch = padded("left", seed=29)
+    out = rnet.generate(
+        **batch,
+        max_new_tokens=3,
+        do_sample=True,
+        num_return_sequences=2,
+        pad_token_id=0,
+        eos_token_id=None,
+        monitors={"s": Surprisal(rnet)},
+    )
+    scores = rnet.monitor_scores["s"]
+    assert out.shape[0] == scores.shape[0] == 6
+    mask = batch["attention_mask"].repeat_interleave(2, dim=0)
+    mask = torch.cat([mask, torch.ones(6, 3, dtype=torch.int64)], 1)
+    full = Surprisal(rnet).score_tokens(input_ids=out, attention_mask=mask)
+    width = batch["input_ids"].shape[1]
+    torch.testing.assert_close(scores, full[:, width:], rtol=0, atol=1e-5)

@@ -19,7 +19,9 @@ Which token a step scores (the detector's ``step_position``):
 
 The scores equal ``det.score_tokens`` of the final sequence at those
 positions (up to the float32 difference between a cached step and a full
-pass).
+pass). Greedy search and sampling (``num_return_sequences`` too: a row per
+sequence); a beam search reorders its rows between steps, which a row's
+scores do not follow.
 
 ``stop_when={"m": threshold}`` (or ``{"m": (threshold, window)}``: the mean
 of the row's latest ``window`` step scores) stops a row whose score exceeds
@@ -207,6 +209,10 @@ class _Watch:
         if self.logits is None:
             msg = "generate: the monitored step gave no logits"
             raise ValueError(msg)
+        if self.step == 0 and tokens.shape[0] != self.done.shape[0]:
+            # num_return_sequences: rows of the prompt repeated
+            self.done = torch.zeros(tokens.shape[0], dtype=torch.bool)
+            self.stops = torch.full((tokens.shape[0],), -1, dtype=torch.int64)
         done = self.done.to(tokens.device)
         step_scores = {}
         for name, det in self.monitors.items():
