@@ -503,3 +503,65 @@ def test_monitors_follow_num_return_sequences(
     full = Surprisal(rnet).score_tokens(input_ids=out, attention_mask=mask)
     width = batch["input_ids"].shape[1]
     torch.testing.assert_close(scores, full[:, width:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+    left=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_any_row_scores_the_same_alone_and_padded_in_any_batch(
+    lengths: list[int], left: bool, seed: int
+) -> None:
+    rnet, det = _PROPERTY["rnet"], _PROPERTY["det"]
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=gen)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        if left:
+            mask[row, width - length :] = 1
+        else:
+            mask[row, :length] = 1
+    ids = ids * mask
+    surprisal = Surprisal(rnet)
+    together = det.score_tokens(input_ids=ids, attention_mask=mask)
+    surprised = surprisal.score_tokens(input_ids=ids, attention_mask=mask)
+    assert torch.equal(together.isnan(), mask == 0)
+    for row in range(len(lengths)):
+        real = mask[row] != 0
+        alone_ids = ids[row, real][None]
+        ones = torch.ones_like(alone_ids)
+        torch.testing.assert_close(
+            det.score_tokens(input_ids=alone_ids, attention_mask=ones)[0],
+            together[row, real],
+            rtol=RTOL_ACROSS_BATCHES,
+            atol=0,
+        )
+        # surprisals (~4) of float32 logits: a few float32 eps of the logits
+        torch.testing.assert_close(
+            surprisal.score_tokens(input_ids=alone_ids, attention_mask=ones)[0],
+            surprised[row, real],
+            rtol=0,
+            atol=1e-5,
+            equal_nan=True,
+        )
+
+
+def _property_setup() -> dict[str, object]:
+    rnet = Recorder(llama(), input_data=padded("left"))
+    det = Mahalanobis(rnet, "model.layers.1", token=EACH, mask="attention_mask")
+    return {"rnet": rnet, "det": det.fit(fit_batches())}
+
+
+class _Lazy(dict):
+    """The property test's recorder and detector, built on first use."""
+
+    def __missing__(self, key: str) -> object:
+        self.update(_property_setup())
+        return self[key]
+
+
+_PROPERTY = _Lazy()
