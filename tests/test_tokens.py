@@ -21,6 +21,7 @@ from scio_recorder import Recorder
 from scio_recorder.ood import (
     GEN,
     MSP,
+    DkNN,
     Energy,
     Entropy,
     Mahalanobis,
@@ -565,3 +566,28 @@ class _Lazy(dict):
 
 
 _PROPERTY = _Lazy()
+
+
+def test_dknn_per_token_counts_each_tokens_neighbours_by_hand(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    net, rnet, layer = lm
+    data, k = fit_batches(), 5
+    det = DkNN(rnet, [layer], k=k, token=EACH, mask="attention_mask")
+    det.fit(data, target="input_ids")
+    module = module_of(net, layer)
+    bank = torch.cat(
+        [hand_features(net, module, b)[b["attention_mask"] != 0] for b in data]
+    )
+    labels = torch.cat([b["input_ids"][b["attention_mask"] != 0] for b in data])
+    batch = padded("left", seed=31)
+    queries = hand_features(net, module, batch)
+    want = torch.full(batch["input_ids"].shape, math.nan, dtype=torch.float64)
+    for b, t in (batch["attention_mask"] != 0).nonzero().tolist():
+        distances = (bank - queries[b, t]).pow(2).sum(dim=1)
+        near = distances.argsort(stable=True)[:k]
+        want[b, t] = -float(torch.bincount(labels[near]).max())
+    got = det.score_tokens(batch)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="drop `aggregation=`"):
+        DkNN(rnet, [layer], k=k, token=EACH, aggregation="fisher")

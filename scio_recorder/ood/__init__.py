@@ -42,8 +42,9 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | the input moved | :class:`FeatureSqueezing`, :class:`Odds` (noise); ``epsilon=`` of |
 | | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
 | a language model, per token | :class:`Surprisal`; ``token="each"`` of |
-| | :class:`Mahalanobis`, :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, |
-| | :class:`Entropy`, :class:`GEN` (``score_tokens``, ``calibrate``) |
+| | :class:`Mahalanobis`, :class:`MahalanobisEnsemble`, :class:`DkNN`, |
+| | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy`, |
+| | :class:`GEN` (``score_tokens``, ``calibrate``) |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
