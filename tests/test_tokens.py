@@ -591,3 +591,33 @@ def test_dknn_per_token_counts_each_tokens_neighbours_by_hand(
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="drop `aggregation=`"):
         DkNN(rnet, [layer], k=k, token=EACH, aggregation="fisher")
+
+
+def test_stop_when_over_a_window_and_rows_stopped_by_on_step(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    _, rnet, _ = lm
+    batch, n = padded("left", seed=37), 6
+    surprisal = Surprisal(rnet)
+    options = {"max_new_tokens": n, **GREEDY, "monitors": {"s": surprisal}}
+    rnet.generate(**batch, **options)
+    free = rnet.monitor_scores["s"]
+    pairs = (free[:, 1:] + free[:, :-1]) / 2  # step s >= 1: mean of s - 1 and s
+    threshold = float(pairs[1].median())
+    rnet.generate(**batch, **options, stop_when={"s": (threshold, 2)})
+    for row in range(3):
+        # step 0's window holds step 0 alone
+        levels = torch.cat([free[row, :1], pairs[row]])
+        crossed = (levels > threshold).nonzero().reshape(-1)
+        expected = int(crossed[0]) if crossed.numel() else -1
+        assert int(rnet.monitor_stops[row]) == expected
+
+    def abstain(step: MonitorStep) -> torch.Tensor | None:
+        return torch.tensor([False, True, False]) if step.step == 2 else None
+
+    out = rnet.generate(**batch, **options, on_step=abstain)
+    assert rnet.monitor_stops.tolist() == [-1, 2, -1]
+    width = batch["input_ids"].shape[1]
+    assert bool((out[1, width + 3 :] == 0).all())
+    assert rnet.monitor_scores["s"][1, 3:].isnan().all()
+    assert not rnet.monitor_scores["s"][[0, 2]].isnan().any()
