@@ -168,6 +168,10 @@ class Recorder(RecorderCopies):
     _padding: PaddingWatch
     _passes: Passes
     _gate: _Gate
+    monitor_scores: dict[str, torch.Tensor]
+    """Each monitor's scores ``[B, N]`` of the latest monitored :meth:`generate`."""
+    monitor_stops: torch.Tensor
+    """The step at which each row was stopped (``stop_when``), ``-1``: never."""
 
     def __init__(
         self,
@@ -588,13 +592,16 @@ class Recorder(RecorderCopies):
         options = {"layers": layers, "rows": rows, "dtype_copy": dtype_copy}
         return check_recorder(self, batch, **options, batch_dim=batch_dim)
 
-    def generate(
+    def generate(  # noqa: PLR0913 (the recorder's options, then the monitors)
         self,
         *args: Any,
         activation_postproc: Any = None,
         dont_record: bool = False,
         input_postproc: Mapping[Selector, Postprocessor] | None = None,
         early_exit: bool = False,
+        monitors: Mapping[str, Any] | None = None,
+        stop_when: Mapping[str, Any] | None = None,
+        on_step: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run the net's own ``generate``, recording and editing every forward step.
@@ -603,6 +610,15 @@ class Recorder(RecorderCopies):
         prefill, then one per decoded token) is a checked pass, edited as in
         :meth:`forward`; :attr:`steps` holds every step's records
         (``docs/transformers.md``).
+
+        ``monitors={name: detector}`` (detectors built with ``token="each"``,
+        or :class:`~scio_recorder.ood.Surprisal`) scores every step, with the
+        KV cache on, into ``self.monitor_scores[name]`` ``[B, new_tokens]``;
+        ``stop_when={name: threshold}`` stops the rows whose score crosses
+        it (``self.monitor_stops``: the step each row stopped at, -1 never);
+        ``on_step`` is called after each step with a
+        :class:`~scio_recorder._run.monitors.MonitorStep` and may return the
+        rows to stop (:mod:`scio_recorder._run.monitors`).
 
         Returns
         -------
@@ -631,6 +647,23 @@ class Recorder(RecorderCopies):
         (3, torch.Size([1, 6]))
 
         """
+        if monitors is not None or stop_when is not None or on_step is not None:
+            from ._run.monitors import generate_monitored  # noqa: PLC0415 (when used)
+
+            return generate_monitored(
+                self,
+                args,
+                kwargs,
+                monitors=monitors or {},
+                stop_when=stop_when,
+                on_step=on_step,
+                options={
+                    "activation_postproc": activation_postproc,
+                    "dont_record": dont_record,
+                    "input_postproc": input_postproc,
+                    "early_exit": early_exit,
+                },
+            )
         return self.call_method(
             "generate",
             *args,

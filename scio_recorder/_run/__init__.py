@@ -14,8 +14,11 @@ import them by name:
 * :mod:`.views`: what a recorder shows (its records, selection, table and
   printed forms), the base of :class:`~scio_recorder.Recorder`;
 * :mod:`.copies`: copies of a recorder that place their own hooks;
+* :mod:`.monitors`: detectors scoring every step of ``generate``
+  (``monitors=``, ``stop_when=``), through the :class:`~.monitors.Monitor`
+  protocol the per-token detectors satisfy;
 * :mod:`.fingerprint`: deterministic descriptions of a run's arguments,
   for the fingerprints of resumes.
 """
 
-__all__ = ["batches", "copies", "fingerprint", "flow", "views", "watch"]
+__all__ = ["batches", "copies", "fingerprint", "flow", "monitors", "views", "watch"]

@@ -43,6 +43,10 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`ORA` (the angles to its boundaries) |
 | the input moved | :class:`FeatureSqueezing`, :class:`Odds` (noise); ``epsilon=`` of |
 | | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
+| a language model, per token | :class:`Surprisal`; ``token="each"`` of |
+| | :class:`Mahalanobis`, :class:`MahalanobisEnsemble`, :class:`DkNN`, |
+| | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy`, |
+| | :class:`GEN` (``score_tokens``, ``calibrate``) |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
@@ -125,6 +129,7 @@ __all__ = [
     "Residual",
     "Scale",
     "StateEntry",
+    "Surprisal",
     "TempScale",
     "Trust",
     "ViM",
@@ -187,6 +192,7 @@ __getattr__, __dir__ = lazy_attributes(
         "SHE": "._prototypes",
         "Scale": "._shaping",
         "StateEntry": "._saving",
+        "Surprisal": "._lm",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -214,6 +220,7 @@ if TYPE_CHECKING:
     from ._gram import Gram
     from ._isomax import IsoMax
     from ._jtla import JTLA
+    from ._lm import Surprisal
     from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
     from ._multilayer import MahalanobisEnsemble
     from ._neighbours import LID, DkNN, Trust

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ["KNN", "RMDS", "Mahalanobis", "ViM", "mahalanobis_scores"]
 
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -26,6 +27,7 @@ from ._checks import (
     check_count,
     check_feature_count,
     last_linear,
+    per_sample_size,
 )
 from ._classes import ClassConditional, check_at, class_count
 from ._geometry import (
@@ -41,6 +43,7 @@ from ._passes import all_or_nothing, check_reiterable, in_subfolder
 from ._protocol import Detector, Pass, fit_pass, run_pass
 from ._saving import StateEntry
 from ._search import check_search, nearest
+from ._tokens import TokenScoring
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -126,7 +129,7 @@ def mahalanobis_scores(
     return -min_mahalanobis(flat, means, precision)
 
 
-class Mahalanobis(ClassConditional, Features):
+class Mahalanobis(TokenScoring, ClassConditional, Features):
     r"""Mahalanobis distance to the closest class (Lee et al., NeurIPS 2018).
 
     ``fit`` computes the per-class means $\mu_c$ and the covariance $S$
@@ -178,6 +181,19 @@ class Mahalanobis(ClassConditional, Features):
         bit): the input moves by $-\epsilon \, \mathrm{sign}(\nabla_x d(x))$,
         $d$ the distance to the closest class, and is scored moved
         (:meth:`class_scores_inputs`).
+    token : {None, "each"}, default None
+        ``"each"``: a score per token of a ``[B, T, D]`` layer
+        (:mod:`~scio_recorder.ood._tokens`): every real token of the fit
+        data is a sample of the streamed class statistics, ``fit(batches)``
+        without a target fits one class, ``target="labels"`` (a ``[B, T]``
+        batch key) or ``target="input_ids"`` a class per token;
+        :meth:`score_tokens` gives ``[B, T]`` (NaN at the padding), ``score``
+        reduces it by ``reduce``. Needs ``at="closest"``, no ``epsilon``.
+    mask : str or int, optional
+        With ``token="each"``: the net's argument holding the padding mask.
+    reduce : {"mean", "max", "last"} or int, default "mean"
+        With ``token="each"``: how ``score`` reduces a row's token scores
+        (:func:`~scio_recorder.ood._tokens.reduce_tokens`).
 
     Examples
     --------
@@ -197,6 +213,21 @@ class Mahalanobis(ClassConditional, Features):
     >>> bool((moved(torch.randn(5, 3)) >= 0).all())
     True
 
+    A score per token of a language model (``token="each"``):
+
+    >>> import transformers
+    >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20)
+    >>> lm = transformers.GPT2LMHeadModel(config).eval()
+    >>> ids = torch.randint(1, 20, (4, 6))
+    >>> mask = torch.ones_like(ids)
+    >>> rlm = Recorder(lm, input_data={"input_ids": ids})
+    >>> per = Mahalanobis(rlm, token="each", mask="attention_mask")
+    >>> per = per.fit([{"input_ids": ids, "attention_mask": mask}])
+    >>> mask[0, :2] = 0  # a left-padded row
+    >>> batch = {"input_ids": ids, "attention_mask": mask}
+    >>> per.score_tokens(batch)[0, :3].isnan().tolist(), per(batch).shape
+    ([True, True, False], torch.Size([4]))
+
     """
 
     needs_fit: ClassVar[bool] = True
@@ -211,15 +242,26 @@ class Mahalanobis(ClassConditional, Features):
         normalize: bool = False,
         at: str = "closest",
         epsilon: float = 0.0,
+        token: str | None = None,
+        mask: int | str | None = None,
+        reduce: str | int = "mean",
     ) -> None:
         """Resolve the features' layer; find or check the number of classes."""
         self.at = check_at(type(self).__name__, at)
         self.epsilon = check_epsilon(type(self).__name__, epsilon)
         self.own_passes = self.epsilon > 0
         super().__init__(rnet, layer)
+        self.init_tokens(token, mask, reduce)
+        if self.token_each and (at != "closest" or self.epsilon > 0):
+            msg = (
+                f"{type(self).__name__}: token='each' reads the closest class of "
+                "each token, without input preprocessing: drop `at=` and `epsilon=`."
+            )
+            raise ValueError(msg)
         self.normalize = bool(normalize)
         if num_classes is None:
-            num_classes = self.num_classes  # the net's logits
+            # the net's logits; per token: the classes the fit's target shows
+            num_classes = None if self.token_each else self.num_classes
         elif isinstance(num_classes, bool) or not isinstance(num_classes, int):
             msg = (
                 f"{type(self).__name__}: num_classes must be an int >= 2, got "
@@ -256,16 +298,68 @@ class Mahalanobis(ClassConditional, Features):
 
         (Only when set, so that the files saved before the option load.)
         """
-        return {**super().config(), **({"normalize": True} if self.normalize else {})}
+        return {
+            **super().config(),
+            **({"normalize": True} if self.normalize else {}),
+            **self.token_config(),
+        }
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the seen classes' means and the precision matrix."""
         self.fit_classes(result[self.label])
 
-    def fit_classes(self, stats: Any) -> None:
+    # -- per token (token="each") -------------------------------------------
+    def token_values(self, result: Pass) -> Tensor:
+        """Return each token's features of a pass, float64 ``[B, T, F]``."""
+        store = result.outputs if self.kind == "output" else result.inputs
+        value = store[self.label]
+        if value.dim() < 3:  # noqa: PLR2004 (a batch of token sequences)
+            msg = (
+                f"{type(self).__name__}: token='each' reads a [B, T, ...] layer, "
+                f"but {self.rnet.table[self.label].describe()} gives "
+                f"{list(value.shape)}; pick a layer of token features."
+            )
+            raise ValueError(msg)
+        flat = value.detach().reshape(*value.shape[:2], -1).to(_F64)
+        return l2_rows(flat) if self.normalize else flat
+
+    def fit_token_start(self) -> None:
+        """Start the streamed class statistics of the tokens."""
+        self._token_stats = SharedCovariance(self.num_classes)
+
+    def fit_token_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
+        """Feed the kept tokens' features and classes."""
+        values = self.token_values(result)
+        keep = keep.to(values.device)
+        self._token_stats.update(values[keep], target.to(values.device)[keep])
+
+    def fit_token_end(self) -> None:
+        """Keep the classes' means and the precision."""
+        stats = self._token_stats
+        if stats.count == 0:
+            msg = f"{type(self).__name__}.fit: the fit batches hold no real token"
+            raise ValueError(msg)
+        self.fit_classes(stats.result(), least=1)
+        del self._token_stats
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Return each token's distance to its closest class, ``[B, T]``."""
+        values = self.token_values(result)
+        check_feature_count(
+            self,
+            self.label,
+            self.kind,
+            got=values.shape[2],
+            expected=self.fitted_features(),
+        )
+        flat = values.reshape(-1, values.shape[2])
+        distances = min_mahalanobis(flat, self.means, self.precision)
+        return distances.reshape(values.shape[:2])
+
+    def fit_classes(self, stats: Any, least: int = 2) -> None:
         """Keep the seen classes' means and the precision of a shared covariance."""
         seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
-        if seen.numel() < 2:  # noqa: PLR2004 (class statistics need two classes)
+        if seen.numel() < least:
             only = seen.tolist()
             msg = (
                 f"{type(self).__name__} needs at least two classes in the fit "
@@ -326,6 +420,9 @@ class Mahalanobis(ClassConditional, Features):
     def state_entries(self) -> dict[str, StateEntry]:
         """Classes seen ``[C]``, means ``[C, F]``, precision ``[F, F]``."""
         f = self.feature_count()
+        if self.token_each:
+            size = per_sample_size(self.rnet, self.label, self.kind)
+            f = None if size is None else math.prod(size[1:])
         return {
             "classes": StateEntry(("classes",), torch.int64),
             "means": StateEntry(("classes", f), _F64),

@@ -5,6 +5,11 @@ logits (``msp_score``, ... in :mod:`._outputs`, usable on their own or as
 the ``detector=`` of an edit detector). Higher scores mean more likely
 out-of-distribution (the negative of the papers' confidence scores, as
 pytorch-ood does).
+
+With ``token="each"`` (and ``mask=``, ``reduce=``, as
+:mod:`~scio_recorder.ood._tokens` says), each scores every position of a
+language model's ``[B, T, V]`` logits: position ``t``'s next-token
+distribution, ``score_tokens`` ``[B, T]``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from ._outputs import (
     max_logit_score,
     msp_score,
 )
-from ._protocol import Detector
+from ._tokens import TokenScoring, logit_tokens
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -36,12 +41,29 @@ if TYPE_CHECKING:
     from ._protocol import Pass
 
 
-class _FromLogits(Detector):
-    def __init__(self, rnet: Recorder) -> None:
+class _FromLogits(TokenScoring):
+    def __init__(
+        self,
+        rnet: Recorder,
+        *,
+        token: str | None = None,
+        mask: int | str | None = None,
+        reduce: str | int = "mean",
+    ) -> None:
         super().__init__(rnet)
+        self.init_tokens(token, mask, reduce)
 
     def score_pass(self, result: Pass) -> Tensor:
+        if self.token_each:
+            return super().score_pass(result)
         return self._score(result.logits)
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Score each position's next-token distribution, ``[B, T]``."""
+        return logit_tokens(result.logits, self._score)
+
+    def config(self) -> dict[str, Any]:
+        return self.token_config()
 
     def _score(self, logits: Tensor) -> Tensor:
         raise NotImplementedError
@@ -107,9 +129,17 @@ class Energy(_FromLogits):
 
     """
 
-    def __init__(self, rnet: Recorder, t: float = 1.0) -> None:
+    def __init__(
+        self,
+        rnet: Recorder,
+        t: float = 1.0,
+        *,
+        token: str | None = None,
+        mask: int | str | None = None,
+        reduce: str | int = "mean",
+    ) -> None:
         """Keep the temperature."""
-        super().__init__(rnet)
+        super().__init__(rnet, token=token, mask=mask, reduce=reduce)
         if t <= 0:
             msg = f"Energy: the temperature t must be > 0, got {t}"
             raise ValueError(msg)
@@ -120,7 +150,7 @@ class Energy(_FromLogits):
 
     def config(self) -> dict[str, Any]:
         """Return the temperature."""
-        return {"t": self.t}
+        return {"t": self.t, **self.token_config()}
 
 
 class Entropy(_FromLogits):

@@ -29,10 +29,11 @@ from ._geometry import (
     spread_classes,
 )
 from ._inputs import check_epsilon, gradient_step
-from ._layers import Mapped, MultiLayer, pooled_size
+from ._layers import SEQUENCE_RANK, TOKENS, Mapped, MultiLayer, pooled_size
 from ._protocol import Pass, run_pass
 from ._pvalues import check_aggregation, combine, p_values
 from ._saving import StateEntry
+from ._tokens import TokenScoring
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -68,7 +69,7 @@ def shrunk(cov: Tensor, shrinkage: float) -> Tensor:
     return (1.0 - shrinkage) * cov + shrinkage * scale * eye
 
 
-class MahalanobisEnsemble(ClassConditional, MultiLayer):
+class MahalanobisEnsemble(TokenScoring, ClassConditional, MultiLayer):
     r"""Lee et al.'s feature ensemble (NeurIPS 2018), in one pass of the net.
 
     For each layer $l$ of ``layers``: features $f_l$ pooled per channel
@@ -118,6 +119,14 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
     pool, token, mask
         How a layer's output becomes features (:func:`~._layers.pool_features`);
         ``mask`` names the net's argument holding the padding mask.
+        ``token="each"``: a score per token of ``[B, T, D]`` layers
+        (:mod:`~scio_recorder.ood._tokens`): every real token a sample of
+        each layer's streamed class statistics (one class without a
+        target; ``target="labels"`` or ``"input_ids"`` a class per token),
+        ``score_tokens`` ``[B, T]``; needs ``at="closest"``, no
+        ``epsilon`` nor ``aggregation``.
+    reduce : {"mean", "max", "last"} or int, default "mean"
+        With ``token="each"``: how ``score`` reduces a row's token scores.
     shrinkage : float, default 0.0
         In ``[0, 1]``.
     normalize : bool, default False
@@ -151,12 +160,14 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
 
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
+    TOKENS: ClassVar[tuple[str, ...]] = (*TOKENS, "each")
 
     def __init__(  # noqa: PLR0913 (the paper's and the pooling's options)
         self,
         rnet: Recorder,
         layers: Sequence[Selector],
         *,
+        reduce: str | int = "mean",
         weights: Sequence[float] | None = None,
         pool: str | None = "mean",
         token: str = "cls",  # noqa: S107 (not a password)
@@ -188,6 +199,16 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
             raise ValueError(msg)
         self.aggregation = aggregation
         super().__init__(rnet, layers, pool=pool, token=token, mask=mask)
+        self.init_tokens("each" if token == "each" else None, mask, reduce)  # noqa: S105 (not a password)
+        if self.token_each:
+            if at != "closest" or epsilon or aggregation is not None:
+                msg = (
+                    "MahalanobisEnsemble: token='each' sums each layer's distance "
+                    "to its closest class per token: drop `at=`, `epsilon=` and "
+                    "`aggregation=`."
+                )
+                raise ValueError(msg)
+            self.num_classes = None  # the classes the fit's target shows
         _check_shrinkage("MahalanobisEnsemble", shrinkage)
         if weights is None:
             weights = [1.0] * len(self.labels)
@@ -249,6 +270,58 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
             self.reference = torch.stack(
                 [self._own_distances(i, *bank) for i, bank in enumerate(banks)]
             )
+
+    # -- per token (token="each") -------------------------------------------
+    def token_values(self, result: Pass, label: DepthIdx) -> Tensor:
+        """Return each token's features at ``label``, float64 ``[B, T, F]``."""
+        value = result.outputs[label]
+        if value.dim() < SEQUENCE_RANK:
+            msg = (
+                f"MahalanobisEnsemble: token='each' reads [B, T, ...] layers, but "
+                f"{self.rnet.table[label].describe()} gives {list(value.shape)}"
+            )
+            raise ValueError(msg)
+        flat = value.detach().reshape(*value.shape[:2], -1).to(_F64)
+        return l2_rows(flat) if self.normalize else flat
+
+    def fit_token_start(self) -> None:
+        """Start each layer's streamed class statistics of the tokens."""
+        self._token_stats = [SharedCovariance(None) for _ in self.labels]
+
+    def fit_token_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
+        """Feed each layer the kept tokens' features and classes."""
+        for label, stats in zip(self.labels, self._token_stats, strict=True):
+            values = self.token_values(result, label)
+            rows = keep.to(values.device)
+            stats.update(values[rows], target.to(values.device)[rows])
+
+    def fit_token_end(self) -> None:
+        """Keep each layer's class means and precision (the same classes)."""
+        if self._token_stats[0].count == 0:
+            msg = "MahalanobisEnsemble.fit: the fit batches hold no real token"
+            raise ValueError(msg)
+        self.means, self.precisions = [], []
+        for stats in (s.result() for s in self._token_stats):
+            seen = torch.nonzero(stats.class_counts > 0).reshape(-1)
+            self.means.append(stats.means[seen])
+            cov = shrunk(stats.cov, self.shrinkage)
+            self.precisions.append(torch.linalg.pinv(cov, hermitian=True))
+            self.classes = seen.cpu()
+        del self._token_stats
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Return each token's weighted sum of closest-class distances, ``[B, T]``."""
+        total: Tensor | None = None
+        for label, mean, precision, weight in zip(
+            self.labels, self.means, self.precisions, self.weights, strict=True
+        ):
+            values = self.token_values(result, label)
+            flat = values.reshape(-1, values.shape[2])
+            part = weight * min_mahalanobis(flat, mean, precision)
+            part = part.reshape(values.shape[:2])
+            total = part if total is None else total + part
+        assert total is not None  # noqa: S101 (resolve_labels: one layer at least)
+        return total
 
     def _own_distances(self, layer: int, rows: Tensor, labels: Tensor) -> Tensor:
         """Return the fit samples' distances to their own class mean, sorted."""
@@ -387,6 +460,7 @@ class MahalanobisEnsemble(ClassConditional, MultiLayer):
             "weights": self.weights,
             "shrinkage": self.shrinkage,
             **({"normalize": True} if self.normalize else {}),
+            **({"reduce": self.reduce} if self.token_each else {}),
         }
         if self.aggregation is not None:
             out["aggregation"] = self.aggregation

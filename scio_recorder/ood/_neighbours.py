@@ -32,10 +32,12 @@ from scio_recorder.reduce import Concat
 from ._bank import Bank
 from ._checks import check_count
 from ._classes import ClassConditional, check_at, class_count
-from ._layers import Features, Neighbourhoods, enough_samples, label_counts
+from ._geometry import normalized
+from ._layers import TOKENS, Features, Neighbourhoods, enough_samples, label_counts
 from ._pvalues import check_aggregation, combine, p_values
 from ._saving import StateEntry
 from ._search import check_search, nearest
+from ._tokens import TokenScoring
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -405,7 +407,7 @@ class Trust(ClassConditional, Features):
         self.bank, self.class_sizes = state["bank"], state["class_sizes"]
 
 
-class DkNN(Neighbourhoods):
+class DkNN(TokenScoring, Neighbourhoods):
     r"""Deep k-nearest neighbours (Papernot & McDaniel, 2018), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
@@ -452,7 +454,15 @@ class DkNN(Neighbourhoods):
         Euclidean neighbours or largest inner products (scio's option).
     pool, token, mask
         How a layer's output becomes features
-        (:func:`~scio_recorder.ood._layers.pool_features`).
+        (:func:`~scio_recorder.ood._layers.pool_features`). ``token="each"``:
+        a score per token of ``[B, T, D]`` layers
+        (:mod:`~scio_recorder.ood._tokens`): the bank holds every real
+        token of the fit data (a bank: it grows with the tokens), a class
+        per token from ``target="labels"`` or ``"input_ids"`` (one class
+        without a target), ``score_tokens`` ``[B, T]``; needs
+        ``aggregation=None`` and ``at="closest"``.
+    reduce : {"mean", "max", "last"} or int, default "mean"
+        With ``token="each"``: how ``score`` reduces a row's token scores.
     backend, search_budget
         The search's options (:func:`~scio_recorder.ood._search.nearest`).
 
@@ -470,12 +480,15 @@ class DkNN(Neighbourhoods):
 
     """
 
+    TOKENS: ClassVar[tuple[str, ...]] = (*TOKENS, "each")
+
     def __init__(  # noqa: PLR0913 (scio's hyperparameters, pooling and search)
         self,
         rnet: Recorder,
         layers: Sequence[Selector],
         *,
         k: int,
+        reduce: str | int = "mean",
         aggregation: str | None = None,
         at: str = "closest",
         act_norm: float | None = None,
@@ -502,8 +515,57 @@ class DkNN(Neighbourhoods):
             backend=backend,
             search_budget=search_budget,
         )
+        self.init_tokens("each" if token == "each" else None, mask, reduce)  # noqa: S105 (not a password)
+        if self.token_each and (aggregation is not None or at != "closest"):
+            msg = (
+                "DkNN: token='each' counts each token's neighbours of its closest "
+                "class: drop `aggregation=` and `at=`."
+            )
+            raise ValueError(msg)
+        if self.token_each:
+            self.num_classes = None  # the classes the fit's target shows
         self.class_count = 0
         self.calibration = torch.zeros(0, 0)
+
+    # -- per token (token="each") -------------------------------------------
+    def token_features(self, result: Pass, label: DepthIdx) -> Tensor:
+        """Return every token's features at ``label``, ``[B * T, F]`` float32."""
+        value = result.outputs[label].detach()
+        flat = value.reshape(value.shape[0] * value.shape[1], -1).float()
+        return normalized(flat, self.act_norm)
+
+    def fit_token_start(self) -> None:
+        """Start the banks of tokens."""
+        self._token_rows: list[list[Tensor]] = [[] for _ in self.labels]
+        self._token_labels: list[Tensor] = []
+
+    def fit_token_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
+        """Keep the real tokens' features and classes."""
+        rows = keep.reshape(-1)
+        for bank, label in zip(self._token_rows, self.labels, strict=True):
+            features = self.token_features(result, label)
+            bank.append(features[rows.to(features.device)].cpu())
+        self._token_labels.append(target.reshape(-1)[rows.to(target.device)].cpu())
+
+    def fit_token_end(self) -> None:
+        """Set the banks, their classes and the class count."""
+        self.banks = [torch.cat(rows) for rows in self._token_rows]
+        self.bank_labels = torch.cat(self._token_labels)
+        del self._token_rows, self._token_labels
+        enough_samples("DkNN", self.k, int(self.bank_labels.shape[0]))
+        self.class_count = int(self.bank_labels.max()) + 1
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Return minus each token's agreeing neighbours at its closest class."""
+        shape = result.outputs[self.labels[0]].shape[:2]
+        counts = None
+        for bank, label in zip(self.banks, self.labels, strict=True):
+            queries = self.token_features(result, label)
+            near = self.search(queries, bank, self.k)
+            found = label_counts(self.bank_labels, near, self.class_count)
+            counts = found if counts is None else counts + found
+        assert counts is not None  # noqa: S101 (resolve_labels: one layer at least)
+        return -counts.amax(dim=1).to(_F64).reshape(shape)
 
     def fit_from(self, result: Mapping[DepthIdx, Any]) -> None:
         """Keep the banks; with an aggregation, the fit samples' own counts."""
@@ -544,7 +606,8 @@ class DkNN(Neighbourhoods):
 
     def config(self) -> dict[str, Any]:
         """Return the layers, pooling, ``k`` and the aggregation."""
-        return {**super().config(), "k": self.k, "aggregation": self.aggregation}
+        out = {**super().config(), "k": self.k, "aggregation": self.aggregation}
+        return {**out, **({"reduce": self.reduce} if self.token_each else {})}
 
     def state(self) -> dict[str, Tensor]:
         """Return the banks, labels, class count and calibration."""

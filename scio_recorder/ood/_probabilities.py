@@ -23,6 +23,7 @@ from ._geometry import ClassSums
 from ._outputs import as_logits, output_label
 from ._protocol import Detector
 from ._saving import StateEntry
+from ._tokens import TokenScoring, logit_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -54,7 +55,7 @@ def gen_score(logits: Tensor, gamma: float = 0.1, m: int | None = None) -> Tenso
     return (p.pow(gamma) * (1 - p).pow(gamma)).mean(dim=1)
 
 
-class GEN(Detector):
+class GEN(TokenScoring):
     r"""GEN, generalised entropy (Liu et al., CVPR 2023); no fitting.
 
     $\mathrm{score}(x) = \frac{1}{M} \sum_{j \in \mathrm{top}_M} p_j^\gamma (1 -
@@ -76,6 +77,9 @@ class GEN(Detector):
         The exponent, > 0 (the paper's recommendation).
     M : int, optional
         How many of the largest probabilities to average; default all.
+    token, mask, reduce
+        ``token="each"``: score each position's next-token distribution of a
+        language model (:mod:`~scio_recorder.ood._tokens`).
 
     Examples
     --------
@@ -88,14 +92,19 @@ class GEN(Detector):
 
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (GEN's two, then the per-token reading)
         self,
         rnet: Recorder,
         gamma: float = 0.1,
         M: int | None = None,  # noqa: N803 (pytorch-ood's name)
+        *,
+        token: str | None = None,
+        mask: int | str | None = None,
+        reduce: str | int = "mean",
     ) -> None:
         """Check ``gamma`` and ``M``."""
         super().__init__(rnet)
+        self.init_tokens(token, mask, reduce)
         if not gamma > 0:
             msg = f"GEN: gamma must be > 0, got {gamma}"
             raise ValueError(msg)
@@ -107,11 +116,19 @@ class GEN(Detector):
 
     def score_pass(self, result: Pass) -> Tensor:
         """Return the generalised entropy of the predicted distribution."""
+        if self.token_each:
+            return super().score_pass(result)
         return gen_score(result.logits, self.gamma, self.M)
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Return each position's generalised entropy, ``[B, T]`` (``token="each"``)."""
+        return logit_tokens(
+            result.logits, lambda logits: gen_score(logits, self.gamma, self.M)
+        )
 
     def config(self) -> dict[str, Any]:
         """Return ``gamma`` and ``M``."""
-        return {"gamma": self.gamma, "M": self.M}
+        return {"gamma": self.gamma, "M": self.M, **self.token_config()}
 
 
 class _PredictedMeans(ClassSums):

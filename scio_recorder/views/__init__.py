@@ -14,6 +14,7 @@ works offline and in an exported notebook) that Jupyter shows, that
 | :func:`layer_view` | the layer table as a tree | shapes, parameters |
 | :func:`ood_view` | :func:`~scio_recorder.ood.evaluate` | bin counts, ROC points |
 | :func:`circuit_view` | a circuit (``edge_attribution``) | an edge's score |
+| :func:`token_view` | a text shaded by per-token scores | a token's score |
 
 The attention weights are recorded (eager attention), or recomputed from
 recorded queries and keys by :func:`attention_from_qk`.
@@ -47,6 +48,7 @@ __all__ = [
     "lens_view",
     "ood_view",
     "patching_view",
+    "token_view",
 ]
 
 from ._attention import attention_from_qk, attention_view
@@ -56,3 +58,4 @@ from ._layers import layer_view
 from ._lens import lens_view
 from ._ood import ood_view
 from ._patching import patching_view
+from ._tokens import token_view
