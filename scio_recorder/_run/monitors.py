@@ -56,8 +56,26 @@ from torch import Tensor
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from scio_recorder.layers import DepthIdx
-    from scio_recorder.recorder import Recorder
+    from torch import nn
+
+    from scio_recorder.layers import DepthIdx, LayerTable
+
+    class Recorder(Protocol):
+        """What a monitored ``generate`` uses of the recorder."""
+
+        @property
+        def net(self) -> nn.Module:
+            """The wrapped net."""
+
+        @property
+        def table(self) -> LayerTable:
+            """The layer table."""
+
+        monitor_scores: dict[str, Tensor]
+        monitor_stops: Tensor
+
+        def call_method(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+            """Run a method of the net that calls its forward."""
 
 
 class Monitor(Protocol):
