@@ -44,6 +44,8 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | a language model, per token | :class:`Surprisal`; ``token="each"`` of |
 | | :class:`Mahalanobis`, :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, |
 | | :class:`Entropy`, :class:`GEN` (``score_tokens``, ``calibrate``) |
+| hallucination, internal states | :class:`EigenScore`, :class:`HiddenScore`, |
+| | :class:`AttentionScore`, :class:`LookbackRatio`, :class:`Probe` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
@@ -96,18 +98,22 @@ __all__ = [
     "SHE",
     "VRA",
     "AdaScale",
+    "AttentionScore",
     "ClassConditional",
     "Detector",
     "DkNN",
+    "EigenScore",
     "Energy",
     "Entropy",
     "Evaluation",
     "FeatureSqueezing",
     "GradNorm",
     "Gram",
+    "HiddenScore",
     "IsoMax",
     "JointEnergy",
     "KLMatching",
+    "LookbackRatio",
     "Mahalanobis",
     "MahalanobisEnsemble",
     "MaxLogit",
@@ -116,6 +122,7 @@ __all__ = [
     "Odds",
     "OoDResults",
     "Pass",
+    "Probe",
     "RankFeat",
     "ReAct",
     "Residual",
@@ -125,9 +132,13 @@ __all__ = [
     "TempScale",
     "Trust",
     "ViM",
+    "attention_score",
+    "eigen_score",
     "evaluate",
     "fDBD",
     "fit_detectors",
+    "hidden_score",
+    "lookback_ratios",
     "mahalanobis_scores",
     "score_sets",
 ]
@@ -182,6 +193,15 @@ __getattr__, __dir__ = lazy_attributes(
         "Scale": "._shaping",
         "StateEntry": "._saving",
         "Surprisal": "._lm",
+        "AttentionScore": "._hallucination",
+        "EigenScore": "._hallucination",
+        "HiddenScore": "._hallucination",
+        "LookbackRatio": "._hallucination",
+        "Probe": "._hallucination",
+        "attention_score": "._hallucination",
+        "eigen_score": "._hallucination",
+        "hidden_score": "._hallucination",
+        "lookback_ratios": "._hallucination",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -204,6 +224,17 @@ if TYPE_CHECKING:
     from ._evaluate import Evaluation, OoDResults, evaluate, score_sets
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
+    from ._hallucination import (
+        AttentionScore,
+        EigenScore,
+        HiddenScore,
+        LookbackRatio,
+        Probe,
+        attention_score,
+        eigen_score,
+        hidden_score,
+        lookback_ratios,
+    )
     from ._isomax import IsoMax
     from ._jtla import JTLA
     from ._lm import Surprisal
