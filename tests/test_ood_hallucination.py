@@ -77,15 +77,16 @@ def test_identical_answers_score_lower_than_spread_ones():
     assert float(eigen_score(same)) < float(eigen_score(spread)) - 3
 
 
-def _hand_attention(weights: np.ndarray, length: int, heads: str) -> float:
-    """Sum (or mean) over heads of ``log det(A) / m`` of the real tokens' kernel."""
+def _hand_attention(weights: np.ndarray, length: int, normalisation: str) -> float:
+    """The paper's: sum over heads of ``log det(A) / m`` of the real tokens'
+    kernel; lm-polygraph's: minus the mean over heads of ``log det(A)``."""
     per = []
     for a in weights:
         sub = a[-length:, -length:] if length else a
         sign, logdet = np.linalg.slogdet(sub)  # lower triangular: sum log diag
         assert sign > 0
-        per.append(logdet / sub.shape[0])
-    return float(np.sum(per) if heads == "sum" else np.mean(per))
+        per.append(logdet / sub.shape[0] if normalisation == "paper" else logdet)
+    return float(np.sum(per) if normalisation == "paper" else -np.mean(per))
 
 
 def _left_padded(seed: int = 0):
@@ -104,18 +105,22 @@ def _hf(net, batch):
                    output_attentions=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("heads", ["sum", "mean"])
-def test_attention_score_against_the_determinant_of_each_heads_kernel(heads):
+@pytest.mark.parametrize("normalisation", ["paper", "polygraph"])
+def test_attention_score_against_the_determinant_of_each_heads_kernel(normalisation):
     net = _gpt2()
     batch = _left_padded()
     rnet = Recorder(net, input_data={"input_ids": batch["input_ids"]})
-    got = AttentionScore(rnet, "transformer.h.1.attn", heads=heads)(batch)
+    got = AttentionScore(rnet, "transformer.h.1.attn", normalisation=normalisation)(
+        batch
+    )
     attentions = _hf(net, batch).attentions[1].to(torch.float64).numpy()
     lengths = batch["attention_mask"].sum(1).tolist()
-    want = [_hand_attention(attentions[b], lengths[b], heads) for b in range(3)]
+    want = [_hand_attention(attentions[b], lengths[b], normalisation) for b in range(3)]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-8)
     fn = attention_score(
-        torch.from_numpy(attentions), batch["attention_mask"], heads=heads
+        torch.from_numpy(attentions),
+        batch["attention_mask"],
+        normalisation=normalisation,
     )
     np.testing.assert_allclose(fn.numpy(), want, rtol=1e-8)
 
@@ -144,7 +149,9 @@ def test_a_row_scores_the_same_alone_and_left_padded():
     # batch of 1): the kernels may round differently, a few float32 eps of
     # each activation, amplified by at most the log-determinant's condition.
     for det in (hidden, att):
-        np.testing.assert_allclose(det(batch)[2:].numpy(), det(alone).numpy(), rtol=1e-4)
+        np.testing.assert_allclose(
+            det(batch)[2:].numpy(), det(alone).numpy(), rtol=1e-4
+        )
 
 
 def _hand_lookback(w: np.ndarray, context: int, length: int) -> np.ndarray:
@@ -176,7 +183,8 @@ def test_lookback_ratios_against_loops_over_steps_and_heads():
             np.testing.assert_allclose(
                 got[b, :, 2 * layer : 2 * layer + 2].numpy(), want, rtol=1e-10
             )
-    assert got[0, :4].isnan().all() and got[0, 4:].isfinite().all()
+    assert got[0, :4].isnan().all()
+    assert got[0, 4:].isfinite().all()
 
 
 def test_lookback_ratios_of_uniform_attention():
@@ -308,8 +316,13 @@ def test_probe_logits_against_a_hand_logistic_model():
     net, train, _ = _facts()
     rnet = Recorder(net, input_data={"input_ids": train[0]["input_ids"]})
     probe = Probe(rnet, "transformer.h.0", steps=20).fit(train, target="label")
-    hidden = _hf(net, {"input_ids": train[0]["input_ids"],
-                       "attention_mask": torch.ones(100, 4, dtype=torch.long)})
+    hidden = _hf(
+        net,
+        {
+            "input_ids": train[0]["input_ids"],
+            "attention_mask": torch.ones(100, 4, dtype=torch.long),
+        },
+    )
     x = hidden.hidden_states[1][:, -1].to(torch.float64).numpy()
     p = {k: v.numpy() for k, v in probe.state().items()}
     want = ((x - p["mean"]) / p["std"]) @ p["w"] + p["b"]

@@ -20,7 +20,12 @@ Each is a :class:`~scio_recorder.ood.Detector` (fit, score, save and load,
 keyword arguments or as one mapping (``det(batch)``), and the keys a
 detector reads besides the net's (``context=`` of :class:`LookbackRatio`)
 are taken out of it before the net is called. All scores are computed in
-float64; higher is more likely hallucinated.
+float64. Higher is more likely hallucinated for :class:`EigenScore` (answers
+that disagree), and for the fitted :class:`LookbackRatio` and
+:class:`Probe` (label 1: hallucinated); LLM-Check's two scores are given
+as the paper writes them (their direction is the data's to tell: rate it
+with ``evaluate``; lm-polygraph's normalisation of the attention score
+negates it).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ if TYPE_CHECKING:
     from scio_recorder.select import Selector
 
 _F64 = torch.float64
+NORMALISATIONS = ("paper", "polygraph")
+"""The normalisations of :func:`attention_score`."""
 
 
 def _mean_log_eig(z: Tensor, alpha: float) -> Tensor:
@@ -163,21 +170,21 @@ def hidden_score(
 
 
 def attention_score(
-    weights: Tensor, mask: Tensor | None = None, *, heads: str = "sum"
+    weights: Tensor, mask: Tensor | None = None, *, normalisation: str = "paper"
 ) -> Tensor:
     r"""Return LLM-Check's attention score of each row's attention kernels, ``[B]``.
 
-    A head's causal attention kernel $A$ (over a row's real tokens, ``m x
-    m``) is lower triangular: $\log\det A = \sum_t \log A_{tt}$. The score
-    is $\frac1m \log\det A$ (the mean log diagonal) of each head, and:
+    A head's causal attention kernel $A^h$ (over a row's ``m`` real tokens)
+    is lower triangular: $\log\det A^h = \sum_t \log A^h_{tt}$. Two
+    normalisations, which rank rows differently (rows of different lengths):
 
-    * ``heads="sum"``: summed over the heads: the paper's normalisation
-      (LLM-Check's ``get_attn_eig_prod``);
-    * ``heads="mean"``: averaged over the heads, ``sum / H``.
-
-    lm-polygraph 0.7.0's ``AttentionScore`` normalises otherwise (see the
-    docs page "Hallucination scores"): it sums, over heads, the mean log
-    diagonal of the kernel over the generated tokens only, and negates it.
+    * ``"paper"``: $\sum_h \frac1m \log\det A^h$, the mean log diagonal of
+      each head summed over the ``H`` heads (LLM-Check's
+      ``get_attn_eig_prod``);
+    * ``"polygraph"``: $-\frac1H \sum_h \log\det A^h$, the whole log
+      diagonal of each head averaged over the heads and negated
+      (lm-polygraph 0.7.0's ``AttentionScore``, ``gen_only=False``, without
+      its ``1e-12`` inside the log).
 
     Parameters
     ----------
@@ -185,30 +192,36 @@ def attention_score(
         ``[B, H, T, T]`` (one layer's attention weights).
     mask : Tensor, optional
         ``[B, T]``, nonzero at the tokens to take; default every token.
-    heads : {"sum", "mean"}, default "sum"
+    normalisation : {"paper", "polygraph"}, default "paper"
 
     Examples
     --------
     >>> import torch
     >>> a = torch.tril(torch.ones(1, 2, 3, 3))
-    >>> a = a / a.sum(-1, keepdim=True)
-    >>> round(float(attention_score(a)), 6)  # 2 * mean(log 1, log 1/2, log 1/3)
+    >>> a = a / a.sum(-1, keepdim=True)  # each head: diagonal 1, 1/2, 1/3
+    >>> round(float(attention_score(a)), 6)  # 2 * (log 1 + log 1/2 + log 1/3) / 3
     -1.194506
+    >>> round(float(attention_score(a, normalisation="polygraph")), 6)  # log 6
+    1.791759
 
     """
     if weights.dim() != 4:  # noqa: PLR2004 ([B, H, T, T])
         msg = f"attention_score takes [B, H, T, T] weights, got {list(weights.shape)}"
         raise ValueError(msg)
-    if heads not in {"sum", "mean"}:
-        msg = f"attention_score: heads must be 'sum' or 'mean', got {heads!r}"
+    if normalisation not in NORMALISATIONS:
+        msg = (
+            f"attention_score: normalisation must be one of {list(NORMALISATIONS)}, "
+            f"got {normalisation!r}"
+        )
         raise ValueError(msg)
     keep = _keep(mask, (weights.shape[0], weights.shape[2]), weights.device)
     diag = weights.to(_F64).diagonal(dim1=-2, dim2=-1).log()  # [B, H, T]
     count = keep.sum(dim=1)
-    per_head = (
-        diag.masked_fill(~keep[:, None], 0).sum(dim=-1) / count.clamp(min=1)[:, None]
-    )
-    out = per_head.sum(dim=1) if heads == "sum" else per_head.mean(dim=1)
+    logdet = diag.masked_fill(~keep[:, None], 0).sum(dim=-1)  # [B, H]
+    if normalisation == "paper":
+        out = (logdet / count.clamp(min=1)[:, None]).sum(dim=1)
+    else:
+        out = -logdet.mean(dim=1)
     return torch.where(count > 0, out, math.nan)
 
 
@@ -638,8 +651,8 @@ class AttentionScore(_Internal):
 
     ``layer`` names an attention module of a model with eager attention
     (``attn_implementation="eager"``), whose second output is its weights.
-    ``heads="sum"`` is the paper's normalisation, ``"mean"`` divides by the
-    heads. No fitting.
+    ``normalisation="paper"`` is the paper's, ``"polygraph"``
+    lm-polygraph 0.7.0's (:func:`attention_score`). No fitting.
 
     Examples
     --------
@@ -661,24 +674,27 @@ class AttentionScore(_Internal):
         rnet: Recorder,
         layer: Selector,
         *,
-        heads: str = "sum",
+        normalisation: str = "paper",
         mask: str | None = "attention_mask",
     ) -> None:
         """Keep the attention module and the normalisation."""
         super().__init__(rnet, layer, mask=mask)
-        if heads not in {"sum", "mean"}:
-            msg = f"AttentionScore: heads must be 'sum' or 'mean', got {heads!r}"
+        if normalisation not in NORMALISATIONS:
+            msg = (
+                f"AttentionScore: normalisation must be one of "
+                f"{list(NORMALISATIONS)}, got {normalisation!r}"
+            )
             raise ValueError(msg)
-        self.heads = heads
+        self.normalisation = normalisation
 
     def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
         """Return :func:`attention_score` of each row, ``[B]``."""
         weights = _weights("AttentionScore", self.read(args, kwargs))
         real = self.real(kwargs, (weights.shape[0], weights.shape[2]))
-        return attention_score(weights, real, heads=self.heads)
+        return attention_score(weights, real, normalisation=self.normalisation)
 
     def config(self) -> dict[str, Any]:
-        return {"layer": list(self.label), "heads": self.heads}
+        return {"layer": list(self.label), "normalisation": self.normalisation}
 
 
 class LookbackRatio(_Internal):
