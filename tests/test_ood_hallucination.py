@@ -41,7 +41,7 @@ def _gpt2(seed: int = 0, layers: int = 2) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
         n_layer=layers, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=32,
-        attn_implementation="eager",
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     return transformers.GPT2LMHeadModel(config).eval()
 

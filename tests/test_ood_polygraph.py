@@ -73,7 +73,7 @@ def compared(tmp_path_factory):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=32,
-        attn_implementation="eager",
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     net = transformers.GPT2LMHeadModel(config).eval()
     gen = torch.Generator().manual_seed(0)

@@ -51,8 +51,8 @@ from torch import Tensor
 
 from scio_recorder._batches import Positions
 
-from ._checks import check_batches
-from ._layers import one_label, pool_features
+from ._checks import check_batches, one_label
+from ._layers import pool_features
 from ._protocol import Detector, Pass, run_pass
 from ._saving import StateEntry
 from ._tokens import token_arguments
@@ -78,7 +78,9 @@ def _mean_log_eig(z: Tensor, alpha: float) -> Tensor:
     gram = centred @ centred.transpose(-1, -2)
     eye = torch.eye(gram.shape[-1], dtype=_F64, device=gram.device)
     values = torch.linalg.eigvalsh(gram + alpha * eye)
-    return values.clamp(min=1e-10).log().mean(dim=-1)
+    positive = torch.where(values > 0, values, 1e-10)  # as lm-polygraph 0.7.0
+    mean: Tensor = positive.log().mean(dim=-1)
+    return mean
 
 
 def eigen_score(embeddings: Tensor, alpha: float = 1e-3) -> Tensor:
@@ -92,7 +94,7 @@ def eigen_score(embeddings: Tensor, alpha: float = 1e-3) -> Tensor:
     .. math:: \mathrm{EigenScore} = \frac1K \log\det(\Sigma + \alpha I_K)
               = \frac1K \sum_{i=1}^K \log \lambda_i ,
 
-    the eigenvalues clamped below at ``1e-10`` (as lm-polygraph 0.7.0).
+    a non-positive eigenvalue replaced by ``1e-10`` (as lm-polygraph 0.7.0).
     Answers that agree (a known fact) span little: a low score.
 
     Parameters
