@@ -348,3 +348,47 @@ def test_attention_detectors_name_eager_attention_when_weights_are_absent():
     rnet = Recorder(net, input_data={"input_ids": ids})
     with pytest.raises(ValueError, match="eager"):
         AttentionScore(rnet, "transformer.h.0.attn")(input_ids=ids)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    width=st.integers(2, 8),
+    heads=st.integers(1, 3),
+    data=st.data(),
+)
+def test_lookback_ratios_lie_in_0_1_and_are_1_on_context_only_attention(
+    width, heads, data
+):
+    context = data.draw(st.integers(1, width - 1))
+    seed = data.draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    logits = torch.randn(1, heads, width, width, generator=gen, dtype=torch.float64)
+    w = torch.softmax(logits.masked_fill(~causal, -torch.inf), dim=-1)
+    ctx = torch.arange(width)[None] < context
+    got = lookback_ratios(w, ctx)
+    steps = got[0, context:]
+    assert got[0, :context].isnan().all()
+    assert ((steps > 0) & (steps < 1)).all()
+    # attention on the context only (every new token's weight 0): ratio 1
+    only = torch.zeros_like(w)
+    only[..., :context] = w[..., :context]
+    assert torch.equal(lookback_ratios(only, ctx)[0, context:], torch.ones_like(steps))
+
+
+def test_the_lookback_classifier_saves_and_loads(tmp_path):
+    net = _gpt2()
+    batch = dict(_left_padded(6), context=torch.tensor([3, 2, 1]))
+    rnet = Recorder(net, input_data={"input_ids": batch["input_ids"]})
+    layers = ["transformer.h.0.attn", "transformer.h.1.attn"]
+    labelled = dict(batch, label=torch.tensor([0, 1, 1]))
+    det = LookbackRatio(rnet, layers).fit([labelled], target="label")
+    path = det.save(tmp_path / "lens.safetensors")
+    again = LookbackRatio(rnet, layers).load(path)
+    assert torch.equal(again(batch), det(batch))
+    # the classifier's logit: the mean ratios of a row, weighted
+    feats = det.features(batch)
+    w, b = det.state()["w"], det.state()["b"]
+    assert torch.allclose(det(batch), feats @ w + b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="layers"):
+        LookbackRatio(rnet, layers[:1]).load(path)

@@ -51,8 +51,9 @@ This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
-``_jtla``, ``_isomax``, ``_perturbation``), each standing on the shared
-ground floor and the protocol, never on another family. The ground floor:
+``_jtla``, ``_isomax``, ``_perturbation``, ``_hallucination``), each standing
+on the shared ground floor and the protocol, never on another family. The
+ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
 read one layer, several layers, their nearest fit samples, or edit a layer),
 ``_geometry`` (norms, Mahalanobis distances, class sums), ``_inputs`` (the
