@@ -458,9 +458,11 @@ class EigenScore(_Pooled):
     :meth:`fit` takes the per-neuron ``p`` and ``1 - p`` quantiles of the
     layer's activations over every real token of in-distribution batches
     (the paper's memory bank of token embeddings; ``p = 0.002`` is its 0.2 %)
-    and scoring clamps each neuron of the embeddings to them. Here the
-    clipping applies to the features read (the embeddings), not in flight
-    to the layers after. Without ``clip`` no fit is needed.
+    and scoring clamps each neuron of the embeddings to them. Where this
+    differs from the paper: it clips activations inside the model (a later
+    layer's) while the ``K`` answers are sampled, so that the clipping
+    changes the answers themselves; here the answers are given, and the
+    clipping applies to the features read. Without ``clip`` no fit is needed.
 
     Parameters
     ----------
