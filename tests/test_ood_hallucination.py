@@ -335,7 +335,7 @@ def test_probe_refuses_labels_that_are_not_binary_and_batches_without_them():
     bad = [dict(train[0], label=train[0]["label"] * 2)]
     with pytest.raises(ValueError, match="must be 0 or 1"):
         Probe(rnet, "transformer.h.1").fit(bad, target="label")
-    with pytest.raises(KeyError, match="'y'"):
+    with pytest.raises(KeyError, match="a batch has no key 'y'"):
         Probe(rnet, "transformer.h.1").fit(train, target="y")
 
 

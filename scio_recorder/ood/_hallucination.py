@@ -409,7 +409,7 @@ class _Internal(Detector):
                 )
                 raise TypeError(msg)
             kwargs = dict(batch)
-            labels = kwargs.pop(target) if target is not None else None
+            labels = kwargs.pop(target, None) if target is not None else None
             if target is not None and labels is None:
                 msg = f"{name}.fit: a batch has no key {target!r} (the labels)"
                 raise KeyError(msg)
