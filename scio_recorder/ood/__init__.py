@@ -47,15 +47,17 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`Mahalanobis`, :class:`MahalanobisEnsemble`, :class:`DkNN`, |
 | | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy`, |
 | | :class:`GEN` (``score_tokens``, ``calibrate``) |
+| hallucination, internal states | :class:`EigenScore`, :class:`HiddenScore`, |
+| | :class:`AttentionScore`, :class:`LookbackRatio`, :class:`Probe` |
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_gram``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
 ``_jtla``, ``_isomax``, ``_perturbation``, ``_weiper``, ``_core``,
-``_ora``), each standing on the shared ground floor and the protocol, never
-on another family (WeiPer, CORE and ORA share their base in ``_weights``).
-The ground floor:
+``_ora``, ``_hallucination``), each standing on the shared ground floor and
+the protocol, never on another family (WeiPer, CORE and ORA share their base
+in ``_weights``). The ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
 read one layer, several layers, their nearest fit samples, or edit a layer),
 ``_geometry`` (norms, Mahalanobis distances, class sums), ``_inputs`` (the
@@ -104,18 +106,22 @@ __all__ = [
     "SHE",
     "VRA",
     "AdaScale",
+    "AttentionScore",
     "ClassConditional",
     "Detector",
     "DkNN",
+    "EigenScore",
     "Energy",
     "Entropy",
     "Evaluation",
     "FeatureSqueezing",
     "GradNorm",
     "Gram",
+    "HiddenScore",
     "IsoMax",
     "JointEnergy",
     "KLMatching",
+    "LookbackRatio",
     "Mahalanobis",
     "MahalanobisEnsemble",
     "MaxLogit",
@@ -124,6 +130,7 @@ __all__ = [
     "Odds",
     "OoDResults",
     "Pass",
+    "Probe",
     "RankFeat",
     "ReAct",
     "Residual",
@@ -134,9 +141,13 @@ __all__ = [
     "Trust",
     "ViM",
     "WeiPer",
+    "attention_score",
+    "eigen_score",
     "evaluate",
     "fDBD",
     "fit_detectors",
+    "hidden_score",
+    "lookback_ratios",
     "mahalanobis_scores",
     "score_sets",
 ]
@@ -193,6 +204,15 @@ __getattr__, __dir__ = lazy_attributes(
         "Scale": "._shaping",
         "StateEntry": "._saving",
         "Surprisal": "._lm",
+        "AttentionScore": "._hallucination",
+        "EigenScore": "._hallucination",
+        "HiddenScore": "._hallucination",
+        "LookbackRatio": "._hallucination",
+        "Probe": "._hallucination",
+        "attention_score": "._hallucination",
+        "eigen_score": "._hallucination",
+        "hidden_score": "._hallucination",
+        "lookback_ratios": "._hallucination",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -218,6 +238,17 @@ if TYPE_CHECKING:
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
     from ._gram import Gram
+    from ._hallucination import (
+        AttentionScore,
+        EigenScore,
+        HiddenScore,
+        LookbackRatio,
+        Probe,
+        attention_score,
+        eigen_score,
+        hidden_score,
+        lookback_ratios,
+    )
     from ._isomax import IsoMax
     from ._jtla import JTLA
     from ._lm import Surprisal

@@ -24,7 +24,7 @@ and the docs read as written; the docs' table, API page and count).
 
 from __future__ import annotations
 
-__all__ = ["DETECTORS", "Classifier"]
+__all__ = ["DETECTORS", "LANGUAGE_MODELS", "Classifier"]
 
 import dataclasses
 from typing import TYPE_CHECKING
@@ -56,6 +56,19 @@ if TYPE_CHECKING:
     from scio_recorder.recorder import Recorder
 
     from ._protocol import Detector
+
+
+LANGUAGE_MODELS = (
+    "Surprisal",
+    "EigenScore",
+    "HiddenScore",
+    "AttentionScore",
+    "LookbackRatio",
+    "Probe",
+)
+"""The detectors of the face that score a language model's tokens or answers,
+not a classifier's inputs: the catalogue does not build them (its table is of
+detectors for a trained classifier); they have pages of their own."""
 
 
 @dataclasses.dataclass(frozen=True)
