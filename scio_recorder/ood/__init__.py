@@ -55,9 +55,11 @@ This package is the public face; one detector family a private module
 ``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_gram``,
 ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
 ``_jtla``, ``_isomax``, ``_perturbation``, ``_weiper``, ``_core``,
-``_ora``, ``_hallucination``), each standing on the shared ground floor and
+``_ora``, ``_lm``, ``_eigenscore``, ``_llmcheck``, ``_lookback``,
+``_probe``), each standing on the shared ground floor and
 the protocol, never on another family (WeiPer, CORE and ORA share their base
-in ``_weights``). The ground floor:
+in ``_weights``, the hallucination scores theirs in ``_states``). The
+ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
 read one layer, several layers, their nearest fit samples, or edit a layer),
 ``_geometry`` (norms, Mahalanobis distances, class sums), ``_inputs`` (the
@@ -204,15 +206,15 @@ __getattr__, __dir__ = lazy_attributes(
         "Scale": "._shaping",
         "StateEntry": "._saving",
         "Surprisal": "._lm",
-        "AttentionScore": "._hallucination",
-        "EigenScore": "._hallucination",
-        "HiddenScore": "._hallucination",
-        "LookbackRatio": "._hallucination",
-        "Probe": "._hallucination",
-        "attention_score": "._hallucination",
-        "eigen_score": "._hallucination",
-        "hidden_score": "._hallucination",
-        "lookback_ratios": "._hallucination",
+        "AttentionScore": "._llmcheck",
+        "EigenScore": "._eigenscore",
+        "HiddenScore": "._llmcheck",
+        "LookbackRatio": "._lookback",
+        "Probe": "._probe",
+        "attention_score": "._llmcheck",
+        "eigen_score": "._eigenscore",
+        "hidden_score": "._llmcheck",
+        "lookback_ratios": "._lookback",
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
@@ -234,31 +236,24 @@ if TYPE_CHECKING:
     from ._core import CORE
     from ._coverage import NAC
     from ._edits import VRA, RankFeat
+    from ._eigenscore import EigenScore, eigen_score
     from ._evaluate import evaluate, score_sets
     from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
     from ._gradient import GradNorm
     from ._gram import Gram
-    from ._hallucination import (
-        AttentionScore,
-        EigenScore,
-        HiddenScore,
-        LookbackRatio,
-        Probe,
-        attention_score,
-        eigen_score,
-        hidden_score,
-        lookback_ratios,
-    )
     from ._isomax import IsoMax
     from ._jtla import JTLA
+    from ._llmcheck import AttentionScore, HiddenScore, attention_score, hidden_score
     from ._lm import Surprisal
     from ._logits import MSP, Energy, Entropy, JointEnergy, MaxLogit
+    from ._lookback import LookbackRatio, lookback_ratios
     from ._multilayer import MahalanobisEnsemble
     from ._neighbours import LID, DkNN, Trust
     from ._ora import ORA
     from ._passes import fit_detectors
     from ._perturbation import FeatureSqueezing, Odds
     from ._probabilities import GEN, KLMatching
+    from ._probe import Probe
     from ._protocol import Detector, NotFittedError, Pass
     from ._prototypes import DICE, SHE, NNGuide, fDBD
     from ._results import Evaluation, OoDResults
