@@ -132,3 +132,43 @@ def test_main_pages_load_offline_whole_and_within_the_page_width(site, chromium)
             (Path(shots) / f"{name}.png").write_bytes(png)
         page.send("Page.close")
     assert problems == []
+
+
+DEEP_PAGES = ("api/ood-detectors/", "api/views/", "changelog/")
+"""Pages far down the navigation: their sidebar opens scrolled to their link."""
+
+_NAV_UNDER_TITLE = """(() => {
+  const nav = document.querySelector('.md-sidebar--primary .md-nav--primary');
+  const title = nav.querySelector(':scope > .md-nav__title');
+  const t = title.getBoundingClientRect();
+  const wrap = nav.closest('.md-sidebar__scrollwrap').getBoundingClientRect();
+  const under = [];
+  for (const link of nav.querySelectorAll('.md-nav__link')) {
+    const r = link.getBoundingClientRect();
+    const shown = r.height > 0 && r.bottom > wrap.top && r.top < wrap.bottom;
+    if (shown && r.top < t.bottom - 0.5 && r.bottom > t.top + 0.5) {
+      under.push(`"${link.textContent.trim()}" at ${r.top}-${r.bottom} px,`
+        + ` the title at ${t.top}-${t.bottom} px`);
+    }
+  }
+  return {scrolled: nav.closest('.md-sidebar__scrollwrap').scrollTop, under};
+})()"""
+
+
+@pytest.mark.slow
+def test_no_nav_entry_hides_under_the_navigations_title_on_deep_pages(site, chromium):
+    """On a deep page the left navigation opens scrolled to the page's link.
+
+    Its title (the site's name) was sticky: the entry scrolled under it
+    showed as a sliver below it. No entry's box may overlap the title's.
+    """
+    problems = []
+    for width in (1280, 1600):
+        for path in DEEP_PAGES:
+            page = chromium.page(width, 900)
+            page.load(site + path)
+            found = page.evaluate(_NAV_UNDER_TITLE)
+            assert found["scrolled"] > 0, f"/{path}: the navigation is not scrolled"
+            problems += [f"/{path} at {width} px: {u}" for u in found["under"]]
+            page.send("Page.close")
+    assert problems == []

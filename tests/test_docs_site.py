@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import types
 from pathlib import Path
@@ -309,3 +310,51 @@ def test_the_header_shows_the_packages_version():
     hooks = load("hooks")
     config = hooks.on_config({"site_name": "scio-recorder"})
     assert config["site_name"] == f"scio-recorder {scio_recorder.__version__}"
+
+
+# a line of a build log that warns: mkdocs' "WARNING -", a Python warning
+# ("UserWarning: ..."), a kernel's or a tool's "[W ...]"/"warning:" line
+WARNING_LINE = re.compile(r"\bWARNING\b|Warning:|\bwarning:", re.IGNORECASE)
+
+
+def warning_lines(log: str) -> list[str]:
+    """The lines of a build log that warn."""
+    return [line for line in log.splitlines() if WARNING_LINE.search(line)]
+
+
+def test_a_warning_line_is_found_in_a_build_log():
+    log = (
+        "INFO    -  Building documentation...\n"
+        "WARNING -  Doc file 'a.md' contains a link 'b.md', not found.\n"
+        "/x/y.py:3: UserWarning: something\n"
+        "[IPKernelApp] WARNING | Kernel is running over TCP\n"
+        "INFO    -  Documentation built in 3.00 seconds\n"
+    )
+    assert len(warning_lines(log)) == 3
+    assert not warning_lines("INFO    -  Documentation built in 3.00 seconds\n")
+
+
+def test_ci_keeps_the_site_builds_log_for_its_test():
+    """.ci/run tees the one site build's output into the log the test reads."""
+    run = (DOCS.parent / ".ci" / "run").read_text(encoding="utf-8")
+    # the command (not a comment or a section's title), with its next line
+    builds = re.findall(r"^[A-Z_0-9=]* ?mkdocs build [^\n]*\n[^\n]*", run, re.MULTILINE)
+    assert len(builds) == 1, builds  # the site is built once
+    assert 'tee "$workdir/site-build.log"' in builds[0], builds[0]
+    assert 'export SCIO_DOCS_BUILD_LOG="$workdir/site-build.log"' in run
+
+
+def test_the_docs_build_log_has_no_warning():
+    """The build's log (``SCIO_DOCS_BUILD_LOG``, kept by .ci/run) warns nowhere.
+
+    ``mkdocs build --strict`` fails on mkdocs' own warnings only; a notebook
+    kernel's, a plugin's or a library's warning written to stderr passes it.
+    """
+    path = os.environ.get("SCIO_DOCS_BUILD_LOG")
+    if not path:
+        pytest.skip(
+            "no docs build log: build with `mkdocs build --strict 2>&1 | tee LOG`"
+            " and set SCIO_DOCS_BUILD_LOG=LOG (.ci/run does both)"
+        )
+    found = warning_lines(Path(path).read_text(encoding="utf-8", errors="replace"))
+    assert not found, "warnings in the docs build log:\n" + "\n".join(found)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from torch import nn
 from scio_recorder import Recorder
 
 EPS32 = torch.finfo(torch.float32).eps
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def torchvision_operators() -> None:
@@ -408,3 +411,101 @@ def test_nnsight_invokes_source_skip_and_stop_match_ours():
         torch.testing.assert_close(
             rnet.activations_of("transformer.h.0")[0], hidden, **close
         )
+
+
+def page_blocks(page: str, heading: str) -> list[str]:
+    """The ```python blocks of a migration page's section, in order."""
+    text = (ROOT / "docs" / "migrate" / page).read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else None]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+@pytest.mark.slow
+def test_transformerlens_direct_logit_attribution_matches_the_pages():
+    """docs/migrate/transformerlens.md, "Direct logit attribution": TL's own.
+
+    The page's two blocks run on the model TL's bridge wraps; TL decomposes
+    the final residual (``decompose_resid``, ``stack_head_results``), applies
+    the final LayerNorm's frozen scale (``apply_ln_to_stack``) and projects
+    on the answer's unembedding. Without ``fold_ln`` (the bridge keeps the
+    model's weights) the LayerNorm's weight is folded by hand, as
+    ``HookedTransformer``'s ``fold_ln`` folds it into ``W_U``.
+    """
+    torchvision_operators()
+    transformer_lens = pytest.importorskip("transformer_lens")
+    with tempfile.TemporaryDirectory() as folder:
+        model = gpt2(folder)
+        ln = model.transformer.ln_f
+        with torch.no_grad():  # a LayerNorm that is not the identity
+            generator = torch.Generator().manual_seed(4)
+            ln.weight.copy_(1 + torch.rand(32, generator=generator))
+            ln.bias.copy_(torch.randn(32, generator=generator))
+        bridge = transformer_lens.TransformerBridge.boot_transformers(
+            folder, hf_model=copy.deepcopy(model)
+        )
+    tokens = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(3))
+    namespace = {"Recorder": Recorder, "torch": torch, "model": model, "tokens": tokens}
+    blocks = page_blocks("transformerlens.md", "Direct logit attribution")
+    assert len(blocks) == 2
+    for block in blocks:  # each block asserts that its parts sum up
+        exec(block, namespace)  # noqa: S102 (the page's own code)
+    answer = namespace["answer"]
+
+    logits, cache = bridge.run_with_cache(tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(input_ids=tokens).logits)
+    direction = bridge.tokens_to_residual_directions(answer) * ln.weight  # fold_ln
+    stack, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
+    assert labels[:2] == ["embed", "pos_embed"]
+    theirs = cache.apply_ln_to_stack(stack, layer=-1, pos_slice=-1) @ direction
+    # the page sums the token and position embeddings (one input recorded)
+    theirs = torch.cat([theirs[:2].sum(0, keepdim=True), theirs[2:]]).detach()
+    heads, names = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
+    assert names[4:] == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    their_heads = cache.apply_ln_to_stack(heads[4:], layer=-1, pos_slice=-1)
+    their_heads = (their_heads @ direction).detach()
+    # TL in float32, the page in float64: float32 roundings of terms of order
+    # 1 to 10 (a 32-term product, a scale), measured 1e-6; 1e-5 bounds ~ 100
+    # eps32 of them
+    close = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(namespace["dla"].float(), theirs, **close)
+    torch.testing.assert_close(namespace["per_head"].float(), their_heads, **close)
+
+
+@pytest.mark.slow
+def test_pytorch_ood_outlier_exposure_loss_is_the_pages():
+    """docs/migrate/pytorch-ood.md: the page's loss is ``OutlierExposureLoss``."""
+    torchvision_operators()
+    pytest.importorskip("pytorch_ood")
+    from pytorch_ood.loss import OutlierExposureLoss  # noqa: PLC0415
+
+    (block,) = [
+        b
+        for b in page_blocks("pytorch-ood.md", "Training losses and data sets")
+        if "def outlier_exposure" in b
+    ]
+    source = re.search(
+        r"def outlier_exposure.*?return loss\.mean\(\)\n", block, re.DOTALL
+    )
+    assert source is not None
+    namespace = {"torch": torch, "nn": nn}
+    exec(source[0], namespace)  # noqa: S102 (the page's own code)
+    ours = namespace["outlier_exposure"]
+    generator = torch.Generator().manual_seed(5)
+    logits = 3 * torch.randn(40, 6, generator=generator)
+    targets = torch.randint(-1, 6, (40,), generator=generator)
+    assert (targets < 0).any()
+    assert (targets >= 0).any()
+    for alpha in (0.5, 2.0):
+        theirs = OutlierExposureLoss(alpha=alpha)
+        for keep in (targets >= 0, targets < 0, torch.ones(40, dtype=torch.bool)):
+            # the same terms, summed in the same order: a few float32
+            # roundings of a mean of values of order 1 to 10
+            torch.testing.assert_close(
+                ours(logits[keep], targets[keep], alpha=alpha),
+                theirs(logits[keep], targets[keep]),
+                atol=0,
+                rtol=16 * EPS32,
+            )
