@@ -79,9 +79,11 @@ __all__ = [
 
 from ._ablation import ablate, layer_means
 from ._attribution import attribution_patch
-from ._edges import Components, EdgeScores, edge_attribution, faithfulness
+from ._circuits import EdgeScores
+from ._edges import edge_attribution, faithfulness
 from ._gradcam import grad_cam
 from ._gradients import input_x_gradient, integrated_gradients, saliency, smoothgrad
 from ._lens import logit_lens
+from ._nodes import Components
 from ._patching import ActivationCache, cache_run, patch
 from ._sweeps import patch_sweep

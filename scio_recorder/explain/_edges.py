@@ -32,14 +32,13 @@ its output to it).
 
 from __future__ import annotations
 
-__all__ = ["Components", "EdgeScores", "edge_attribution", "faithfulness"]
+__all__ = ["edge_attribution", "faithfulness"]
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from scio_recorder._engine.state import CallInputs
 from scio_recorder._net.outputs import logits_of
@@ -53,10 +52,17 @@ from ._base import (
     check_recorder,
     run_net,
 )
+from ._circuits import EdgeScores
+from ._nodes import (
+    Components,
+    Dest,
+    Layout,
+    Source,
+    find_layout,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
-    from pathlib import Path
+    from collections.abc import Callable, Sequence
 
     from scio_recorder.recorder import Recorder
 
@@ -64,437 +70,7 @@ _WHO = "edge_attribution"
 _METHODS = ("eap", "eap-ig", "exact")
 
 
-# -- the layout: where each node's output and input are ------------------------
-
-
-@dataclass(frozen=True)
-class _Source:
-    name: str
-    order: int
-    """Sources feed destinations of a larger order."""
-    module: str
-    """The module whose output (kind "output") or first input ("input",
-    "head") holds the source's term."""
-    kind: str
-    cols: slice | None = None
-    """A head's columns in the output projection's input."""
-
-
-@dataclass(frozen=True)
-class _Dest:
-    name: str
-    order: int
-    norm: str
-    """The module whose first input is the destination's input."""
-    proj: str | None = None
-    """For a head's q/k/v: the projection after ``norm`` ..."""
-    cols: slice | None = None
-    """... and the head's columns of its output."""
-    qk: _Attention | None = None
-    """For a head's q or k on a net whose projections give the attention's
-    queries and keys as they are (no rotation): what AtP*'s fix reads."""
-
-
-@dataclass(frozen=True)
-class _Attention:
-    """A head's attention, recomputed from its projections (AtP*'s QK fix)."""
-
-    attention: str
-    """The attention module (its ``scaling``)."""
-    output: str
-    """The output projection, whose input holds the head's output ..."""
-    head: slice
-    """... at these columns."""
-    queries: slice
-    keys: slice
-    values: slice
-    """The head's columns of the projection's output."""
-    letter: str
-
-
-@dataclass
-class _Layout:
-    sources: list[_Source]
-    dests: list[_Dest]
-    aliases: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Components:
-    """A net's components, named for :func:`edge_attribution`.
-
-    For a net whose stream is ``x = input(...)``, then ``x = x + c(x)`` for
-    each component ``c`` in order, then ``final(x)``: the sources are
-    ``"input"`` and the components, the destinations the components and
-    ``"logits"``, each component named by its module name.
-
-    Parameters
-    ----------
-    input : str
-        The module whose output starts the stream (an embedding).
-    components : sequence of str
-        The modules that read the stream (their first positional input) and
-        add their output to it, in the order they run.
-    final : str
-        The module that reads the final stream (a norm, or the unembedding).
-
-    Examples
-    --------
-    >>> Components("embed", ["a", "m"], "unembed").components
-    ('a', 'm')
-
-    """
-
-    input: str
-    components: Sequence[str]
-    final: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "components", tuple(self.components))
-
-
-def _layout(net: nn.Module, components: Components | None) -> _Layout:
-    modules = dict(net.named_modules())
-    if components is not None:
-        names = [components.input, *components.components, components.final]
-        missing = [name for name in names if name not in modules]
-        if missing:
-            msg = (
-                f"{_WHO}: `components` names {missing}, not modules of "
-                f"{type(net).__name__}: give names from `net.named_modules()`."
-            )
-            raise ValueError(msg)
-        sources = [_Source("input", 0, components.input, "output")]
-        dests = []
-        for i, name in enumerate(components.components, start=1):
-            sources.append(_Source(name, i, name, "output"))
-            dests.append(_Dest(name, i, name))
-        dests.append(_Dest("logits", len(names), components.final))
-        return _Layout(sources, dests)
-    config = getattr(net, "config", None)
-    if "transformer.h.0.attn.c_attn" in modules and config is not None:
-        return _gpt2(config)
-    if "model.layers.0.self_attn.q_proj" in modules and config is not None:
-        return _llama(config)
-    msg = (
-        f"{_WHO}: found no decoder layout in {type(net).__name__} (GPT-2's "
-        "`transformer.h`, Llama's `model.layers`): name the components, e.g. "
-        '`components=Components("embed", ["blocks.0.attn", "blocks.0.mlp"], '
-        '"ln_final")`.'
-    )
-    raise ValueError(msg)
-
-
-def _gpt2(config: Any) -> _Layout:
-    layers, heads = int(config.n_layer), int(config.n_head)
-    width = int(config.n_embd)
-    size = width // heads
-    sources = [_Source("input", 0, "transformer.h.0", "input")]
-    dests = []
-    for layer in range(layers):
-        block = f"transformer.h.{layer}"
-        for head in range(heads):
-            cols = slice(head * size, (head + 1) * size)
-            sources.append(
-                _Source(
-                    f"a{layer}.h{head}",
-                    2 * layer + 1,
-                    f"{block}.attn.c_proj",
-                    "head",
-                    cols,
-                )
-            )
-            spans = [
-                slice(i * width + head * size, i * width + (head + 1) * size)
-                for i in range(3)
-            ]
-            for i, letter in enumerate("qkv"):
-                qk = _Attention(
-                    f"{block}.attn",
-                    f"{block}.attn.c_proj",
-                    cols,
-                    queries=spans[0],
-                    keys=spans[1],
-                    values=spans[2],
-                    letter=letter,
-                )
-                dests.append(
-                    _Dest(
-                        f"a{layer}.h{head}<{letter}>",
-                        2 * layer + 1,
-                        f"{block}.ln_1",
-                        f"{block}.attn.c_attn",
-                        spans[i],
-                        qk if letter != "v" else None,
-                    )
-                )
-        sources.append(_Source(f"m{layer}", 2 * layer + 2, f"{block}.mlp", "output"))
-        dests.append(_Dest(f"m{layer}", 2 * layer + 2, f"{block}.ln_2"))
-    dests.append(_Dest("logits", 2 * layers + 1, "transformer.ln_f"))
-    return _Layout(_sorted(sources), _sorted(dests))
-
-
-def _llama(config: Any) -> _Layout:
-    layers = int(config.num_hidden_layers)
-    heads = int(config.num_attention_heads)
-    groups = int(getattr(config, "num_key_value_heads", None) or heads)
-    size = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    per_group = heads // groups
-    sources = [_Source("input", 0, "model.layers.0", "input")]
-    dests = []
-    aliases = {}
-    for layer in range(layers):
-        block = f"model.layers.{layer}"
-        norm, attn = f"{block}.input_layernorm", f"{block}.self_attn"
-        for head in range(heads):
-            cols = slice(head * size, (head + 1) * size)
-            sources.append(
-                _Source(
-                    f"a{layer}.h{head}", 2 * layer + 1, f"{attn}.o_proj", "head", cols
-                )
-            )
-            dests.append(
-                _Dest(
-                    f"a{layer}.h{head}<q>", 2 * layer + 1, norm, f"{attn}.q_proj", cols
-                )
-            )
-        for group in range(groups):
-            first = group * per_group
-            cols = slice(group * size, (group + 1) * size)
-            for letter in "kv":
-                name = f"a{layer}.h{first}<{letter}>"
-                dests.append(
-                    _Dest(name, 2 * layer + 1, norm, f"{attn}.{letter}_proj", cols)
-                )
-                for head in range(first + 1, first + per_group):
-                    aliases[f"a{layer}.h{head}<{letter}>"] = name
-        sources.append(_Source(f"m{layer}", 2 * layer + 2, f"{block}.mlp", "output"))
-        dests.append(
-            _Dest(f"m{layer}", 2 * layer + 2, f"{block}.post_attention_layernorm")
-        )
-    dests.append(_Dest("logits", 2 * layers + 1, "model.norm"))
-    return _Layout(_sorted(sources), _sorted(dests), aliases)
-
-
-def _sorted(items: list[Any]) -> list[Any]:
-    """Order nodes as the authors' graph: by layer, heads before the MLP."""
-    return sorted(items, key=lambda item: item.order)
-
-
-# -- the scores ---------------------------------------------------------------
-
-
-class EdgeScores:
-    """The scores of a graph's edges: ``scores[u, v]`` for the edge ``u -> v``.
-
-    Attributes
-    ----------
-    values : Tensor
-        ``[sources, destinations]``, float64; 0 where there is no edge
-        (``v`` before ``u``).
-    sources, destinations : list of str
-        The rows' and columns' node names.
-    real : Tensor
-        ``[sources, destinations]``, bool: where an edge is.
-
-    Examples
-    --------
-    >>> import torch
-    >>> scores = EdgeScores(torch.ones(1, 1), ["input"], ["logits"])
-    >>> float(scores["input", "logits"]), scores.nodes
-    (1.0, ['input', 'logits'])
-
-    """
-
-    def __init__(
-        self,
-        values: Tensor,
-        sources: list[str],
-        destinations: list[str],
-        real: Tensor | None = None,
-        aliases: dict[str, str] | None = None,
-    ) -> None:
-        self.values = values
-        self.sources = list(sources)
-        self.destinations = list(destinations)
-        self.real = torch.ones_like(values, dtype=torch.bool) if real is None else real
-        self.aliases = dict(aliases or {})
-        self._rows = {name: i for i, name in enumerate(self.sources)}
-        self._cols = {name: i for i, name in enumerate(self.destinations)}
-
-    @property
-    def nodes(self) -> list[str]:
-        """Every node's name: the sources, then the destinations not among them."""
-        seen = dict.fromkeys(self.sources)
-        for name in self.destinations:
-            seen.setdefault(name, None)
-        return list(seen)
-
-    def index(self, u: str, v: str) -> tuple[int, int]:
-        """Return the row and column of the edge ``u -> v``, or raise KeyError."""
-        v = self.aliases.get(v, v)
-        if u not in self._rows:
-            msg = f"{u!r} is not a source node: the sources are {self.sources}."
-            raise KeyError(msg)
-        if v not in self._cols:
-            hint = (
-                f" (a head's inputs are {v}<q>, {v}<k> and {v}<v>)"
-                if f"{v}<q>" in self._cols
-                else ""
-            )
-            msg = (
-                f"{v!r} is not a destination node{hint}: the destinations are "
-                f"{self.destinations}."
-            )
-            raise KeyError(msg)
-        row, col = self._rows[u], self._cols[v]
-        if not self.real[row, col]:
-            msg = f"there is no edge {u} -> {v}: {v} runs before {u}'s output exists."
-            raise KeyError(msg)
-        return row, col
-
-    def __getitem__(self, edge: tuple[str, str]) -> Tensor:
-        """Return the score of the edge ``edge = (u, v)``."""
-        return self.values[self.index(*edge)]
-
-    def edges(self) -> Iterator[tuple[str, str]]:
-        """Yield every edge ``(u, v)``, sources in order, then destinations."""
-        for i, u in enumerate(self.sources):
-            for j, v in enumerate(self.destinations):
-                if self.real[i, j]:
-                    yield u, v
-
-    def __len__(self) -> int:
-        """Return the number of edges."""
-        return int(self.real.sum())
-
-    def top(self, n: int) -> list[tuple[str, str]]:
-        """Return the ``n`` edges of largest absolute score, largest first.
-
-        Ties keep the order of :meth:`edges`.
-
-        Examples
-        --------
-        >>> import torch
-        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
-        >>> scores.top(1)
-        [('input', 'logits')]
-
-        """
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            msg = f"EdgeScores.top: `n={n!r}` must be an int of at least 0."
-            raise ValueError(msg)
-        edges = list(self.edges())
-        sizes = [abs(float(self[edge])) for edge in edges]
-        order = sorted(range(len(edges)), key=lambda i: -sizes[i])
-        return [edges[i] for i in order[:n]]
-
-    def above(self, threshold: float) -> list[tuple[str, str]]:
-        """Return the edges of absolute score at least ``threshold``, largest first.
-
-        Examples
-        --------
-        >>> import torch
-        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
-        >>> scores.above(0.5)
-        [('input', 'logits'), ('input', 'a')]
-
-        """
-        edges = self.top(len(self))
-        return [edge for edge in edges if abs(float(self[edge])) >= threshold]
-
-    def mask(self, edges: Sequence[tuple[str, str]]) -> Tensor:
-        """Return ``[sources, destinations]``, True at ``edges`` (a circuit)."""
-        keep = torch.zeros_like(self.real)
-        for u, v in edges:
-            keep[self.index(u, v)] = True
-        return keep
-
-    def save(
-        self, path: str | Path, circuit: Sequence[tuple[str, str]] | None = None
-    ) -> None:
-        """Write the graph to ``path`` (safetensors, node names in its JSON metadata).
-
-        The scores (``values``), where edges are (``real``), and optionally a
-        circuit's edges (``circuit``, a mask); :meth:`load` reads it back.
-
-        Examples
-        --------
-        >>> import tempfile, pathlib, torch
-        >>> scores = EdgeScores(torch.tensor([[1.0, -3.0]]), ["input"], ["a", "logits"])
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "graph.safetensors"
-        >>> scores.save(path, circuit=[("input", "logits")])
-        >>> again, circuit = EdgeScores.load(path)
-        >>> torch.equal(again.values, scores.values), circuit
-        (True, [('input', 'logits')])
-
-        """
-        from safetensors.torch import save_file  # noqa: PLC0415 (a dependency)
-
-        tensors = {
-            "values": self.values.detach().cpu().contiguous(),
-            "real": self.real.cpu().contiguous(),
-        }
-        if circuit is not None:
-            tensors["circuit"] = self.mask(circuit).cpu().contiguous()
-        names = {
-            "sources": self.sources,
-            "destinations": self.destinations,
-            "aliases": self.aliases,
-        }
-        save_file(tensors, str(path), metadata={"graph": json.dumps(names)})
-
-    @classmethod
-    def load(cls, path: str | Path) -> tuple[EdgeScores, list[tuple[str, str]] | None]:
-        """Read a graph written by :meth:`save`: the scores, and the circuit or None.
-
-        Raises
-        ------
-        ValueError
-            If the file is not a graph written by :meth:`save`.
-
-        Examples
-        --------
-        See :meth:`save`.
-
-        """
-        from safetensors import safe_open  # noqa: PLC0415 (a dependency)
-
-        with safe_open(str(path), framework="pt") as file:
-            metadata = file.metadata() or {}
-            if "graph" not in metadata or "values" not in file.keys():  # noqa: SIM118 (not a dict)
-                msg = (
-                    f"EdgeScores.load: {path} holds no graph (no 'graph' metadata or "
-                    "'values' tensor): read a file written by EdgeScores.save."
-                )
-                raise ValueError(msg)
-            tensors = {key: file.get_tensor(key) for key in file.keys()}  # noqa: SIM118
-        names = json.loads(metadata["graph"])
-        scores = cls(
-            tensors["values"],
-            names["sources"],
-            names["destinations"],
-            tensors["real"],
-            names["aliases"],
-        )
-        circuit = None
-        if "circuit" in tensors:
-            circuit = [
-                edge
-                for edge in scores.edges()
-                if tensors["circuit"][scores.index(*edge)]
-            ]
-        return scores, circuit
-
-    def __repr__(self) -> str:
-        """Describe the graph's size."""
-        return (
-            f"EdgeScores({len(self.sources)} sources, {len(self.destinations)} "
-            f"destinations, {len(self)} edges)"
-        )
-
-
-def _real(layout: _Layout) -> Tensor:
+def _real(layout: Layout) -> Tensor:
     src = torch.tensor([s.order for s in layout.sources])
     dst = torch.tensor([d.order for d in layout.dests])
     return src[:, None] < dst[None, :]
@@ -503,7 +79,7 @@ def _real(layout: _Layout) -> Tensor:
 # -- reading and editing a pass -----------------------------------------------
 
 
-def _term(rnet: Recorder, source: _Source, value: Tensor) -> Tensor:
+def _term(rnet: Recorder, source: Source, value: Tensor) -> Tensor:
     """Return a source's term in the stream from what its module saw."""
     if source.kind != "head":
         return value
@@ -516,7 +92,7 @@ def _term(rnet: Recorder, source: _Source, value: Tensor) -> Tensor:
 
 
 def _split(
-    rnet: Recorder, dest: _Dest, stream: Tensor, extra: Tensor | None = None
+    rnet: Recorder, dest: Dest, stream: Tensor, extra: Tensor | None = None
 ) -> Tensor:
     """Return ``proj(norm(stream + extra))`` at the destination's columns."""
     modules = dict(rnet.net.named_modules())
@@ -541,7 +117,7 @@ class _Run:
 
 def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     inputs: Any,
     metric: Callable[[Tensor], Tensor],
     *,
@@ -572,7 +148,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
     index = {s.name: i for i, s in enumerate(layout.sources)}
     real = _real(layout)
 
-    def extra(dest: _Dest) -> Tensor | None:
+    def extra(dest: Dest) -> Tensor | None:
         """Return what is added to ``dest``'s input in this run, or None."""
         added = patches.get(dest.name)
         if circuit is None:
@@ -587,11 +163,11 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
 
     in_edits: dict[str, Callable[[Any], Any]] = {}
     out_edits: dict[str, Callable[[Any], Any]] = {}
-    by_module: dict[str, list[_Source]] = {}
+    by_module: dict[str, list[Source]] = {}
     for source in layout.sources:
         by_module.setdefault(source.module, []).append(source)
     norms = {dest.norm for dest in layout.dests}
-    projs: dict[str, list[_Dest]] = {}
+    projs: dict[str, list[Dest]] = {}
     for dest in layout.dests:
         if dest.proj is not None:
             projs.setdefault(dest.proj, []).append(dest)
@@ -700,7 +276,7 @@ def _pass(  # noqa: C901, PLR0913, PLR0915 (one pass, every option)
 
 def _through_projections(
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     seen: dict[str, Tensor],
     got: dict[str, Tensor],
     patches: dict[str, Tensor],
@@ -713,7 +289,7 @@ def _through_projections(
     """
     modules = dict(rnet.net.named_modules())
     out: dict[str, Tensor] = {}
-    by_norm: dict[str, list[_Dest]] = {}
+    by_norm: dict[str, list[Dest]] = {}
     for dest in layout.dests:
         if dest.proj is not None:
             by_norm.setdefault(dest.norm, []).append(dest)
@@ -753,7 +329,7 @@ def _one(value: Any) -> Tensor:
 
 
 def _scores(
-    layout: _Layout, diffs: dict[str, Tensor], grads: dict[str, Tensor]
+    layout: Layout, diffs: dict[str, Tensor], grads: dict[str, Tensor]
 ) -> Tensor:
     """Return ``[sources, destinations]``: diff . grad, summed over every dimension."""
     src = torch.stack([diffs[s.name].double() for s in layout.sources])
@@ -764,7 +340,7 @@ def _scores(
 
 def _eap_ig_inputs(  # noqa: PLR0913, PLR0917 (the run's parts)
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     clean: Any,
     metric: Callable[[Tensor], Tensor],
     runs: tuple[_Run, _Run],
@@ -788,7 +364,7 @@ def _eap_ig_inputs(  # noqa: PLR0913, PLR0917 (the run's parts)
 
 def _eap_ig_activations(  # noqa: PLR0913, PLR0917 (the run's parts)
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     clean: Any,
     metric: Callable[[Tensor], Tensor],
     runs: tuple[_Run, _Run],
@@ -802,7 +378,7 @@ def _eap_ig_activations(  # noqa: PLR0913, PLR0917 (the run's parts)
     gradients of all those runs averaged.
     """
     clean_run, corrupted_run = runs
-    groups: dict[int, list[_Source]] = {}
+    groups: dict[int, list[Source]] = {}
     for source in layout.sources:
         groups.setdefault(source.order, []).append(source)
     total: dict[str, Tensor] = {}
@@ -822,7 +398,7 @@ def _eap_ig_activations(  # noqa: PLR0913, PLR0917 (the run's parts)
 
 def _shifted(
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     clean: Any,
     metric: Callable[[Tensor], Tensor],
     shift: dict[str, Tensor],
@@ -844,7 +420,7 @@ def _shifted(
 
 def _exact(  # noqa: PLR0913, PLR0917 (the run's parts)
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     clean: Any,
     metric: Callable[[Tensor], Tensor],
     runs: tuple[_Run, _Run],
@@ -883,7 +459,7 @@ def _exact(  # noqa: PLR0913, PLR0917 (the run's parts)
 
 def _qk_fix(  # noqa: PLR0913, PLR0917 (the run's parts)
     rnet: Recorder,
-    layout: _Layout,
+    layout: Layout,
     clean: Any,
     clean_run: _Run,
     diffs: dict[str, Tensor],
@@ -1074,7 +650,7 @@ def edge_attribution(  # noqa: PLR0913, PLR0917 (the interface, then options)
     _check_lengths(clean, corrupted)
     if method != "exact":
         refuse_gradients(rnet.net, _WHO)
-    layout = _layout(rnet.net, components)
+    layout = find_layout(rnet.net, components, _WHO)
     if qk_fix and (method != "eap" or not any(d.qk for d in layout.dests)):
         msg = (
             f"{_WHO}: `qk_fix=True` is AtP*'s fix of EAP on nets whose query and "
@@ -1132,7 +708,7 @@ def _check_options(
     return steps
 
 
-def _result(layout: _Layout, values: Tensor) -> EdgeScores:
+def _result(layout: Layout, values: Tensor) -> EdgeScores:
     return EdgeScores(
         values,
         [s.name for s in layout.sources],
@@ -1230,7 +806,7 @@ def faithfulness(  # noqa: PLR0913 (the interface of edge_attribution, then edge
     )
     check_pair(clean, corrupted, ("clean", "corrupted"), "faithfulness")
     _check_lengths(clean, corrupted)
-    layout = _layout(rnet.net, components)
+    layout = find_layout(rnet.net, components, _WHO)
     graph = _result(layout, torch.zeros(len(layout.sources), len(layout.dests)))
     keep = graph.mask(list(edges))
     corrupted_run = _pass(rnet, layout, corrupted, metric)

@@ -52,12 +52,12 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 
 This package is the public face; one detector family a private module
 (``_logits``, ``_probabilities``, ``_calibration``, ``_shaping``,
-``_adascale``, ``_features``, ``_prototypes``, ``_gradient``, ``_gram``,
-``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``, ``_neighbours``,
-``_jtla``, ``_isomax``, ``_perturbation``, ``_weiper``, ``_core``,
-``_ora``, ``_lm``, ``_eigenscore``, ``_llmcheck``, ``_lookback``,
-``_probe``), each standing on the shared ground floor and
-the protocol, never on another family (WeiPer, CORE and ORA share their base
+``_adascale``, ``_features``, ``_vim``, ``_prototypes``, ``_gradient``,
+``_gram``, ``_multilayer``, ``_collapse``, ``_edits``, ``_coverage``,
+``_neighbours``, ``_jtla``, ``_isomax``, ``_perturbation``, ``_weiper``,
+``_core``, ``_ora``, ``_lm``, ``_eigenscore``, ``_llmcheck``, ``_lookback``,
+``_probe``), each standing on the shared ground floor and the protocol,
+never on another family (WeiPer, CORE and ORA share their base
 in ``_weights``, the hallucination scores theirs in ``_states``). The
 ground floor:
 ``_layers`` (layers resolved and pooled, the bases of the detectors that
@@ -218,7 +218,7 @@ __getattr__, __dir__ = lazy_attributes(
         "TempScale": "._calibration",
         "Trust": "._neighbours",
         "VRA": "._edits",
-        "ViM": "._features",
+        "ViM": "._vim",
         "WeiPer": "._weiper",
         "evaluate": "._evaluate",
         "fDBD": "._prototypes",
@@ -238,7 +238,7 @@ if TYPE_CHECKING:
     from ._edits import VRA, RankFeat
     from ._eigenscore import EigenScore, eigen_score
     from ._evaluate import evaluate, score_sets
-    from ._features import KNN, RMDS, Mahalanobis, ViM, mahalanobis_scores
+    from ._features import KNN, RMDS, Mahalanobis, mahalanobis_scores
     from ._gradient import GradNorm
     from ._gram import Gram
     from ._isomax import IsoMax
@@ -259,4 +259,5 @@ if TYPE_CHECKING:
     from ._results import Evaluation, OoDResults
     from ._saving import StateEntry
     from ._shaping import ASH, ReAct, Scale
+    from ._vim import ViM
     from ._weiper import WeiPer

@@ -35,7 +35,7 @@ from ._collapse import NCI, NECO, Residual
 from ._core import CORE
 from ._coverage import NAC
 from ._edits import VRA, RankFeat
-from ._features import KNN, RMDS, Mahalanobis, ViM
+from ._features import KNN, RMDS, Mahalanobis
 from ._gradient import GradNorm
 from ._gram import Gram
 from ._isomax import IsoMax
@@ -48,6 +48,7 @@ from ._perturbation import FeatureSqueezing, Odds
 from ._probabilities import GEN, KLMatching
 from ._prototypes import DICE, SHE, NNGuide, fDBD
 from ._shaping import ASH, ReAct, Scale
+from ._vim import ViM
 from ._weiper import WeiPer
 
 if TYPE_CHECKING:
