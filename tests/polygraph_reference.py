@@ -12,16 +12,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from lm_polygraph.estimators import (
-    AttentionScore,
-    EigenScore,
-    MahalanobisDistanceSeq,
-    RelativeMahalanobisDistanceSeq,
-)
 
 
 def main(folder: Path) -> None:
     """Score the inputs with each estimator; save the scores."""
+    from lm_polygraph.estimators import (  # noqa: PLC0415 (run under LM_POLYGRAPH_PYTHON only)
+        AttentionScore,
+        EigenScore,
+        MahalanobisDistanceSeq,
+        RelativeMahalanobisDistanceSeq,
+    )
+
     data = np.load(folder / "inputs.npz")
     out = {}
     samples = data["samples"]  # [N, K, d]
