@@ -738,3 +738,30 @@ def test_detectors_without_a_per_token_reading_say_why() -> None:
         NAC(rnet, ["transformer.h.0", "transformer.h.1"], token=["cls", EACH])
     with pytest.raises(ValueError, match=r"EigenScore: token=.each. has no.*Surp"):
         EigenScore(rnet, "transformer.h.1", samples=3, token=EACH)
+
+
+def test_surprisal_monitor_scores_a_step_without_a_pass(
+    lm: tuple[torch.nn.Module, Recorder, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net, rnet, _ = lm
+    batch, n = padded("left", seed=19), 5
+    det = Surprisal(rnet)
+
+    def refuse(*_args: object, **_kwargs: object) -> torch.Tensor:
+        msg = "a pass built for a generation step"
+        raise AssertionError(msg)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Surprisal, "token_scores", refuse)
+        out = rnet.generate(**batch, max_new_tokens=n, **GREEDY, monitors={"s": det})
+    width = batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"], torch.ones(3, n, dtype=torch.int64)], 1)
+    logits = hand_logits(net, {"input_ids": out, "attention_mask": mask})
+    want = torch.empty(3, n, dtype=torch.float64)
+    for b in range(3):
+        for s in range(n):
+            p = torch.softmax(logits[b, width - 1 + s], dim=0)
+            want[b, s] = -math.log(float(p[out[b, width + s]]))
+    # a cached step against a full pass: float32 logits a few eps (1.2e-7) of
+    # values ~1-50 apart, the step's float32 sum ~1e-7: 1e-5 absolute
+    torch.testing.assert_close(rnet.monitor_scores["s"], want, rtol=0, atol=1e-5)
