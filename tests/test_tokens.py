@@ -30,6 +30,7 @@ from scio_recorder.ood import (
     Mahalanobis,
     MahalanobisEnsemble,
     MaxLogit,
+    Probe,
     Surprisal,
     fit_detectors,
 )
@@ -765,3 +766,83 @@ def test_surprisal_monitor_scores_a_step_without_a_pass(
     # a cached step against a full pass: float32 logits a few eps (1.2e-7) of
     # values ~1-50 apart, the step's float32 sum ~1e-7: 1e-5 absolute
     torch.testing.assert_close(rnet.monitor_scores["s"], want, rtol=0, atol=1e-5)
+
+
+def _token_labels(batches: list[dict[str, torch.Tensor]]) -> list[dict]:
+    """The batches with a 0/1 label per token (-100 at the padding)."""
+    out = []
+    for batch in batches:
+        mask = batch["attention_mask"]
+        label = (batch["input_ids"] % 2).masked_fill(mask == 0, -100)
+        out.append({**{k: batch[k] for k in ("input_ids", "attention_mask")},
+                    "label": label})  # fmt: skip
+    return out
+
+
+def test_probe_per_token_is_the_probe_of_the_hand_tokens(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    net, rnet, layer = lm
+    data = _token_labels(fit_batches())
+    det = Probe(rnet, layer, token=EACH, steps=50).fit(data, target="label")
+    module = module_of(net, layer)
+    x = torch.cat([hand_features(net, module, b)[b["label"] >= 0] for b in data])
+    y = torch.cat([b["label"][b["label"] >= 0] for b in data])
+    hand = Probe(rnet, layer, steps=50).fit_features(x, y)
+    for key, value in hand.params.items():
+        # the same float32 features, widened; L-BFGS from the same seed
+        torch.testing.assert_close(det.params[key], value, rtol=1e-6, atol=1e-9)
+    batch = padded("left", seed=23)
+    f = hand_features(net, module, batch)
+    p = det.params
+    want = ((f - p["mean"]) / p["std"]) @ p["w"] + p["b"]  # a logistic probe
+    want = want.masked_fill(batch["attention_mask"] == 0, math.nan)
+    got = det.score_tokens(batch)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6, equal_nan=True)
+    with pytest.raises(ValueError, match=r"one 0/1 label per token"):
+        det.fit([{**data[0], "label": data[0]["label"][:, 1:]}], target="label")
+
+
+def test_probe_per_token_row_alone_equals_padded() -> None:
+    rnet = Recorder(llama(), input_data=padded("left"))
+    det = Probe(rnet, "model.layers.1", token=EACH, reduce=2, steps=50)
+    det.fit(_token_labels(fit_batches()), target="label")
+    for side in ("left", "right"):
+        batch = padded(side, seed=3)
+        scores, rows = det.score_tokens(batch), det(batch)
+        assert torch.equal(scores.isnan(), batch["attention_mask"] == 0)
+        for i in range(len(LENGTHS)):
+            real = batch["attention_mask"][i] != 0
+            ids = batch["input_ids"][i, real][None]
+            alone = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            # float32 features a few eps (1.2e-7) apart across batch shapes,
+            # standardised and weighed by a probe of weights ~1 over d = 16
+            # features: logits ~1e-6 apart; 1e-5 with a margin
+            torch.testing.assert_close(
+                det.score_tokens(alone)[0], scores[i, real],
+                rtol=RTOL_ACROSS_BATCHES, atol=1e-5,
+            )  # fmt: skip
+            torch.testing.assert_close(
+                det(alone)[0], rows[i], rtol=RTOL_ACROSS_BATCHES, atol=1e-5
+            )
+
+
+def test_save_and_load_per_token_jtla_and_probe(tmp_path: object) -> None:
+    rnet = Recorder(gpt2(), input_data=padded("left"))
+    layer, test = "transformer.h.1", {"type": "multinomial", "k": 5}
+    jtla = JTLA(rnet, [layer], test=test, token=EACH, mask="attention_mask")
+    jtla.fit(fit_batches(), target="labels")
+    probe = Probe(rnet, layer, token=EACH, reduce="max", steps=20)
+    probe.fit(_token_labels(fit_batches()), target="label")
+    batch = padded("right", seed=5)
+    for name, det, fresh in (
+        ("jtla", jtla, JTLA(rnet, [layer], test=test, token=EACH,
+                            mask="attention_mask")),
+        ("probe", probe, Probe(rnet, layer, token=EACH, reduce="max", steps=20)),
+    ):  # fmt: skip
+        again = fresh.load(det.save(f"{tmp_path}/{name}.safetensors"))
+        torch.testing.assert_close(
+            again.score_tokens(batch), det.score_tokens(batch), equal_nan=True
+        )
+        torch.testing.assert_close(again(batch), det(batch), equal_nan=True)

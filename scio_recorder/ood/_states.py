@@ -207,6 +207,8 @@ class Pooled(Internal):
 
     EACH_REFUSED: ClassVar[str] = ""
     """Why ``token="each"`` has no reading here, and what to use instead."""
+    TOKENS: ClassVar[tuple[str, ...]] = ("last", "mean")
+    """The values of ``token=`` the detector takes."""
 
     def __init__(
         self,
@@ -220,10 +222,9 @@ class Pooled(Internal):
         if token == "each" and self.EACH_REFUSED:  # noqa: S105 (not a password)
             msg = f"{type(self).__name__}: token='each' {self.EACH_REFUSED}"
             raise ValueError(msg)
-        if token not in {"last", "mean"}:
-            msg = (
-                f"{type(self).__name__}: token must be 'last' or 'mean', got {token!r}"
-            )
+        if token not in self.TOKENS:
+            taken = " or ".join(repr(t) for t in self.TOKENS)
+            msg = f"{type(self).__name__}: token must be {taken}, got {token!r}"
             raise ValueError(msg)
         self.token = token
 
