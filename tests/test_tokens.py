@@ -20,13 +20,17 @@ from hypothesis import given, settings
 from scio_recorder import Recorder
 from scio_recorder.ood import (
     GEN,
+    JTLA,
     MSP,
+    NAC,
     DkNN,
+    EigenScore,
     Energy,
     Entropy,
     Mahalanobis,
     MahalanobisEnsemble,
     MaxLogit,
+    Probe,
     Surprisal,
     fit_detectors,
 )
@@ -621,3 +625,224 @@ def test_stop_when_over_a_window_and_rows_stopped_by_on_step(
     assert bool((out[1, width + 3 :] == 0).all())
     assert rnet.monitor_scores["s"][1, 3:].isnan().all()
     assert not rnet.monitor_scores["s"][[0, 2]].isnan().any()
+
+
+def _kl_tests(counts: torch.Tensor, expected: torch.Tensor, k: int) -> torch.Tensor:
+    """KL(counts / k || expected_c / sum), float64 ``[Q, C]``, written out."""
+    out = torch.zeros(counts.shape[0], expected.shape[0], dtype=torch.float64)
+    for q in range(counts.shape[0]):
+        for c in range(expected.shape[0]):
+            total, e = 0.0, expected[c] / expected[c].sum()
+            for j in range(counts.shape[1]):
+                n = float(counts[q, j]) / k
+                if n > 0:
+                    total += math.inf if e[j] == 0 else n * math.log(n / float(e[j]))
+            out[q, c] = total
+    return out
+
+
+def test_jtla_per_token_tests_each_token_against_the_classes_by_hand(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    net, rnet, layer = lm
+    data, k = fit_batches(), 5
+    det = JTLA(
+        rnet,
+        [layer],
+        test={"type": "multinomial", "k": k},
+        token=EACH,
+        mask="attention_mask",
+    )
+    assert not det.pred_conditional
+    det.fit(data, target="labels")
+    module = module_of(net, layer)
+
+    def unit(f: torch.Tensor) -> torch.Tensor:  # scio's act_norm=2
+        return f / f.norm(dim=-1, keepdim=True)
+
+    bank = unit(
+        torch.cat(
+            [hand_features(net, module, b)[b["attention_mask"] != 0] for b in data]
+        )
+    )
+    labels = torch.cat([b["labels"][b["attention_mask"] != 0] for b in data])
+    n, classes = len(labels), int(labels.max()) + 1
+
+    def counts_of(queries: torch.Tensor, *, loo: bool) -> torch.Tensor:
+        found = torch.zeros(len(queries), classes, dtype=torch.int64)
+        for q, z in enumerate(queries):
+            products = bank @ z
+            if loo:
+                products[q] = -math.inf
+            near = (-products).argsort(stable=True)[:k]  # largest inner products
+            found[q] = torch.bincount(labels[near], minlength=classes)
+        return found
+
+    own = counts_of(bank, loo=True)
+    expected = torch.stack(
+        [own[labels == c].sum(dim=0).double() for c in range(classes)]
+    )
+    reference = _kl_tests(own, expected, k)  # [N, C]
+    batch = padded("right", seed=29)
+    real = batch["attention_mask"] != 0
+    queries = unit(hand_features(net, module, batch)[real])
+    tests = _kl_tests(counts_of(queries, loo=False), expected, k)
+    p = (reference[None] >= tests[:, None]).sum(dim=1).double() / n  # [Q, C]
+    want = torch.full(real.shape, math.nan, dtype=torch.float64)
+    want[real] = -p.log().amax(dim=1)  # fisher over one layer: log p
+    got = det.score_tokens(batch)
+    # Equal count vectors test equal both ways; the float32 neighbours of the
+    # detector are the float64 ones here (no near-ties), so p agrees to the
+    # rounding of the tests' tie tolerance: a few float64 eps.
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12, equal_nan=True)
+    with pytest.raises(ValueError, match="drop `pred_conditional=`"):
+        JTLA(
+            rnet,
+            [layer],
+            test={"type": "multinomial", "k": k},
+            token=EACH,
+            pred_conditional=True,
+        )
+
+
+def test_jtla_per_token_row_alone_equals_padded() -> None:
+    rnet = Recorder(llama(), input_data=padded("left"))
+    det = JTLA(
+        rnet,
+        ["model.layers.1"],
+        test={"type": "multinomial", "k": 5},
+        token=EACH,
+        mask="attention_mask",
+        reduce="max",
+    ).fit(fit_batches(), target="labels")
+    for side in ("left", "right"):
+        batch = padded(side, seed=13)
+        scores, rows = det.score_tokens(batch), det(batch)
+        assert torch.equal(scores.isnan(), batch["attention_mask"] == 0)
+        for i in range(len(LENGTHS)):
+            real = batch["attention_mask"][i] != 0
+            ids = batch["input_ids"][i, real][None]
+            alone = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            # neighbours of float32 features: the same sets alone and padded
+            # (features a few eps apart, no near-ties), so equal p-values
+            torch.testing.assert_close(
+                det.score_tokens(alone)[0], scores[i, real], rtol=0, atol=1e-12
+            )
+            torch.testing.assert_close(det(alone)[0], rows[i], rtol=0, atol=1e-12)
+
+
+def test_detectors_without_a_per_token_reading_say_why() -> None:
+    rnet = Recorder(gpt2(), input_data=padded("left"))
+    with pytest.raises(ValueError, match=r"NAC: token=.each. has no per-token.*Surp"):
+        NAC(rnet, ["transformer.h.1"], token=EACH)
+    with pytest.raises(ValueError, match="NAC: token='each'"):
+        NAC(rnet, ["transformer.h.0", "transformer.h.1"], token=["cls", EACH])
+    with pytest.raises(ValueError, match=r"EigenScore: token=.each. has no.*Surp"):
+        EigenScore(rnet, "transformer.h.1", samples=3, token=EACH)
+
+
+def test_surprisal_monitor_scores_a_step_without_a_pass(
+    lm: tuple[torch.nn.Module, Recorder, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net, rnet, _ = lm
+    batch, n = padded("left", seed=19), 5
+    det = Surprisal(rnet)
+
+    def refuse(*_args: object, **_kwargs: object) -> torch.Tensor:
+        msg = "a pass built for a generation step"
+        raise AssertionError(msg)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Surprisal, "token_scores", refuse)
+        out = rnet.generate(**batch, max_new_tokens=n, **GREEDY, monitors={"s": det})
+    width = batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"], torch.ones(3, n, dtype=torch.int64)], 1)
+    logits = hand_logits(net, {"input_ids": out, "attention_mask": mask})
+    want = torch.empty(3, n, dtype=torch.float64)
+    for b in range(3):
+        for s in range(n):
+            p = torch.softmax(logits[b, width - 1 + s], dim=0)
+            want[b, s] = -math.log(float(p[out[b, width + s]]))
+    # a cached step against a full pass: float32 logits a few eps (1.2e-7) of
+    # values ~1-50 apart, the step's float32 sum ~1e-7: 1e-5 absolute
+    torch.testing.assert_close(rnet.monitor_scores["s"], want, rtol=0, atol=1e-5)
+
+
+def _token_labels(batches: list[dict[str, torch.Tensor]]) -> list[dict]:
+    """The batches with a 0/1 label per token (-100 at the padding)."""
+    out = []
+    for batch in batches:
+        mask = batch["attention_mask"]
+        label = (batch["input_ids"] % 2).masked_fill(mask == 0, -100)
+        out.append({**{k: batch[k] for k in ("input_ids", "attention_mask")},
+                    "label": label})  # fmt: skip
+    return out
+
+
+def test_probe_per_token_is_the_probe_of_the_hand_tokens(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    net, rnet, layer = lm
+    data = _token_labels(fit_batches())
+    det = Probe(rnet, layer, token=EACH, steps=50).fit(data, target="label")
+    module = module_of(net, layer)
+    x = torch.cat([hand_features(net, module, b)[b["label"] >= 0] for b in data])
+    y = torch.cat([b["label"][b["label"] >= 0] for b in data])
+    hand = Probe(rnet, layer, steps=50).fit_features(x, y)
+    for key, value in hand.params.items():
+        # the same float32 features, widened; L-BFGS from the same seed
+        torch.testing.assert_close(det.params[key], value, rtol=1e-6, atol=1e-9)
+    batch = padded("left", seed=23)
+    f = hand_features(net, module, batch)
+    p = det.params
+    want = ((f - p["mean"]) / p["std"]) @ p["w"] + p["b"]  # a logistic probe
+    want = want.masked_fill(batch["attention_mask"] == 0, math.nan)
+    got = det.score_tokens(batch)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6, equal_nan=True)
+    with pytest.raises(ValueError, match=r"one 0/1 label per token"):
+        det.fit([{**data[0], "label": data[0]["label"][:, 1:]}], target="label")
+
+
+def test_probe_per_token_row_alone_equals_padded() -> None:
+    rnet = Recorder(llama(), input_data=padded("left"))
+    det = Probe(rnet, "model.layers.1", token=EACH, reduce=2, steps=50)
+    det.fit(_token_labels(fit_batches()), target="label")
+    for side in ("left", "right"):
+        batch = padded(side, seed=3)
+        scores, rows = det.score_tokens(batch), det(batch)
+        assert torch.equal(scores.isnan(), batch["attention_mask"] == 0)
+        for i in range(len(LENGTHS)):
+            real = batch["attention_mask"][i] != 0
+            ids = batch["input_ids"][i, real][None]
+            alone = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            # float32 features a few eps (1.2e-7) apart across batch shapes,
+            # standardised and weighed by a probe of weights ~1 over d = 16
+            # features: logits ~1e-6 apart; 1e-5 with a margin
+            torch.testing.assert_close(
+                det.score_tokens(alone)[0], scores[i, real],
+                rtol=RTOL_ACROSS_BATCHES, atol=1e-5,
+            )  # fmt: skip
+            torch.testing.assert_close(
+                det(alone)[0], rows[i], rtol=RTOL_ACROSS_BATCHES, atol=1e-5
+            )
+
+
+def test_save_and_load_per_token_jtla_and_probe(tmp_path: object) -> None:
+    rnet = Recorder(gpt2(), input_data=padded("left"))
+    layer, test = "transformer.h.1", {"type": "multinomial", "k": 5}
+    jtla = JTLA(rnet, [layer], test=test, token=EACH, mask="attention_mask")
+    jtla.fit(fit_batches(), target="labels")
+    probe = Probe(rnet, layer, token=EACH, reduce="max", steps=20)
+    probe.fit(_token_labels(fit_batches()), target="label")
+    batch = padded("right", seed=5)
+    for name, det, fresh in (
+        ("jtla", jtla, JTLA(rnet, [layer], test=test, token=EACH,
+                            mask="attention_mask")),
+        ("probe", probe, Probe(rnet, layer, token=EACH, reduce="max", steps=20)),
+    ):  # fmt: skip
+        again = fresh.load(det.save(f"{tmp_path}/{name}.safetensors"))
+        torch.testing.assert_close(
+            again.score_tokens(batch), det.score_tokens(batch), equal_nan=True
+        )
+        torch.testing.assert_close(again(batch), det(batch), equal_nan=True)

@@ -217,6 +217,12 @@ class _Watch:
         self.stops = torch.full((batch,), -1, dtype=torch.int64)
         self.scores: dict[str, list[Tensor]] = {name: [] for name in monitors}
         self.handles: list[Any] = []
+        # what each monitor reads, resolved once (not per step)
+        self.reads = {
+            name: (tuple(det.outputs()), tuple(det.inputs()))
+            for name, det in self.monitors.items()
+        }
+        self.eos_ids = torch.tensor(sorted(eos), dtype=torch.int64)
 
     def hook(self) -> None:
         """Register the forward hooks on the modules the monitors read."""
@@ -267,11 +273,12 @@ class _Watch:
             # num_return_sequences: rows of the prompt repeated
             self.done = torch.zeros(tokens.shape[0], dtype=torch.bool)
             self.stops = torch.full((tokens.shape[0],), -1, dtype=torch.int64)
-        done = self.done.to(tokens.device)
+        device = tokens.device
         step_scores = {}
         for name, det in self.monitors.items():
-            score = self._score(det, tokens).to(torch.float64).cpu()
-            score = score.masked_fill(self.done, math.nan)
+            score = self._score(name, det, tokens).to("cpu", torch.float64)
+            if self.step:  # no row is done before the first step
+                score = score.masked_fill(self.done, math.nan)
             self.scores[name].append(score)
             step_scores[name] = score
         flagged = torch.zeros_like(self.done)
@@ -286,23 +293,20 @@ class _Watch:
             if extra is not None:
                 flagged |= torch.as_tensor(extra, dtype=torch.bool).cpu() & ~self.done
         self.stops[flagged & (self.stops < 0)] = self.step
-        chosen = tokens[:, -1].cpu()
-        ended = torch.tensor([int(t) in self.eos for t in chosen.tolist()])
-        self.done |= flagged | ended.reshape(self.done.shape)
+        self.done |= flagged
+        if self.eos:
+            chosen = tokens[:, -1].to("cpu", torch.int64)
+            self.done |= torch.isin(chosen, self.eos_ids).reshape(self.done.shape)
         self.step += 1
-        return flagged.to(done.device)
+        return flagged.to(device)
 
-    def _score(self, det: Monitor, tokens: Tensor) -> Tensor:
+    def _score(self, name: str, det: Monitor, tokens: Tensor) -> Tensor:
         """One detector's score of the step, ``[B]``, from the step's records."""
         assert self.logits is not None  # noqa: S101 (score_step checked it)
-        outputs = {label: self.outputs.get(label) for label in det.outputs()}
-        inputs = {label: self.inputs.get(label) for label in det.inputs()}
-        return det.score_step(
-            self.logits,
-            {k: v for k, v in outputs.items() if v is not None},
-            {k: v for k, v in inputs.items() if v is not None},
-            tokens,
-        )
+        outs, ins = self.reads[name]
+        outputs = {k: v for k in outs if (v := self.outputs.get(k)) is not None}
+        inputs = {k: v for k in ins if (v := self.inputs.get(k)) is not None}
+        return det.score_step(self.logits, outputs, inputs, tokens)
 
     def results(self, width: int | None) -> dict[str, Tensor]:
         """Return each monitor's ``[B, N]`` scores (NaN past the last step)."""

@@ -45,8 +45,9 @@ it was ``scio_recorder.recipes.mahalanobis_scores``).
 | | :class:`Mahalanobis`, :class:`RMDS`, :class:`MahalanobisEnsemble` |
 | a language model, per token | :class:`Surprisal`; ``token="each"`` of |
 | | :class:`Mahalanobis`, :class:`MahalanobisEnsemble`, :class:`DkNN`, |
-| | :class:`MSP`, :class:`MaxLogit`, :class:`Energy`, :class:`Entropy`, |
-| | :class:`GEN` (``score_tokens``, ``calibrate``) |
+| | :class:`JTLA`, :class:`Probe`, :class:`MSP`, :class:`MaxLogit`, |
+| | :class:`Energy`, :class:`Entropy`, :class:`GEN` (``score_tokens``, |
+| | ``calibrate``) |
 | hallucination, internal states | :class:`EigenScore`, :class:`HiddenScore`, |
 | | :class:`AttentionScore`, :class:`LookbackRatio`, :class:`Probe` |
 

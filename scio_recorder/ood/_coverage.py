@@ -186,6 +186,15 @@ class NAC(MultiLayer):
     ) -> None:
         """Resolve the layers; check the per-layer hyperparameters."""
         tokens = [token] if isinstance(token, str) else list(token)
+        if "each" in tokens:
+            msg = (
+                "NAC: token='each' has no per-token reading: NAC's states are the "
+                "gradients of the KL divergence of the net's one output "
+                "distribution per sample, and its coverage is of those samples. "
+                "For a score per token use Mahalanobis, MahalanobisEnsemble, DkNN "
+                "or JTLA with token='each', or Surprisal."
+            )
+            raise ValueError(msg)
         super().__init__(rnet, layers, pool=pool, token=tokens[0], mask=mask)
         n = len(self.labels)
         self.tokens = _per_layer("NAC", "token", token, n, str)

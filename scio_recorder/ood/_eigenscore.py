@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["EigenScore", "eigen_score"]
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -125,6 +125,12 @@ class EigenScore(Pooled):
     torch.Size([2])
 
     """
+
+    EACH_REFUSED: ClassVar[str] = (
+        "has no per-token reading: EigenScore scores the spread of K sampled "
+        "answers' sentence embeddings (one vector per answer); for a score per "
+        "token use Surprisal, or Mahalanobis/DkNN/JTLA with token='each'."
+    )
 
     def __init__(  # noqa: PLR0913 (the layer, then keyword-only options)
         self,

@@ -28,10 +28,11 @@ from torch import Tensor
 
 from ._checks import check_count
 from ._classes import class_count
-from ._layers import Neighbourhoods, enough_samples, label_counts
+from ._layers import TOKENS, Neighbourhoods, enough_samples, label_counts
 from ._outputs import as_logits, output_label
 from ._pvalues import check_aggregation, combine, p_values
 from ._saving import StateEntry
+from ._tokens import TokenScoring
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -346,7 +347,7 @@ class _Both:
         return _Both(self.bank.fresh(), self.predicted.fresh())
 
 
-class JTLA(Neighbourhoods):
+class JTLA(TokenScoring, Neighbourhoods):
     r"""JTLA (Raghuram et al., ICML 2021), as scio 1.1 scores it.
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) keeps, for
@@ -410,13 +411,26 @@ class JTLA(Neighbourhoods):
         Which class's conformity is the score.
     class_aggregation : {"nat", "adv"}
         scio's option (above).
-    pred_conditional : bool, default True
-        Test against the classes as the net predicts them on the fit data.
+    pred_conditional : bool, optional
+        Test against the classes as the net predicts them on the fit data
+        (default: ``True``; ``False`` with ``token="each"``, which takes no
+        other).
     leave_one_out : bool, default True
         See above.
     act_norm, index_metric, pool, token, mask, backend, search_budget
         As for :class:`~scio_recorder.ood.DkNN` (here ``act_norm=2.0``,
-        ``index_metric="ip"``, scio's defaults for JTLA).
+        ``index_metric="ip"``, scio's defaults for JTLA). ``token="each"``:
+        a score per token of ``[B, T, D]`` layers
+        (:mod:`~scio_recorder.ood._tokens`): the banks hold every real token
+        of the fit data, a class per token from ``target="labels"`` (a
+        ``[B, T]`` batch entry) or ``"input_ids"``, each fit token tested
+        leaving itself out; ``score_tokens`` ``[B, T]`` is minus the
+        conformity of the closest class. Needs the true classes only
+        (``pred_conditional=False``: a language model's predictions are
+        next tokens, not the classes of ``target=``), ``at="closest"`` and
+        ``class_aggregation="nat"``.
+    reduce : {"mean", "max", "last"} or int, default "mean"
+        With ``token="each"``: how ``score`` reduces a row's token scores.
 
     Examples
     --------
@@ -436,6 +450,7 @@ class JTLA(Neighbourhoods):
 
     needs_fit: ClassVar[bool] = True
     needs_target: ClassVar[bool] = True
+    TOKENS: ClassVar[tuple[str, ...]] = (*TOKENS, "each")
 
     def __init__(  # noqa: PLR0913 (scio's hyperparameters, pooling and search)
         self,
@@ -443,10 +458,11 @@ class JTLA(Neighbourhoods):
         layers: Sequence[Selector],
         *,
         test: dict[str, Any],
+        reduce: str | int = "mean",
         aggregation: str = "fisher",
         at: str = "closest",
         class_aggregation: str = "nat",
-        pred_conditional: bool = True,
+        pred_conditional: bool | None = None,
         leave_one_out: bool = True,
         act_norm: float | None = 2.0,
         index_metric: str = "ip",
@@ -468,7 +484,18 @@ class JTLA(Neighbourhoods):
             raise ValueError(msg)
         self.aggregation = aggregation
         self.class_aggregation = class_aggregation
-        self.pred_conditional = bool(pred_conditional)
+        each = token == "each"  # noqa: S105 (not a password)
+        if each and (pred_conditional or at != "closest" or class_aggregation != "nat"):
+            msg = (
+                "JTLA: token='each' tests each token against the true classes of "
+                "the fit tokens (a language model predicts next tokens, not the "
+                "classes of target=): drop `pred_conditional=`, `at=` and "
+                "`class_aggregation=`."
+            )
+            raise ValueError(msg)
+        self.pred_conditional = (
+            not each if pred_conditional is None else bool(pred_conditional)
+        )
         self.leave_one_out = bool(leave_one_out)
         super().__init__(
             rnet,
@@ -482,6 +509,9 @@ class JTLA(Neighbourhoods):
             backend=backend,
             search_budget=search_budget,
         )
+        self.init_tokens("each" if each else None, mask, reduce)
+        if each:
+            self.num_classes = None  # the classes the fit's target shows
         self.output = output_label(rnet)
         # Per conditioning (true, then predicted): [layers, C, C] and the
         # sorted reference tests [C, layers, samples].
@@ -514,6 +544,10 @@ class JTLA(Neighbourhoods):
             else:
                 predicted = value
         self.keep_banks(result)
+        self.fit_tests(predicted)
+
+    def fit_tests(self, predicted: Tensor | None) -> None:
+        """Compute the expected counts and the reference tests of the banks."""
         n = self.bank_labels.shape[0]
         enough_samples("JTLA", self.k, n, loo=True)
         classes = self.classes()
@@ -626,9 +660,29 @@ class JTLA(Neighbourhoods):
         """Return minus the conformity to each class."""
         return -self.conformity(result)
 
+    # -- per token (token="each") -------------------------------------------
+    def fit_token_start(self) -> None:
+        """Start the banks of tokens."""
+        self.token_bank_start()
+
+    def fit_token_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
+        """Keep the real tokens' features and classes."""
+        self.token_bank_batch(result, keep, target)
+
+    def fit_token_end(self) -> None:
+        """Set the banks; test every fit token against the classes."""
+        self.token_bank_end()
+        self.fit_tests(None)
+
+    def token_scores(self, result: Pass) -> Tensor:
+        """Return minus each token's conformity to its closest class, ``[B, T]``."""
+        shape = result.outputs[self.labels[0]].shape[:2]
+        return -self.conformity(result).amax(dim=1).reshape(shape)
+
     def config(self) -> dict[str, Any]:
         """Return the layers, pooling, the test and the aggregations."""
         return {
+            **self.token_config(),
             **super().config(),
             "test": self.test,
             "aggregation": self.aggregation,

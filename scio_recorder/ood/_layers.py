@@ -513,11 +513,42 @@ class Neighbourhoods(ClassConditional, MultiLayer):
         return max(self.num_classes or 0, int(self.bank_labels.max()) + 1)
 
     def layer_features(self, result: Pass) -> list[Tensor]:
-        """Return each layer's features of a pass, float32, normalised as the bank."""
+        """Return each layer's features of a pass, float32, normalised as the bank.
+
+        ``token="each"``: every token's, ``[B * T, F]`` (:meth:`token_features`).
+        """
+        if self.token == "each":  # noqa: S105 (not a password)
+            return [self.token_features(result, label) for label in self.labels]
         return [
             normalized(self.features(result.outputs[label]).to(_F32), self.act_norm)
             for label in self.labels
         ]
+
+    # -- a bank of every fit token (token="each") ---------------------------
+    def token_features(self, result: Pass, label: DepthIdx) -> Tensor:
+        """Return every token's features at ``label``, ``[B * T, F]`` float32."""
+        value = result.outputs[label].detach()
+        flat = value.reshape(value.shape[0] * value.shape[1], -1).float()
+        return normalized(flat, self.act_norm)
+
+    def token_bank_start(self) -> None:
+        """Start the banks of fit tokens."""
+        self._token_rows: list[list[Tensor]] = [[] for _ in self.labels]
+        self._token_labels: list[Tensor] = []
+
+    def token_bank_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
+        """Keep the real tokens' features and classes."""
+        rows = keep.reshape(-1)
+        for bank, label in zip(self._token_rows, self.labels, strict=True):
+            features = self.token_features(result, label)
+            bank.append(features[rows.to(features.device)].cpu())
+        self._token_labels.append(target.reshape(-1)[rows.to(target.device)].cpu())
+
+    def token_bank_end(self) -> None:
+        """Set the banks and their classes from the kept tokens."""
+        self.banks = [torch.cat(rows) for rows in self._token_rows]
+        self.bank_labels = torch.cat(self._token_labels)
+        del self._token_rows, self._token_labels
 
     def search(
         self, queries: Tensor, bank: Tensor, k: int, exclude: Tensor | None = None

@@ -21,8 +21,11 @@ import torch
 from ._tokens import TokenScoring
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from torch import Tensor
 
+    from scio_recorder.layers import DepthIdx
     from scio_recorder.recorder import Recorder
 
     from ._protocol import Pass
@@ -102,26 +105,59 @@ class Surprisal(TokenScoring):
                 f"{list(logits.shape)}."
             )
             raise ValueError(msg)
-        # -log softmax(z)[x] = logsumexp(z) - z[x], of the positions that
-        # predict a token only. logsumexp(z) = m + log sum exp(z - m), m the
-        # max: the exponentials of float32 z - m (at most 0, exact to an eps
-        # of themselves where they matter) summed in float64, about 1e-9
-        # from the float64 logsumexp at half its cost (a monitor's each step)
-        z = logits.detach()[:, :-1]
-        if z.dtype not in {torch.float32, torch.float64}:
-            z = z.float()
-        ids = ids.to(z.device).reshape(logits.shape[:2])
-        out = torch.full(logits.shape[:2], math.nan, dtype=torch.float64)
-        out = out.to(z.device)
-        top = z.amax(dim=-1, keepdim=True)
-        total = torch.exp(z - top).sum(dim=-1, dtype=torch.float64)
-        picked = z.gather(2, ids[:, 1:, None])[..., 0].to(torch.float64)
-        out[:, 1:] = top[..., 0].to(torch.float64) + total.log() - picked
-        real = self.token_mask(result, logits.shape[:2]).to(z.device)
+        # -log softmax(z)[x] of the positions that predict a token only
+        ids = ids.to(logits.device).reshape(logits.shape[:2])
+        out = torch.full(
+            logits.shape[:2], math.nan, dtype=torch.float64, device=logits.device
+        )
+        out[:, 1:] = _surprisal(logits[:, :-1], ids[:, 1:])
+        real = self.token_mask(result, logits.shape[:2]).to(logits.device)
         preceded = torch.zeros_like(real)
         preceded[:, 1:] = real[:, :-1]
         return out.masked_fill(~preceded, math.nan)
 
+    def score_step(
+        self,
+        logits: Tensor,
+        outputs: Mapping[DepthIdx, Tensor],  # noqa: ARG002 (the monitor's protocol)
+        inputs: Mapping[DepthIdx, Tensor],  # noqa: ARG002 (the monitor's protocol)
+        tokens: Tensor,
+    ) -> Tensor:
+        r"""Return the surprisal of the token each row chose at this step, ``[B]``.
+
+        $-\log p(x \mid \cdot)$ of ``tokens[:, -1]`` under the step's
+        logits ``[B, 1, V]``, without a pass built for the step. The
+        exponentials are summed in float32 (pairwise, ~1e-7 from the float64
+        log-sum-exp: below the float32 rounding of the logits themselves, at
+        half the cost of :meth:`token_scores`' float64 sum; a monitor's each
+        step).
+        """
+        chosen = tokens[:, -1].to(logits.device)
+        return _surprisal(logits[:, -1], chosen, exact=False)
+
     def config(self) -> dict[str, Any]:
         """Return where the ids and the mask are, and the reduction."""
         return {"ids": self.ids, "mask": self.mask_arg, "reduce": self.reduce}
+
+
+def _surprisal(logits: Tensor, ids: Tensor, *, exact: bool = True) -> Tensor:
+    """Return ``-log softmax(logits)[ids]`` over the last dimension, float64.
+
+    ``logsumexp(z) - z[x]``, with ``logsumexp(z) = m + log sum exp(z - m)``
+    (``m`` the max): the exponentials of float32 ``z - m`` (at most 0, exact
+    to an eps of themselves where they matter) summed in float64, about
+    1e-9 from the float64 logsumexp at half its cost; ``exact=False`` sums
+    them in float32 (torch's pairwise sum: ~1e-7, half the cost again).
+    """
+    z = logits.detach()
+    if z.dtype not in {torch.float32, torch.float64}:
+        z = z.float()
+    top = z.amax(dim=-1, keepdim=True)
+    spread = torch.exp(z - top)
+    total = (
+        spread.sum(dim=-1, dtype=torch.float64)
+        if exact
+        else spread.sum(dim=-1).to(torch.float64)
+    )
+    picked = z.gather(-1, ids[..., None])[..., 0].to(torch.float64)
+    return top[..., 0].to(torch.float64) + total.log() - picked

@@ -32,7 +32,6 @@ from scio_recorder.reduce import Concat
 from ._bank import Bank
 from ._checks import check_count
 from ._classes import ClassConditional, check_at, class_count
-from ._geometry import normalized
 from ._layers import TOKENS, Features, Neighbourhoods, enough_samples, label_counts
 from ._pvalues import check_aggregation, combine, p_values
 from ._saving import StateEntry
@@ -528,30 +527,17 @@ class DkNN(TokenScoring, Neighbourhoods):
         self.calibration = torch.zeros(0, 0)
 
     # -- per token (token="each") -------------------------------------------
-    def token_features(self, result: Pass, label: DepthIdx) -> Tensor:
-        """Return every token's features at ``label``, ``[B * T, F]`` float32."""
-        value = result.outputs[label].detach()
-        flat = value.reshape(value.shape[0] * value.shape[1], -1).float()
-        return normalized(flat, self.act_norm)
-
     def fit_token_start(self) -> None:
         """Start the banks of tokens."""
-        self._token_rows: list[list[Tensor]] = [[] for _ in self.labels]
-        self._token_labels: list[Tensor] = []
+        self.token_bank_start()
 
     def fit_token_batch(self, result: Pass, keep: Tensor, target: Tensor) -> None:
         """Keep the real tokens' features and classes."""
-        rows = keep.reshape(-1)
-        for bank, label in zip(self._token_rows, self.labels, strict=True):
-            features = self.token_features(result, label)
-            bank.append(features[rows.to(features.device)].cpu())
-        self._token_labels.append(target.reshape(-1)[rows.to(target.device)].cpu())
+        self.token_bank_batch(result, keep, target)
 
     def fit_token_end(self) -> None:
         """Set the banks, their classes and the class count."""
-        self.banks = [torch.cat(rows) for rows in self._token_rows]
-        self.bank_labels = torch.cat(self._token_labels)
-        del self._token_rows, self._token_labels
+        self.token_bank_end()
         enough_samples("DkNN", self.k, int(self.bank_labels.shape[0]))
         self.class_count = int(self.bank_labels.max()) + 1
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 __all__ = ["Probe"]
 
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
+
+from scio_recorder._run.batches import Positions
 
 from ._saving import StateEntry
 from ._states import (
@@ -21,6 +24,7 @@ from ._states import (
     fit_logistic,
     probe_logits,
 )
+from ._tokens import check_reduce, reduce_tokens, token_arguments
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -44,6 +48,13 @@ class Probe(Pooled):
     deviation; the probe is fitted full-batch (L-BFGS, L2 ``weight_decay``,
     float64, seeded). ``score`` is its logit (label 1: hallucinated).
 
+    ``token="each"``: a probe of every token. ``fit`` reads the labels
+    ``[B, T]`` per token under ``target=`` (0/1; negative, e.g. ``-100``,
+    and padding skipped), every real token a sample; :meth:`score_tokens`
+    gives each token's logit ``[B, T]`` (NaN at the padding; a row scores
+    the same alone and in a padded batch) and ``score`` reduces a row by
+    ``reduce=`` (:func:`~scio_recorder.ood._tokens.reduce_tokens`).
+
     :meth:`control` says what a probe of this configuration learns from
     nothing: its held-out AUROC after fitting on shuffled labels, averaged
     over ``shuffles`` shuffles (one shuffle alone is noisy).
@@ -64,6 +75,7 @@ class Probe(Pooled):
     """
 
     needs_fit = True
+    TOKENS: ClassVar[tuple[str, ...]] = ("last", "mean", "each")
 
     def __init__(  # noqa: PLR0913 (the layer, then keyword-only options)
         self,
@@ -76,9 +88,11 @@ class Probe(Pooled):
         steps: int = 200,
         seed: int = 0,
         mask: str | None = "attention_mask",
+        reduce: str | int = "mean",
     ) -> None:
         """Keep the layer and the probe's shape and training."""
         super().__init__(rnet, layer, token=token, mask=mask)
+        self.reduce = check_reduce("Probe", reduce)
         if not (isinstance(hidden, int) and hidden >= 0):
             msg = f"Probe: hidden must be an int >= 0 (0: linear), got {hidden!r}"
             raise ValueError(msg)
@@ -91,9 +105,25 @@ class Probe(Pooled):
     ) -> tuple[Tensor, Tensor]:
         """Return the pooled features ``[N, d]`` and the labels ``[N]`` of batches."""
         xs, ys = [], []
-        for args, kwargs, labels in self.fit_batches(batches, target):
-            xs.append(self.pooled(args, kwargs))
-            ys.append(torch.as_tensor(labels).reshape(-1))
+        for index, (args, kwargs, labels) in enumerate(
+            self.fit_batches(batches, target)
+        ):
+            if self.token != "each":  # noqa: S105 (not a password)
+                xs.append(self.pooled(args, kwargs))
+                ys.append(torch.as_tensor(labels).reshape(-1))
+                continue
+            value, real = self.token_features(args, kwargs)
+            y = torch.as_tensor(labels)
+            if tuple(y.shape) != tuple(real.shape):
+                msg = (
+                    f"Probe.fit with token='each': batch {index} has tokens "
+                    f"{list(real.shape)} but labels of shape {list(y.shape)}: pass "
+                    "one 0/1 label per token, [B, T] (-100: skip the token)."
+                )
+                raise ValueError(msg)
+            keep = real & (y.to(real.device) >= 0)
+            xs.append(value[keep])
+            ys.append(y.to(real.device)[keep])
         y = torch.cat(ys)
         if not bool(((y == 0) | (y == 1)).all()):
             msg = "Probe.fit: the labels must be 0 or 1 (1: hallucinated / unknown)"
@@ -129,8 +159,53 @@ class Probe(Pooled):
         return probe_logits(p, (x.to(_F64) - p["mean"]) / p["std"])
 
     def score_inputs(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
-        """Return the probe's logit of each row, ``[B]``."""
+        """Return the probe's logit of each row, ``[B]`` (reduced per token)."""
+        if self.token == "each":  # noqa: S105 (not a password)
+            return reduce_tokens(self.token_logits(args, kwargs), self.reduce)
         return self.score_features(self.pooled(args, kwargs))
+
+    # -- per token (token="each") -------------------------------------------
+    def token_features(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[Tensor, Tensor]:
+        """Return every token's features ``[B, T, d]`` (float64) and the real ones."""
+        value = self.read(args, kwargs)
+        if isinstance(value, tuple | list):
+            value = value[0]
+        if value.dim() != 3:  # noqa: PLR2004 (a batch of token sequences)
+            msg = (
+                f"Probe: token='each' reads a [B, T, d] layer, but {self.label} "
+                f"gave {list(value.shape)}; pick a layer of token features."
+            )
+            raise ValueError(msg)
+        real = self.real(kwargs, value.shape[:2])
+        if real is None:
+            real = torch.ones(value.shape[:2], dtype=torch.bool)
+        return value.detach().to(_F64), real.to(value.device)
+
+    def token_logits(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tensor:
+        """Return the probe's logit of every token ``[B, T]``, NaN at the padding."""
+        value, real = self.token_features(args, kwargs)
+        logits = self.score_features(value.reshape(-1, value.shape[2]))
+        return logits.reshape(real.shape).masked_fill(~real, math.nan)
+
+    def score_tokens(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Return the probe's logit of every token, float64 ``[B, T]``.
+
+        ``token="each"`` only; NaN at the padding. A padded batch gets the
+        position ids a row has alone. ``probe.score_tokens(batch)`` takes
+        one mapping as the net's keyword arguments.
+        """
+        if self.token != "each":  # noqa: S105 (not a password)
+            msg = (
+                "Probe.score_tokens scores every token: build the probe with "
+                "`token='each'` and fit it on per-token labels."
+            )
+            raise ValueError(msg)
+        self.check_fitted()
+        args, kwargs = token_arguments(args, kwargs)
+        args, kwargs = Positions.of(self.rnet.net).add(args, kwargs)
+        return self.token_logits(args, kwargs)
 
     def control(
         self,
@@ -172,6 +247,7 @@ class Probe(Pooled):
         return {
             "layer": list(self.label),
             "token": self.token,
+            **({"reduce": self.reduce} if self.token == "each" else {}),  # noqa: S105
             "hidden": self.hidden,
             "weight_decay": self.weight_decay,
             "steps": self.steps,

@@ -23,7 +23,7 @@ __all__ = [
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -205,6 +205,11 @@ class Internal(Detector):
 class Pooled(Internal):
     """Reads one layer's pooled token: the ``"last"`` or the ``"mean"`` real token."""
 
+    EACH_REFUSED: ClassVar[str] = ""
+    """Why ``token="each"`` has no reading here, and what to use instead."""
+    TOKENS: ClassVar[tuple[str, ...]] = ("last", "mean")
+    """The values of ``token=`` the detector takes."""
+
     def __init__(
         self,
         rnet: Recorder,
@@ -214,10 +219,12 @@ class Pooled(Internal):
         mask: str | None = "attention_mask",
     ) -> None:
         super().__init__(rnet, layer, mask=mask)
-        if token not in {"last", "mean"}:
-            msg = (
-                f"{type(self).__name__}: token must be 'last' or 'mean', got {token!r}"
-            )
+        if token == "each" and self.EACH_REFUSED:  # noqa: S105 (not a password)
+            msg = f"{type(self).__name__}: token='each' {self.EACH_REFUSED}"
+            raise ValueError(msg)
+        if token not in self.TOKENS:
+            taken = " or ".join(repr(t) for t in self.TOKENS)
+            msg = f"{type(self).__name__}: token must be {taken}, got {token!r}"
             raise ValueError(msg)
         self.token = token
 
