@@ -10,6 +10,7 @@ written out in float64.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import hypothesis.strategies as st
@@ -284,13 +285,23 @@ def test_conformal_threshold_is_the_corrected_order_statistic(
 ) -> None:
     scores = torch.randn(n, generator=torch.Generator().manual_seed(seed))
     thr = conformal_threshold(scores, alpha)
-    k = math.ceil((n + 1) * (1 - alpha))
+    k = math.ceil((n + 1) * (1 - Fraction(str(alpha))))  # exact arithmetic
     if k > n:
         assert thr == math.inf
     else:
         assert thr == float(scores.double().sort().values[k - 1])
         # at most alpha of the calibration scores lie above it (the bound)
         assert float((scores.double() > thr).float().mean()) <= alpha
+
+
+@pytest.mark.parametrize(
+    ("n", "alpha", "k"), [(149, 0.18, 123), (19, 0.7, 6), (999, 0.18, 820)]
+)
+def test_conformal_threshold_counts_exactly(n: int, alpha: float, k: int) -> None:
+    # (n + 1)(1 - alpha) is an integer here, which float arithmetic overshoots
+    # (150 * (1 - 0.18) = 123.00000000000001): the k-th score, not the next
+    scores = torch.arange(1.0, n + 1.0)
+    assert conformal_threshold(scores, alpha) == float(k)
 
 
 def test_token_arguments_spreads_one_mapping_only() -> None:

@@ -36,6 +36,7 @@ import math
 import threading
 import weakref
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -142,6 +143,8 @@ def conformal_threshold(scores: Tensor, alpha: float) -> float:
     18.0
     >>> conformal_threshold(torch.arange(1.0, 5.0), 0.1)
     inf
+    >>> conformal_threshold(torch.arange(1.0, 150.0), 0.18)  # 150 * 0.82 = 123
+    123.0
 
     """
     if not 0 < alpha < 1:
@@ -153,7 +156,10 @@ def conformal_threshold(scores: Tensor, alpha: float) -> float:
     if n == 0:
         msg = "calibrate: the calibration batches gave no finite score"
         raise ValueError(msg)
-    k = math.ceil((n + 1) * (1 - alpha))
+    # exactly, of the decimal written: in floats (n + 1) * (1 - alpha) can
+    # exceed an integer it equals (150 * (1 - 0.18) = 123.00000000000001),
+    # and its ceiling take the next score
+    k = math.ceil((n + 1) * (1 - Fraction(str(float(alpha)))))
     return math.inf if k > n else float(values[k - 1])
 
 
