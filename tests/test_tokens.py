@@ -467,6 +467,20 @@ def test_monitor_refusals(lm: tuple[torch.nn.Module, Recorder, str]) -> None:
         )
 
 
+def test_a_monitored_beam_search_is_refused(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    # a beam search hands the stopping criteria 2 x num_beams candidate rows
+    # per prompt, reordered between steps: no row of the batch to score
+    _, rnet, _ = lm
+    batch = padded("left")
+    with pytest.raises(ValueError, match=r"beam search \(num_beams=2\)"):
+        rnet.generate(
+            **batch, max_new_tokens=2, num_beams=2, pad_token_id=0,
+            monitors={"s": Surprisal(rnet)},
+        )  # fmt: skip
+
+
 def test_mahalanobis_ensemble_per_token_is_the_weighted_sum_of_hand_distances(
     lm: tuple[torch.nn.Module, Recorder, str],
 ) -> None:
