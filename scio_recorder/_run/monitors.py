@@ -214,6 +214,19 @@ def _pad_id(rnet: Recorder, kwargs: Mapping[str, Any]) -> int | None:
     return None if found is None else int(found)
 
 
+def _rows_to_stop(extra: Any, rows: int) -> Tensor:
+    """Return ``on_step``'s rows to stop as a bool ``[rows]``, or refuse it."""
+    stop = torch.as_tensor(extra).cpu()
+    if stop.shape != (rows,) or stop.dtype != torch.bool:
+        msg = (
+            f"generate: on_step returned {stop.dtype} of shape {list(stop.shape)}; "
+            f"return None, or a bool tensor of one value per row, shape [{rows}] "
+            "(the rows of the generation: prompts x num_return_sequences)."
+        )
+        raise ValueError(msg)
+    return stop
+
+
 class _Watch:
     """The hooks and the per-step scoring of one monitored ``generate``."""
 
@@ -304,7 +317,7 @@ class _Watch:
                 MonitorStep(self.step, step_scores, flagged.clone(), tokens)
             )
             if extra is not None:
-                flagged |= torch.as_tensor(extra, dtype=torch.bool).cpu() & ~self.done
+                flagged |= _rows_to_stop(extra, self.done.shape[0]) & ~self.done
         self.stops[flagged & (self.stops < 0)] = self.step
         chosen = tokens[:, -1].cpu()
         ended = torch.tensor([int(t) in self.eos for t in chosen.tolist()])
