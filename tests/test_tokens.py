@@ -304,6 +304,15 @@ def test_conformal_threshold_counts_exactly(n: int, alpha: float, k: int) -> Non
     assert conformal_threshold(scores, alpha) == float(k)
 
 
+def test_conformal_threshold_counts_infinite_scores() -> None:
+    # a third of the calibration scores are +inf: left out, the threshold
+    # would be a finite score that a third of new scores exceed, not 0.3
+    scores = torch.tensor([1.0, 2.0, math.inf] * 3 + [math.nan])
+    assert conformal_threshold(scores, 0.3) == math.inf  # ceil(10 * 0.7) = 7th of 9
+    assert conformal_threshold(scores, 0.5) == 2.0  # ceil(10 * 0.5) = 5th
+    assert conformal_threshold(-scores, 0.3) == -1.0
+
+
 def test_token_arguments_spreads_one_mapping_only() -> None:
     ids = torch.ones(1, 2, dtype=torch.int64)
     assert token_arguments(({"input_ids": ids},), {})[1]["input_ids"] is ids
