@@ -184,6 +184,23 @@ def test_a_part_run_otherwise_is_refused_naming_the_difference(rnet, tmp_path):
     assert "k=8" in str(info.value)
 
 
+def test_a_part_of_other_weights_is_refused(rnet, tmp_path):
+    # A worker that built its net without the seed: its statistics describe
+    # another model, and merging them with the others' would be silently wrong.
+    collect(rnet, share(0, 2), keep(), target=1, part=0, parts=2, save=tmp_path)
+    other = make_net()
+    with torch.no_grad():
+        other[0].weight.add_(0.5)
+    collect(
+        Recorder(other, input_size=(1, 5)), share(1, 2), keep(), target=1, part=1,
+        parts=2, save=tmp_path,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"Part 1 in .* was not run as part 0") as info:
+        merge(tmp_path, rnet, keep())
+    assert "- model weights: saved " in str(info.value)
+    assert "the model of the others" in str(info.value)
+
+
 def test_a_merge_with_another_keep_is_refused(rnet, tmp_path):
     run_parts(rnet, tmp_path, parts=2)
     with pytest.raises(ValueError, match="other labels than `keep` gives"):

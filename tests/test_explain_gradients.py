@@ -299,3 +299,31 @@ def test_float_inputs_of_a_tuple_are_each_attributed() -> None:
     # a*b integrated from 0 along both: each gets half of a*b (exact for a quadratic)
     close(attr_a + attr_b, a * b, ulps=64)
     assert np.isfinite(attr_a.numpy()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_row_is_attributed_as_alone(side: str) -> None:
+    # The target is each row's last real token: a right-padded row's last
+    # position is padding, whose logits are not the row's.
+    lm = lms.gpt2()
+    batch = lms.padded(side)
+    rlm = Recorder(lm, input_data=batch)
+    options = {"layer": "transformer.wte", "steps": 4}
+    padded = integrated_gradients(rlm, batch, target=7, **options).sum(-1)
+    predicted = saliency(rlm, batch, layer="transformer.wte").sum(-1)
+    for row, length in enumerate(lms.LENGTHS):
+        real = batch["attention_mask"][row].bool()
+        alone = {
+            "input_ids": batch["input_ids"][row : row + 1, real],
+            "attention_mask": torch.ones(1, length, dtype=torch.long),
+        }
+        by_itself = integrated_gradients(rlm, alone, target=7, **options).sum(-1)[0]
+        # float32 sums of 16 terms of magnitude <= 1 through two layers
+        torch.testing.assert_close(padded[row, real], by_itself, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(
+            predicted[row, real],
+            saliency(rlm, alone, layer="transformer.wte").sum(-1)[0],
+            rtol=1e-4,
+            atol=1e-6,
+        )

@@ -10,6 +10,7 @@ written out in float64.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import hypothesis.strategies as st
@@ -288,13 +289,32 @@ def test_conformal_threshold_is_the_corrected_order_statistic(
 ) -> None:
     scores = torch.randn(n, generator=torch.Generator().manual_seed(seed))
     thr = conformal_threshold(scores, alpha)
-    k = math.ceil((n + 1) * (1 - alpha))
+    k = math.ceil((n + 1) * (1 - Fraction(str(alpha))))  # exact arithmetic
     if k > n:
         assert thr == math.inf
     else:
         assert thr == float(scores.double().sort().values[k - 1])
         # at most alpha of the calibration scores lie above it (the bound)
         assert float((scores.double() > thr).float().mean()) <= alpha
+
+
+@pytest.mark.parametrize(
+    ("n", "alpha", "k"), [(149, 0.18, 123), (19, 0.7, 6), (999, 0.18, 820)]
+)
+def test_conformal_threshold_counts_exactly(n: int, alpha: float, k: int) -> None:
+    # (n + 1)(1 - alpha) is an integer here, which float arithmetic overshoots
+    # (150 * (1 - 0.18) = 123.00000000000001): the k-th score, not the next
+    scores = torch.arange(1.0, n + 1.0)
+    assert conformal_threshold(scores, alpha) == float(k)
+
+
+def test_conformal_threshold_counts_infinite_scores() -> None:
+    # a third of the calibration scores are +inf: left out, the threshold
+    # would be a finite score that a third of new scores exceed, not 0.3
+    scores = torch.tensor([1.0, 2.0, math.inf] * 3 + [math.nan])
+    assert conformal_threshold(scores, 0.3) == math.inf  # ceil(10 * 0.7) = 7th of 9
+    assert conformal_threshold(scores, 0.5) == 2.0  # ceil(10 * 0.5) = 5th
+    assert conformal_threshold(-scores, 0.3) == -1.0
 
 
 def test_token_arguments_spreads_one_mapping_only() -> None:
@@ -458,6 +478,20 @@ def test_monitor_refusals(lm: tuple[torch.nn.Module, Recorder, str]) -> None:
             monitors={"s": Surprisal(rnet)},
             stop_when={"x": 1.0},
         )
+
+
+def test_a_monitored_beam_search_is_refused(
+    lm: tuple[torch.nn.Module, Recorder, str],
+) -> None:
+    # a beam search hands the stopping criteria 2 x num_beams candidate rows
+    # per prompt, reordered between steps: no row of the batch to score
+    _, rnet, _ = lm
+    batch = padded("left")
+    with pytest.raises(ValueError, match=r"beam search \(num_beams=2\)"):
+        rnet.generate(
+            **batch, max_new_tokens=2, num_beams=2, pad_token_id=0,
+            monitors={"s": Surprisal(rnet)},
+        )  # fmt: skip
 
 
 def test_mahalanobis_ensemble_per_token_is_the_weighted_sum_of_hand_distances(
@@ -846,3 +880,7 @@ def test_save_and_load_per_token_jtla_and_probe(tmp_path: object) -> None:
             again.score_tokens(batch), det.score_tokens(batch), equal_nan=True
         )
         torch.testing.assert_close(again(batch), det(batch), equal_nan=True)
+    # one value for every row is not broadcast: it would stop them all
+    for wrong in ([True], torch.tensor([1, 0, 0])):
+        with pytest.raises(ValueError, match="a bool tensor of one value per row"):
+            rnet.generate(**batch, **options, on_step=lambda _step, w=wrong: w)

@@ -26,8 +26,8 @@ Which token a step scores (the detector's ``step_position``):
 The scores equal ``det.score_tokens`` of the final sequence at those
 positions (up to the float32 difference between a cached step and a full
 pass). Greedy search and sampling (``num_return_sequences`` too: a row per
-sequence); a beam search reorders its rows between steps, which a row's
-scores do not follow.
+sequence); a beam search is refused (its rows are candidates, reordered
+between steps, which a row's scores cannot follow).
 
 ``stop_when={"m": threshold}`` (or ``{"m": (threshold, window)}``: the mean
 of the row's latest ``window`` step scores) stops a row whose score exceeds
@@ -183,6 +183,26 @@ def _eos_ids(rnet: Recorder, kwargs: Mapping[str, Any]) -> set[int]:
     return {int(i) for i in (found if isinstance(found, list | tuple) else [found])}
 
 
+def _refuse_beams(rnet: Recorder, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a beam search: its rows are candidates, not the batch's rows."""
+    if "num_beams" in kwargs:
+        beams = kwargs["num_beams"]
+    else:
+        config = kwargs.get("generation_config") or getattr(
+            rnet.net, "generation_config", None
+        )
+        beams = getattr(config, "num_beams", None)
+    if beams is not None and int(beams) > 1:
+        msg = (
+            f"generate: monitors score the rows of a greedy or sampled generation; "
+            f"a beam search (num_beams={int(beams)}) keeps candidate rows that it "
+            "reorders between steps, which a row's scores cannot follow: pass "
+            "`num_beams=1` (greedy, or `do_sample=True`), or score the beams' "
+            "final sequences with `det.score_tokens`."
+        )
+        raise ValueError(msg)
+
+
 def _pad_id(rnet: Recorder, kwargs: Mapping[str, Any]) -> int | None:
     if "pad_token_id" in kwargs:
         found = kwargs["pad_token_id"]
@@ -192,6 +212,19 @@ def _pad_id(rnet: Recorder, kwargs: Mapping[str, Any]) -> int | None:
         )
         found = getattr(config, "pad_token_id", None)
     return None if found is None else int(found)
+
+
+def _rows_to_stop(extra: Any, rows: int) -> Tensor:
+    """Return ``on_step``'s rows to stop as a bool ``[rows]``, or refuse it."""
+    stop = torch.as_tensor(extra).cpu()
+    if stop.shape != (rows,) or stop.dtype != torch.bool:
+        msg = (
+            f"generate: on_step returned {stop.dtype} of shape {list(stop.shape)}; "
+            f"return None, or a bool tensor of one value per row, shape [{rows}] "
+            "(the rows of the generation: prompts x num_return_sequences)."
+        )
+        raise ValueError(msg)
+    return stop
 
 
 class _Watch:
@@ -291,7 +324,7 @@ class _Watch:
                 MonitorStep(self.step, step_scores, flagged.clone(), tokens)
             )
             if extra is not None:
-                flagged |= torch.as_tensor(extra, dtype=torch.bool).cpu() & ~self.done
+                flagged |= _rows_to_stop(extra, self.done.shape[0]) & ~self.done
         self.stops[flagged & (self.stops < 0)] = self.step
         self.done |= flagged
         if self.eos:
@@ -347,6 +380,7 @@ def generate_monitored(  # noqa: PLR0913 (generate's arguments, then the monitor
     import transformers  # noqa: PLC0415 (only for generate)
 
     rules = _check_monitors(monitors, stop_when or {})
+    _refuse_beams(rnet, kwargs)
     ids = kwargs.get("input_ids", args[0] if args else None)
     if not isinstance(ids, Tensor):
         msg = "generate: monitors need the prompt's input_ids (a [B, P] tensor)"

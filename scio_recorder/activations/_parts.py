@@ -26,7 +26,6 @@ from __future__ import annotations
 __all__ = ["merge", "part_folder", "write_part"]
 
 import contextlib
-import hashlib
 import os
 import re
 import secrets
@@ -34,10 +33,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from scio_recorder._support.files import differences, fsync_folder
 from scio_recorder._support.lock import FolderLock
+from scio_recorder._support.parts import weights_digest
 
 from ._dataset import ActivationDataset
 from ._loop import RankWriter
@@ -48,16 +46,12 @@ from ._tokens import INDEX
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-    from torch import nn
 
 SPLIT = "split"
 """The manifest key of a part: ``{"part": K, "parts": N}``."""
 
 WEIGHTS = "weights"
 """The manifest key of a part's weights digest (:func:`weights_digest`)."""
-
-SAMPLE = 4096
-"""The values of each parameter or buffer that :func:`weights_digest` reads."""
 
 _PART = re.compile(r"part-(\d{5,})")
 _PARTIAL = re.compile(r"part-(\d{5,})\.partial")
@@ -71,41 +65,6 @@ def part_folder(folder: Path, part: int) -> Path:
 
 def _partial(folder: Path, part: int) -> Path:
     return folder / f"part-{part:05d}.partial"
-
-
-def weights_digest(net: nn.Module) -> str:
-    """Return a digest of a net's weights: names, shapes, dtypes and sampled values.
-
-    Each parameter and buffer contributes its name, shape and dtype and the
-    bytes of up to :data:`SAMPLE` of its values, evenly spaced (a copy of at
-    most that many values to the CPU each: a few milliseconds for a large
-    model); weights on the ``meta`` device (offloaded) contribute no values.
-    Two parts written with other checkpoints of the same architecture differ
-    here, almost surely, since fine-tuning moves nearly every value.
-
-    Examples
-    --------
-    >>> import torch
-    >>> net = torch.nn.Linear(3, 2)
-    >>> before = weights_digest(net)
-    >>> with torch.no_grad():
-    ...     _ = net.weight.add_(1.0)
-    >>> before == weights_digest(net), len(before)
-    (False, 16)
-
-    """
-    digest = hashlib.sha256()
-    for name, tensor in net.state_dict(keep_vars=True).items():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        digest.update(f"{name} {list(tensor.shape)} {tensor.dtype}\n".encode())
-        if tensor.device.type == "meta" or not tensor.numel():
-            continue
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // SAMPLE)
-        sample = flat[::step][:SAMPLE].to("cpu").contiguous()
-        digest.update(sample.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def _lock(folder: Path, name: str, tool: str, option: str) -> FolderLock:

@@ -36,7 +36,11 @@ from scio_recorder._run.batches import (
     batch_getter,
     padding_unwatched,
 )
-from scio_recorder._support.parts import check_part, refuse_process_group
+from scio_recorder._support.parts import (
+    check_part,
+    refuse_process_group,
+    weights_digest,
+)
 from scio_recorder._support.ranks import rank_and_world
 
 from ._checkpoint import Checkpoints, Saved, fingerprint_of
@@ -392,6 +396,7 @@ def collect(  # noqa: PLR0913 (the documented options)
                 fingerprint=job.saved,
                 samples=result.samples,
                 batches=result.batches,
+                weights=weights_digest(job.rnet.net),
             )
         return result
 

@@ -68,12 +68,16 @@ def save_part(  # noqa: PLR0913 (what a part holds)
     fingerprint: dict[str, Any],
     samples: int,
     batches: int,
+    weights: str | None = None,
 ) -> Path:
     """Write part ``part``'s reducer states and concatenations; return the file.
 
     The file is replaced atomically (a temporary file renamed,
     :func:`~scio_recorder._support.files.write_atomic`), so a part killed while
     saving leaves its previous file, or none, and never another part's.
+    ``weights``: the net's
+    :func:`~scio_recorder._support.parts.weights_digest`, which the merge
+    compares across parts.
     """
     columns: dict[str, Tensor] = {
         f"state/{key}": value for key, value in flat_states(slots).items()
@@ -95,6 +99,8 @@ def save_part(  # noqa: PLR0913 (what a part holds)
         "fingerprint": json.dumps(fingerprint, sort_keys=True),
         "concat": json.dumps(concat, sort_keys=True),
     }
+    if weights is not None:
+        metadata["weights"] = weights
     folder.mkdir(parents=True, exist_ok=True)
     path = part_file(folder, part)
     write_atomic(
@@ -143,6 +149,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         }
         meta["fingerprint"] = json.loads(raw["fingerprint"])
         meta["concat"] = json.loads(raw["concat"])
+        meta["weights"] = raw.get("weights")  # None: saved before it was
     except (OSError, ValueError, KeyError, safetensors.SafetensorError) as error:
         msg = (
             f"'{path}' cannot be read as a part of a collect run ({error}). Run "
@@ -193,14 +200,19 @@ def _check(
 ) -> None:
     """Refuse parts run with other arguments, or with reducers other than ``keep``."""
     base = ordered[0][1]["fingerprint"]
+    weights = ordered[0][1].get("weights")
     for number, (path, meta, _) in enumerate(ordered[1:], start=1):
         lines = differences(base, meta["fingerprint"])
+        if meta.get("weights") != weights:
+            # a worker that built its net with another seed or checkpoint
+            lines.append(f"- model weights: saved {weights}, now {meta.get('weights')}")
         if lines:
             msg = (
                 f"Part {number} in '{path}' was not run as part 0 was (saved: part "
                 "0's, now: this part's):\n"
                 + "\n".join(lines)
-                + f"\nRun part {number} again with the arguments of the others."
+                + f"\nRun part {number} again with the arguments and the model of "
+                "the others."
             )
             raise ValueError(msg)
     expected = fingerprint_of(slots, None, None)

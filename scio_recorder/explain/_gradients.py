@@ -165,6 +165,18 @@ class _Setting:
         """Return ``x`` with its attributed tensors replaced by ``values``."""
         return self.rows(torch.arange(self.batch), values)
 
+    def last_real(self, rows: Tensor) -> Tensor | None:
+        """Return each row's last real position (``attention_mask``), or None.
+
+        A right-padded row's last position is padding: its logits there are
+        not the row's next-token distribution.
+        """
+        mask = self.kwargs.get("attention_mask")
+        if not isinstance(mask, Tensor) or mask.dim() != 2:  # noqa: PLR2004 ([B, T])
+            return None
+        real = (mask != 0).long().cumsum(dim=1)  # its maximum: the last real token
+        return real.argmax(dim=1).index_select(0, rows.to(real.device))
+
     def scores(self, output: Any, rows: Tensor) -> Tensor:
         """Return the target's value on each row of a pass, ``[rows]``."""
         if callable(self.target) and not isinstance(self.target, Tensor):
@@ -182,7 +194,7 @@ class _Setting:
                 )
                 raise ValueError(msg)
             return values
-        logits = class_logits(output, self.who)
+        logits = class_logits(output, self.who, self.last_real(rows))
         classes = self.target.to(logits.device).index_select(0, rows.to(logits.device))
         count = logits.shape[1]
         bad = classes[(classes < 0) | (classes >= count)]
@@ -196,10 +208,17 @@ class _Setting:
         return logits.gather(1, classes.reshape(-1, 1))[:, 0]
 
 
-def class_logits(output: Any, who: str) -> Tensor:
-    """Return the ``[rows, classes]`` logits (a language model's: the last position)."""
+def class_logits(output: Any, who: str, last: Tensor | None = None) -> Tensor:
+    """Return the ``[rows, classes]`` logits (a language model's: the last position).
+
+    ``last``: each row's last real position (of an ``attention_mask``), taken
+    instead of the last position where the logits have that many positions.
+    """
     logits = logits_of(output)
-    if logits.dim() > 2:  # noqa: PLR2004 ([rows, positions, vocabulary])
+    if logits.dim() == 3 and last is not None:  # noqa: PLR2004 ([rows, positions, vocabulary])
+        rows = torch.arange(len(logits), device=logits.device)
+        logits = logits[rows, last.to(logits.device).clamp(max=logits.shape[1] - 1)]
+    elif logits.dim() > 2:  # noqa: PLR2004 ([rows, positions, vocabulary])
         logits = logits[:, -1]
     if logits.dim() != 2:  # noqa: PLR2004 ([rows, classes])
         msg = (
@@ -265,7 +284,8 @@ def _classes(setting: _Setting, target: Any) -> Any:
     if target is None:
         with torch.no_grad():
             output = run_net(setting.rnet, CallInputs(setting.args, setting.kwargs))
-        return class_logits(output, who).argmax(dim=1).cpu()
+        last = setting.last_real(torch.arange(batch))
+        return class_logits(output, who, last).argmax(dim=1).cpu()
     if isinstance(target, bool) or not isinstance(target, int | Tensor | list | tuple):
         msg = f"{who}: `target` is {target!r}: {_TARGET_ADVICE}."
         raise TypeError(msg)
@@ -450,9 +470,10 @@ def integrated_gradients(  # noqa: PLR0913, PLR0917 (the interface: captum's opt
     target : int, sequence of int, Tensor, callable or None
         The class to explain, one for all or one per sample (as captum); of a
         language model's ``[batch, positions, vocabulary]`` logits, at the
-        last position. Or a function of the output returning one number per
-        row of the pass (``lambda out: out.logits[:, 3, 7]``). Default the
-        class predicted on ``x``.
+        last position (each row's last real token where ``x`` has an
+        ``attention_mask``: a right-padded row's own). Or a function of the
+        output returning one number per row of the pass (``lambda out:
+        out.logits[:, 3, 7]``). Default the class predicted on ``x``.
     baselines : Tensor, number, tuple or None
         The baseline of each attributed tensor (of its shape, or one sample's
         with a batch of 1), a number for all, or None for zeros (for token

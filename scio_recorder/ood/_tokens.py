@@ -36,6 +36,7 @@ import math
 import threading
 import weakref
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -130,10 +131,11 @@ def reduce_tokens(scores: Tensor, reduce: str | int = "mean") -> Tensor:
 def conformal_threshold(scores: Tensor, alpha: float) -> float:
     r"""Return the conformal threshold of calibration scores at level ``alpha``.
 
-    The $\lceil (n + 1)(1 - \alpha) \rceil$-th smallest of the $n$ finite
-    scores: a new score exchangeable with them exceeds it with probability
-    at most $\alpha$ (split-conformal, finite-sample corrected). ``inf``
-    when $n$ is too small for ``alpha`` (nothing may then be flagged).
+    The $\lceil (n + 1)(1 - \alpha) \rceil$-th smallest of the $n$ scores
+    (NaN, the padding, left out; an infinite score counts, at its end): a
+    new score exchangeable with them exceeds it with probability at most
+    $\alpha$ (split-conformal, finite-sample corrected). ``inf`` when $n$ is
+    too small for ``alpha`` (nothing may then be flagged).
 
     Examples
     --------
@@ -142,18 +144,27 @@ def conformal_threshold(scores: Tensor, alpha: float) -> float:
     18.0
     >>> conformal_threshold(torch.arange(1.0, 5.0), 0.1)
     inf
+    >>> conformal_threshold(torch.arange(1.0, 150.0), 0.18)  # 150 * 0.82 = 123
+    123.0
+    >>> conformal_threshold(torch.tensor([1.0, 2.0, float("inf")] * 3), 0.3)
+    inf
 
     """
     if not 0 < alpha < 1:
         msg = f"calibrate: alpha must lie in (0, 1), got {alpha!r}"
         raise ValueError(msg)
     values = scores.reshape(-1)
-    values = values[torch.isfinite(values)].to(_F64).sort().values
+    # an infinite score is a score (the most or least unusual): leaving it
+    # out would lower the threshold below the guarantee
+    values = values[~torch.isnan(values)].to(_F64).sort().values
     n = values.numel()
     if n == 0:
-        msg = "calibrate: the calibration batches gave no finite score"
+        msg = "calibrate: the calibration batches gave no score (all NaN: padding)"
         raise ValueError(msg)
-    k = math.ceil((n + 1) * (1 - alpha))
+    # exactly, of the decimal written: in floats (n + 1) * (1 - alpha) can
+    # exceed an integer it equals (150 * (1 - 0.18) = 123.00000000000001),
+    # and its ceiling take the next score
+    k = math.ceil((n + 1) * (1 - Fraction(str(float(alpha)))))
     return math.inf if k > n else float(values[k - 1])
 
 
