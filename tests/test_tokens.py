@@ -659,6 +659,10 @@ def test_stop_when_over_a_window_and_rows_stopped_by_on_step(
     assert bool((out[1, width + 3 :] == 0).all())
     assert rnet.monitor_scores["s"][1, 3:].isnan().all()
     assert not rnet.monitor_scores["s"][[0, 2]].isnan().any()
+    # one value for every row is not broadcast: it would stop them all
+    for wrong in ([True], torch.tensor([1, 0, 0])):
+        with pytest.raises(ValueError, match="a bool tensor of one value per row"):
+            rnet.generate(**batch, **options, on_step=lambda _step, w=wrong: w)
 
 
 def _kl_tests(counts: torch.Tensor, expected: torch.Tensor, k: int) -> torch.Tensor:
@@ -880,7 +884,3 @@ def test_save_and_load_per_token_jtla_and_probe(tmp_path: object) -> None:
             again.score_tokens(batch), det.score_tokens(batch), equal_nan=True
         )
         torch.testing.assert_close(again(batch), det(batch), equal_nan=True)
-    # one value for every row is not broadcast: it would stop them all
-    for wrong in ([True], torch.tensor([1, 0, 0])):
-        with pytest.raises(ValueError, match="a bool tensor of one value per row"):
-            rnet.generate(**batch, **options, on_step=lambda _step, w=wrong: w)
