@@ -358,3 +358,24 @@ def test_the_docs_build_log_has_no_warning():
         )
     found = warning_lines(Path(path).read_text(encoding="utf-8", errors="replace"))
     assert not found, "warnings in the docs build log:\n" + "\n".join(found)
+
+
+def test_no_page_carries_a_builders_path():
+    """No built page shows where it was built (a notebook's output of a path).
+
+    The site (``SCIO_DOCS_SITE``, built by .ci/run in a temporary working
+    folder) may not contain that folder's path, nor the checkout's: an
+    executed notebook that prints a path it wrote to must print it relative.
+    """
+    folder = os.environ.get("SCIO_DOCS_SITE")
+    if not folder:
+        pytest.skip("no built site: build it and set SCIO_DOCS_SITE=DIR (.ci/run does)")
+    site = Path(folder).resolve()
+    builders = {str(site.parent), str(DOCS.parent.resolve())}
+    leaks = {
+        str(page.relative_to(site)): sorted(p for p in builders if p in text)
+        for page in site.rglob("*.html")
+        if any(p in (text := page.read_text(encoding="utf-8", errors="replace"))
+               for p in builders)
+    }  # fmt: skip
+    assert not leaks, f"pages showing a path of the build: {leaks}"
