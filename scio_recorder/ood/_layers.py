@@ -37,6 +37,7 @@ __all__ = [
     "SEQUENCE_RANK",
     "TOKENS",
     "Features",
+    "LastLayer",
     "Mapped",
     "MultiLayer",
     "Neighbourhoods",
@@ -55,7 +56,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn import functional
 
 from ._bank import Bank
 from ._checks import (
@@ -614,3 +616,58 @@ class Shaping(Detector):
 
     def score_pass(self, result: Pass) -> Tensor:
         return self.detector(result.logits)
+
+
+class LastLayer(Detector):
+    """A detector reading the input of the classification layer ``fc``.
+
+    The base of the detectors of the classifier's features (DICE, SHE,
+    NNGuide, fDBD) and weights (WeiPer, CORE, ORA): ``fc`` is the last
+    ``nn.Linear`` the net calls unless given.
+    """
+
+    def __init__(self, rnet: Recorder, fc: Selector | None) -> None:
+        super().__init__(rnet)
+        self.label: DepthIdx = last_linear(rnet, fc, type(self).__name__)
+        linear = rnet.table[self.label].module
+        assert isinstance(linear, nn.Linear)  # noqa: S101 (last_linear checks it)
+        self.linear = linear
+
+    def inputs(self) -> tuple[DepthIdx, ...]:
+        """Return the input of ``fc``."""
+        return (self.label,)
+
+    def features(self, result: Pass) -> Tensor:
+        """Return ``fc``'s input, ``[batch, F]``."""
+        f = result.inputs[self.label]
+        return f.reshape(f.shape[0], -1)
+
+    def logits(self, f: Tensor) -> Tensor:
+        """Return ``fc(f)``, in ``f``'s dtype (the net's own operation)."""
+        bias = self.linear.bias
+        return functional.linear(
+            f,
+            self.linear.weight.detach().to(f),
+            None if bias is None else bias.detach().to(f),
+        )
+
+    def weight64(self) -> Tensor:
+        """Return ``W`` in float64."""
+        return self.linear.weight.detach().to(_F64)
+
+    def bias64(self) -> Tensor:
+        """Return ``b`` in float64 (zeros without a bias)."""
+        bias = self.linear.bias
+        w = self.linear.weight
+        return (
+            bias.detach().to(_F64)
+            if bias is not None
+            else torch.zeros(w.shape[0], dtype=_F64, device=w.device)
+        )
+
+    def config(self) -> dict[str, Any]:
+        """Return ``fc``'s label."""
+        return {"fc": list(self.label)}
+
+
+# ----------------------------------------------------------------- DICE

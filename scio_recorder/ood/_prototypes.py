@@ -19,16 +19,16 @@ __all__ = ["DICE", "SHE", "NNGuide", "fDBD", "quantile_linear"]
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn import functional
 
 from scio_recorder.reduce import Concat, Moments
 
-from ._checks import check_bank_k, check_count, last_linear
+from ._checks import check_bank_k, check_count
 from ._classes import ClassConditional, check_at
 from ._geometry import ClassSums
+from ._layers import LastLayer
 from ._outputs import energy_score
-from ._protocol import Detector
 from ._saving import StateEntry
 from ._search import check_search, nearest
 
@@ -63,55 +63,7 @@ def quantile_linear(values: Tensor, q: float) -> Tensor:
     return flat[low] + (position - low) * (flat[high] - flat[low])
 
 
-class _LastLayer(Detector):
-    """A detector reading the input of the classification layer ``fc``."""
-
-    def __init__(self, rnet: Recorder, fc: Selector | None) -> None:
-        super().__init__(rnet)
-        self.label: DepthIdx = last_linear(rnet, fc, type(self).__name__)
-        linear = rnet.table[self.label].module
-        assert isinstance(linear, nn.Linear)  # noqa: S101 (last_linear checks it)
-        self.linear = linear
-
-    def inputs(self) -> tuple[DepthIdx, ...]:
-        """Return the input of ``fc``."""
-        return (self.label,)
-
-    def features(self, result: Pass) -> Tensor:
-        """Return ``fc``'s input, ``[batch, F]``."""
-        f = result.inputs[self.label]
-        return f.reshape(f.shape[0], -1)
-
-    def logits(self, f: Tensor) -> Tensor:
-        """Return ``fc(f)``, in ``f``'s dtype (the net's own operation)."""
-        bias = self.linear.bias
-        return functional.linear(
-            f,
-            self.linear.weight.detach().to(f),
-            None if bias is None else bias.detach().to(f),
-        )
-
-    def weight64(self) -> Tensor:
-        """Return ``W`` in float64."""
-        return self.linear.weight.detach().to(_F64)
-
-    def bias64(self) -> Tensor:
-        """Return ``b`` in float64 (zeros without a bias)."""
-        bias = self.linear.bias
-        w = self.linear.weight
-        return (
-            bias.detach().to(_F64)
-            if bias is not None
-            else torch.zeros(w.shape[0], dtype=_F64, device=w.device)
-        )
-
-    def config(self) -> dict[str, Any]:
-        """Return ``fc``'s label."""
-        return {"fc": list(self.label)}
-
-
-# ----------------------------------------------------------------- DICE
-class DICE(_LastLayer):
+class DICE(LastLayer):
     r"""DICE, directed sparsification (Sun & Li, ECCV 2022).
 
     ``fit`` takes the mean $m$ of ``fc``'s input features on
@@ -145,6 +97,7 @@ class DICE(_LastLayer):
     >>> import torch
     >>> from torch import nn
     >>> from scio_recorder import Recorder
+    >>> _ = torch.manual_seed(1)  # seeded: a ReLU dead on the data ties its 0s
     >>> net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
     >>> dice = DICE(Recorder(net, input_size=(1, 3)), p=0.5)
     >>> dice.fit([torch.randn(32, 3)], input=None)(torch.randn(4, 3)).shape
@@ -228,7 +181,7 @@ class DICE(_LastLayer):
 class _CorrectMeans(ClassSums):
     """A reducer: per-class sums and counts of the correctly classified features."""
 
-    def __init__(self, owner: _LastLayer) -> None:
+    def __init__(self, owner: LastLayer) -> None:
         super().__init__()
         self.owner = owner
 
@@ -246,7 +199,7 @@ class _CorrectMeans(ClassSums):
         return _CorrectMeans(self.owner)
 
 
-class SHE(ClassConditional, _LastLayer):
+class SHE(ClassConditional, LastLayer):
     r"""SHE, simplified Hopfield energy (Zhang et al., ICLR 2023).
 
     ``fit`` (labelled in-distribution data, ``target=`` needed) stores one
@@ -348,7 +301,7 @@ class SHE(ClassConditional, _LastLayer):
 
 
 # ----------------------------------------------------------------- NNGuide
-class NNGuide(_LastLayer):
+class NNGuide(LastLayer):
     r"""NNGuide, nearest-neighbour guidance (Park et al., ICCV 2023).
 
     With $E(x) = \mathrm{logsumexp}(\mathrm{fc}(f(x)))$ and $\hat f = f / \|f\|$:
@@ -458,7 +411,7 @@ class NNGuide(_LastLayer):
 
 
 # ----------------------------------------------------------------- RMDS
-class fDBD(_LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
+class fDBD(LastLayer):  # noqa: N801 (the paper's and pytorch-ood's name)
     r"""fDBD, fast decision-boundary distance (Liu & Qin, ICML 2024).
 
     With $\hat y$ the class ``fc`` predicts, $z = W f + b$ its logits and

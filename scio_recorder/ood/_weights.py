@@ -33,76 +33,28 @@ __all__: list[str] = []
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor, nn
-from torch.nn import functional
+from torch import Tensor
 
 from scio_recorder.collect import collect
 
-from ._checks import check_batches, last_linear
+from ._checks import check_batches
 from ._geometry import ClassSums
+from ._layers import LastLayer
 from ._passes import all_or_nothing, check_reiterable, in_subfolder
 from ._protocol import Detector, fit_pass
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from scio_recorder.layers import DepthIdx
-    from scio_recorder.recorder import Recorder
-    from scio_recorder.select import Selector
-
-    from ._protocol import Pass
 
 _F64 = torch.float64
 _F32 = torch.float32
 
 
-class _Classifier(Detector):
+class _Classifier(LastLayer):
     """A detector of ``fc``'s input features, reading ``fc``'s weight when scoring."""
 
     needs_fit: ClassVar[bool] = True
-
-    def __init__(self, rnet: Recorder, fc: Selector | None) -> None:
-        super().__init__(rnet)
-        self.label: DepthIdx = last_linear(rnet, fc, type(self).__name__)
-        linear = rnet.table[self.label].module
-        assert isinstance(linear, nn.Linear)  # noqa: S101 (last_linear checks it)
-        self.linear = linear
-
-    def inputs(self) -> tuple[DepthIdx, ...]:
-        """Return the input of ``fc``."""
-        return (self.label,)
-
-    def features(self, result: Pass) -> Tensor:
-        """Return ``fc``'s input, ``[batch, F]``."""
-        f = result.inputs[self.label]
-        return f.reshape(f.shape[0], -1)
-
-    def weight64(self) -> Tensor:
-        """Return ``W`` in float64."""
-        return self.linear.weight.detach().to(_F64)
-
-    def bias64(self) -> Tensor:
-        """Return ``b`` in float64 (zeros without a bias)."""
-        bias = self.linear.bias
-        w = self.linear.weight
-        return (
-            bias.detach().to(_F64)
-            if bias is not None
-            else torch.zeros(w.shape[0], dtype=_F64, device=w.device)
-        )
-
-    def logits(self, f: Tensor) -> Tensor:
-        """Return ``fc(f)``, in ``f``'s dtype (the net's own operation)."""
-        bias = self.linear.bias
-        return functional.linear(
-            f,
-            self.linear.weight.detach().to(f),
-            None if bias is None else bias.detach().to(f),
-        )
-
-    def config(self) -> dict[str, Any]:
-        """Return ``fc``'s label."""
-        return {"fc": list(self.label)}
 
 
 class _LabelSums(ClassSums):
