@@ -363,19 +363,25 @@ def test_the_docs_build_log_has_no_warning():
 def test_no_page_carries_a_builders_path():
     """No built page shows where it was built (a notebook's output of a path).
 
-    The site (``SCIO_DOCS_SITE``, built by .ci/run in a temporary working
-    folder) may not contain that folder's path, nor the checkout's: an
-    executed notebook that prints a path it wrote to must print it relative.
+    The site (``SCIO_DOCS_SITE``, built by .ci/run) may not contain a
+    temporary folder's path (Python's ``tempfile`` names, ``mktemp``'s), nor
+    the checkout's or the notebooks' cache's: an executed notebook that
+    prints a path it wrote to must print it relative.
     """
     folder = os.environ.get("SCIO_DOCS_SITE")
     if not folder:
         pytest.skip("no built site: build it and set SCIO_DOCS_SITE=DIR (.ci/run does)")
     site = Path(folder).resolve()
-    builders = {str(site.parent), str(DOCS.parent.resolve())}
-    leaks = {
-        str(page.relative_to(site)): sorted(p for p in builders if p in text)
-        for page in site.rglob("*.html")
-        if any(p in (text := page.read_text(encoding="utf-8", errors="replace"))
-               for p in builders)
-    }  # fmt: skip
+    cache = os.environ.get("SCIO_DOCS_CACHE")
+    places = [str(DOCS.parent.resolve())] + (
+        [str(Path(cache).resolve())] if cache else []
+    )
+    # Python's tempfile names and mktemp's: patterns to find, not files to use
+    temporary = re.compile(r"/tmp/tmp(?:[a-z0-9_]{8}|\.[A-Za-z0-9]{10})\b")  # noqa: S108
+    leaks = {}
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8", errors="replace")
+        found = sorted({*temporary.findall(text), *(p for p in places if p in text)})
+        if found:
+            leaks[str(page.relative_to(site))] = found
     assert not leaks, f"pages showing a path of the build: {leaks}"
